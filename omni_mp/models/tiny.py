@@ -144,7 +144,6 @@ def init_weights(model: Any, seed: int, std: float) -> None:
 
 
 def _build_qwen2(spec: TinyQwen2Spec, out_dir: Path) -> None:
-    import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     n_tok = build_tokenizer(spec.vocab_size, out_dir)

@@ -1,0 +1,291 @@
+"""Transport benchmark: omni_mp links against pickle+multiprocessing.Queue, raw pyzmq and memcpy.
+
+Two processes (spawn): this one sends, a child receives. Payload: PromptEmbeds of
+[N, 3584] bfloat16 (a Qwen2.5-7B-sized hidden state for N tokens), 4 KiB to 64 MiB.
+
+What is timed, per path and size:
+  latency     one message at a time (the next is sent after the receiver acknowledged):
+              from before encode on the sender to after decode on the receiver, i.e.
+              encode -> send -> recv -> decode, one way. Both sides read CLOCK_MONOTONIC
+              (time.monotonic_ns), which is one clock for all processes of a host, so this
+              is a true one-way time, not round trip / 2.
+  throughput  a stream of messages sent back to back (bounded by ZMQ HWM, queue or pool
+              credits): bytes / (last decode done - first send start).
+The receiver ends with a usable tensor (a zero-copy view for omni_mp paths) and then drops
+it; with shared memory that returns the region to the sender. Nothing copies the data out
+of the pool, because the design does not require it: consumers use the view.
+Baselines: (a) pickle.dumps of the same dict into a multiprocessing.Queue, pickle.loads on
+the other side; (b) raw pyzmq zero-copy send of the same bytes over ipc, no codec; (c) one
+in-process torch copy_ of the same bytes (the memcpy limit). torch runs single-threaded in
+every process, so the copies compared are all single-core.
+Small-message round trip: a Heartbeat there and back over two ipc links (codec included),
+next to raw pyzmq doing the same with 16 bytes.
+
+Usage: python benchmarks/transport.py [--quick] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import pickle
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omni_mp.payload import Heartbeat, PromptEmbeds, Shutdown, StageOutputChunk  # noqa: E402
+from omni_mp.shm_pool import ShmPoolConfig  # noqa: E402
+from omni_mp.transport import MessageReceiver, MessageSender, make_socket  # noqa: E402
+
+HIDDEN = 3584
+MIB = 2**20
+# (label, shape); every shape is bf16
+PAYLOADS: list[tuple[str, tuple[int, int]]] = [
+    ("4 KiB", (1, 2048)),
+    ("112 KiB", (16, HIDDEN)),
+    ("1 MiB", (147, HIDDEN)),
+    ("8 MiB", (1171, HIDDEN)),
+    ("64 MiB", (9363, HIDDEN)),
+]
+PATHS = ["shm", "ipc frames", "tcp frames", "raw pyzmq ipc", "pickle+mp.Queue"]
+SHM = ShmPoolConfig(capacity_bytes=512 * MIB)
+ACK = struct.Struct("<q")  # the receiver's decode-done timestamp (ns)
+STOP = b"stop"
+
+
+def counts(nbytes: int, quick: bool) -> tuple[int, int]:
+    """(latency samples, stream length) for a payload size: ~constant time per size."""
+    lat = max(8, min(400, 400 * MIB // 4 // max(nbytes, 1)))
+    stream = max(8, min(2000, 2000 * MIB // 8 // max(nbytes, 1)))
+    return (max(4, lat // 5), max(4, stream // 5)) if quick else (lat, stream)
+
+
+# ---- receiver (child process) -------------------------------------------------------------
+
+
+def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
+    torch.set_num_threads(1)
+    ctx = zmq.Context()
+    ack = make_socket(ctx, zmq.PUSH, hwm=100_000)
+    ack.connect(ack_endpoint)
+    recv: Callable[[], Any]
+    if path == "raw pyzmq ipc":
+        sock = make_socket(ctx, zmq.PULL, hwm=64)
+        sock.bind(endpoint)
+        recv = lambda: (lambda f: None if f.bytes == STOP else f)(sock.recv(copy=False))  # noqa: E731
+    elif path == "pickle+mp.Queue":
+        recv = lambda: (lambda b: None if b == STOP else pickle.loads(b)["prompt_embeds"])(queue.get())  # noqa: E731
+    else:
+        receiver = MessageReceiver(ctx, endpoint)
+        endpoint = receiver.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+        def recv() -> Any:
+            msg = receiver.recv()
+            return None if isinstance(msg, Shutdown) else msg.prompt_embeds.data
+
+    ack.send(endpoint.encode())  # ready, and where to connect
+    while (data := recv()) is not None:
+        done = time.monotonic_ns()
+        del data  # the consumer is done: a shared-memory region goes back to the sender
+        ack.send(ACK.pack(done))
+    ctx.destroy(linger=0)
+
+
+# ---- sender (this process) ----------------------------------------------------------------
+
+
+class Link:
+    """Sending side of one path, plus the ack socket that paces and timestamps it."""
+
+    def __init__(self, path: str, tmp: str, mp_ctx: Any) -> None:
+        self.path = path
+        self.ctx = zmq.Context()
+        self.ack = make_socket(self.ctx, zmq.PULL, hwm=100_000)
+        ack_ep = f"ipc://{tmp}/ack"
+        self.ack.bind(ack_ep)
+        endpoint = "tcp://127.0.0.1:*" if path == "tcp frames" else f"ipc://{tmp}/data"
+        self.queue = mp_ctx.Queue() if path == "pickle+mp.Queue" else None
+        self.proc = mp_ctx.Process(target=_receiver, args=(path, endpoint, ack_ep, self.queue), daemon=True)
+        self.proc.start()
+        endpoint = self.ack.recv().decode()
+        self.send: Callable[[torch.Tensor], None]
+        if path == "raw pyzmq ipc":
+            self.sock = make_socket(self.ctx, zmq.PUSH, hwm=64)
+            self.sock.connect(endpoint)
+            self.send = lambda t: self.sock.send(t.view(torch.uint8).numpy(), copy=False)
+            self._stop = lambda: self.sock.send(STOP)
+        elif path == "pickle+mp.Queue":
+            self.send = lambda t: self.queue.put(pickle.dumps({"request_id": "r", "prompt_embeds": t}, protocol=5))
+            self._stop = lambda: self.queue.put(STOP)
+        else:
+            self.sender = MessageSender(self.ctx, endpoint, shm=SHM if path == "shm" else None)
+            self.send = lambda t: self.sender.send(StageOutputChunk(request_id="r", stage_id=0, prompt_embeds=PromptEmbeds(t)))
+            self._stop = lambda: self.sender.send(Shutdown(reason="done"))
+
+    def acked(self) -> int:
+        return ACK.unpack(self.ack.recv())[0]
+
+    def latency_us(self, t: torch.Tensor, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            start = time.monotonic_ns()
+            self.send(t)
+            out.append((self.acked() - start) / 1e3)
+        return out
+
+    def throughput_gbs(self, t: torch.Tensor, n: int) -> float:
+        start = time.monotonic_ns()
+        for _ in range(n):
+            self.send(t)
+        last = max(self.acked() for _ in range(n))
+        return n * t.numel() * t.element_size() / (last - start)  # bytes per ns = GB/s
+
+    def close(self) -> None:
+        self._stop()
+        self.proc.join(timeout=30)
+        if self.path in ("shm", "ipc frames", "tcp frames"):
+            self.sender.close()
+        self.ctx.destroy(linger=0)
+
+
+def memcpy(t: torch.Tensor, n: int) -> tuple[list[float], float]:
+    src, dst = t.view(torch.uint8), torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
+    dst.copy_(src)  # fault the pages in
+    times = []
+    for _ in range(n):
+        start = time.monotonic_ns()
+        dst.copy_(src)
+        times.append((time.monotonic_ns() - start) / 1e3)
+    return times, src.numel() / (statistics.median(times) * 1e3)
+
+
+def p(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def small_round_trip(tmp: str, mp_ctx: Any, n: int) -> dict[str, float]:
+    """p50 round trip of a Heartbeat (codec) and of 16 raw bytes (pyzmq), over ipc."""
+    proc = mp_ctx.Process(target=_echo, args=(tmp,), daemon=True)
+    proc.start()
+    ctx = zmq.Context()
+    out: dict[str, float] = {}
+    back = MessageReceiver(ctx, f"ipc://{tmp}/back")
+    there = MessageSender(ctx, f"ipc://{tmp}/there")
+    beat = Heartbeat(stage_id=0, seq=0, time=0.0)
+    for _ in range(20):  # warm up and wait for the connection
+        there.send(beat)
+        back.recv(timeout=30)
+    times = []
+    for i in range(n):
+        start = time.perf_counter_ns()
+        there.send(Heartbeat(stage_id=0, seq=i, time=time.time()))
+        back.recv()
+        times.append((time.perf_counter_ns() - start) / 1e3)
+    out["codec"] = statistics.median(times)
+    raw_times = []
+    for _ in range(n + 20):
+        start = time.perf_counter_ns()
+        there.socket.send(b"x" * 16)
+        back.socket.recv()
+        raw_times.append((time.perf_counter_ns() - start) / 1e3)
+    out["raw"] = statistics.median(raw_times[20:])
+    there.send(Shutdown())
+    proc.join(timeout=30)
+    there.close()
+    back.close()
+    ctx.destroy(linger=0)
+    return out
+
+
+def _echo(tmp: str) -> None:
+    ctx = zmq.Context()
+    inbox = MessageReceiver(ctx, f"ipc://{tmp}/there")
+    outbox = MessageSender(ctx, f"ipc://{tmp}/back")
+    while True:  # codec phase: echo messages; raw phase: echo raw frames
+        try:
+            msg = inbox.recv()
+        except Exception:  # a raw 16-byte frame is not a message
+            outbox.socket.send(b"y" * 16)
+            continue
+        if isinstance(msg, Shutdown):
+            break
+        outbox.send(msg)
+    outbox.close()
+    inbox.close()
+    ctx.destroy(linger=0)
+
+
+# ---- report -------------------------------------------------------------------------------
+
+
+def run(quick: bool) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    mp_ctx = mp.get_context("spawn")
+    results: dict[str, Any] = {"rows": [], "small": {}}
+    tensors = {label: torch.randn(shape).to(torch.bfloat16) for label, shape in PAYLOADS}
+    for label, t in tensors.items():
+        lat_n, _ = counts(t.numel() * 2, quick)
+        times, gbs = memcpy(t, max(lat_n, 20))
+        results["rows"].append({"size": label, "path": "memcpy", "gbs": gbs, "p50": p(times, 50), "p99": p(times, 99)})
+    with tempfile.TemporaryDirectory(prefix="omni_bench") as tmp:
+        for path in PATHS:
+            link = Link(path, tmp, mp_ctx)
+            for label, t in tensors.items():
+                lat_n, stream_n = counts(t.numel() * 2, quick)
+                print(f"[bench] {path:16s} {label:8s} latency x{lat_n}, stream x{stream_n}", file=sys.stderr, flush=True)
+                link.latency_us(t, 3)  # warm-up
+                lat = link.latency_us(t, lat_n)
+                gbs = link.throughput_gbs(t, stream_n)
+                results["rows"].append({"size": label, "path": path, "gbs": gbs, "p50": p(lat, 50), "p99": p(lat, 99)})
+            link.close()
+        print("[bench] small-message round trip", file=sys.stderr, flush=True)
+        results["small"] = small_round_trip(tmp, mp_ctx, 300 if quick else 2000)
+    return results
+
+
+def report(results: dict[str, Any]) -> str:
+    rows = {(r["size"], r["path"]): r for r in results["rows"]}
+    paths = ["memcpy", *PATHS]
+    lines = ["| payload | " + " | ".join(paths) + " |", "|---" * (len(paths) + 1) + "|"]
+    for label, _ in PAYLOADS:
+        cells = [f"{rows[label, path]['gbs']:.2f} GB/s<br>{rows[label, path]['p50']:.0f} / {rows[label, path]['p99']:.0f} us" for path in paths]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Ratios of throughput (target in brackets):", ""]
+    lines.append("| payload | shm / memcpy [>=0.5 at >=1 MiB] | shm / pickle+Queue [>=5] | ipc frames / raw pyzmq [>=0.8] | tcp frames / raw pyzmq [>=0.8] |")
+    lines.append("|---|---|---|---|---|")
+    for label, _ in PAYLOADS:
+        g = {path: rows[label, path]["gbs"] for path in paths}
+        lines.append(
+            f"| {label} | {g['shm'] / g['memcpy']:.2f} | {g['shm'] / g['pickle+mp.Queue']:.1f} | "
+            f"{g['ipc frames'] / g['raw pyzmq ipc']:.2f} | {g['tcp frames'] / g['raw pyzmq ipc']:.2f} |"
+        )
+    small = results["small"]
+    lines += ["", f"Small-message round trip p50 (ipc): {small['codec']:.0f} us with the codec, {small['raw']:.0f} us raw pyzmq [target <= 100 us]"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (~1/5), for a smoke run")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    args = parser.parse_args()
+    results = run(args.quick)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print("Cells: throughput, then one-way latency p50 / p99.")
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()

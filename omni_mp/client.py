@@ -1,0 +1,239 @@
+"""Clients for a running coordinator: `AsyncOmniClient` (asyncio) and `OmniClient` (sync).
+
+Both speak the same msgspec messages over one ZMQ DEALER socket. The sync client runs an
+`AsyncOmniClient` on a private event-loop thread, so there is one implementation and the
+sync client is safe to call from many threads at once.
+
+    with OmniClient("ipc://@omni_mp-...-client") as client:
+        done = client.generate("Hello", deadline_s=30)
+        print(done.outputs[-1].text)
+        for chunk in client.stream("Hello"):
+            print(chunk.token_ids)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from omni_mp.payload import (
+    Abort,
+    ErrorEvent,
+    Finished,
+    Limits,
+    PayloadError,
+    SamplingParamsMsg,
+    StageOutputChunk,
+    StageSampling,
+    StatusReply,
+    StatusRequest,
+    Submit,
+    decode,
+    encode,
+)
+
+
+class RequestError(RuntimeError):
+    """A request ended with an error event from the pipeline."""
+
+    def __init__(self, event: ErrorEvent) -> None:
+        where = "coordinator" if event.stage_id is None else f"stage {event.stage_id}"
+        super().__init__(f"request {event.request_id!r} failed in {where}: {event.code}: {event.message}")
+        self.event = event
+        self.code = event.code
+        self.stage_id = event.stage_id
+
+
+_Event = StageOutputChunk | Finished | ErrorEvent
+
+
+class AsyncOmniClient:
+    def __init__(self, endpoint: str, *, limits: Limits | None = None) -> None:
+        self.endpoint = endpoint
+        self.limits = limits or Limits()
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
+        self._sock.connect(endpoint)
+        self._queues: dict[str, asyncio.Queue[_Event]] = {}
+        self._status: asyncio.Queue[StatusReply] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart(copy=False)
+            try:
+                msg = decode(frames, self.limits)
+            except PayloadError:
+                continue  # a corrupt reply cannot be routed; its request times out or gets its error
+            if isinstance(msg, StatusReply):
+                self._status.put_nowait(msg)
+            elif isinstance(msg, StageOutputChunk | Finished | ErrorEvent) and msg.request_id is not None:
+                q = self._queues.get(msg.request_id)
+                if q is not None:
+                    q.put_nowait(msg)
+
+    async def _send(self, msg: object) -> None:
+        await self._sock.send_multipart(encode(msg), copy=False)
+
+    async def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        sampling: dict[int, SamplingParamsMsg] | None = None,
+        deadline_s: float | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        _stream: bool = True,
+    ) -> AsyncIterator[StageOutputChunk | Finished]:
+        """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
+
+        `timeout_s` bounds the wait on the client side (abort + TimeoutError), for a
+        coordinator that is gone; `deadline_s` is enforced by the pipeline itself.
+        """
+        self._ensure_reader()
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._queues:
+            raise ValueError(f"request id {rid!r} is already in flight on this client")
+        q: asyncio.Queue[_Event] = asyncio.Queue()
+        self._queues[rid] = q
+        finished = False
+        try:
+            await self._send(
+                Submit(
+                    request_id=rid,
+                    prompt=prompt,
+                    prompt_token_ids=prompt_token_ids,
+                    sampling=[StageSampling(stage_id=k, params=v) for k, v in (sampling or {}).items()],
+                    deadline_s=deadline_s,
+                    stream=_stream,
+                )
+            )
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), timeout_s)
+                except TimeoutError:
+                    raise TimeoutError(f"request {rid!r}: no answer within {timeout_s}s") from None
+                if isinstance(ev, ErrorEvent):
+                    finished = True
+                    raise RequestError(ev)
+                yield ev
+                if isinstance(ev, Finished):
+                    finished = True
+                    return
+        finally:
+            self._queues.pop(rid, None)
+            if not finished and not self._closed:
+                await self._send(Abort(request_id=rid, reason="cancelled by the client"))
+
+    async def generate(self, prompt: str | None = None, **kwargs: Any) -> Finished:
+        async for ev in self.stream(prompt, _stream=False, **kwargs):
+            if isinstance(ev, Finished):
+                return ev
+        raise AssertionError("stream ended without a Finished event")  # stream() raises or returns Finished
+
+    async def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
+        await self._send(Abort(request_id=request_id, reason=reason))
+
+    async def status(self, timeout_s: float = 10.0) -> StatusReply:
+        self._ensure_reader()
+        await self._send(StatusRequest())
+        return await asyncio.wait_for(self._status.get(), timeout_s)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    async def __aenter__(self) -> AsyncOmniClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class OmniClient:
+    """Synchronous client; thread-safe (all socket work happens on one private loop thread)."""
+
+    def __init__(self, endpoint: str, *, limits: Limits | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="omni-client-loop", daemon=True)
+        self._thread.start()
+        self._async: AsyncOmniClient = self._call(self._make(endpoint, limits))
+
+    @staticmethod
+    async def _make(endpoint: str, limits: Limits | None) -> AsyncOmniClient:
+        return AsyncOmniClient(endpoint, limits=limits)
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def generate(self, prompt: str | None = None, **kwargs: Any) -> Finished:
+        return self._call(self._async.generate(prompt, **kwargs))
+
+    def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[StageOutputChunk | Finished]:
+        """Yield chunks as they arrive; closing the iterator early aborts the request."""
+        items: queue.Queue[tuple[str, Any]] = queue.Queue()
+        agen = self._async.stream(prompt, **kwargs)
+
+        async def pump() -> None:
+            try:
+                async for ev in agen:
+                    items.put(("item", ev))
+                items.put(("end", None))
+            except BaseException as err:  # handed to the consuming thread, re-raised there
+                items.put(("error", err))
+
+        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                kind, value = items.get()
+                if kind == "item":
+                    yield value
+                elif kind == "error":
+                    raise value
+                else:
+                    return
+        finally:
+            if not fut.done():
+                fut.cancel()  # cancels the async generator, whose finally sends the abort
+
+    def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
+        self._call(self._async.abort(request_id, reason))
+
+    def status(self, timeout_s: float = 10.0) -> StatusReply:
+        return self._call(self._async.status(timeout_s))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._call(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> OmniClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

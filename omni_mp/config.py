@@ -1,0 +1,218 @@
+"""Pipeline YAML -> typed, validated config.
+
+Unknown keys are rejected and every error names the key path (``stages[1].engine_args.foo``).
+Graph checks: unique stage ids, known inputs, no cycles, processors from the registry only
+(a YAML file never names a module to import).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from omni_mp.payload import Limits, SamplingParamsMsg
+from omni_mp.processors import PROCESSORS
+from omni_mp.shm_pool import ShmPoolConfig
+
+
+class ConfigError(ValueError):
+    """A pipeline config is invalid; the message names the key path."""
+
+
+class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What the coordinator does when a stage process dies."""
+
+    max_restarts: int = 0  # 0 = never restart: the pipeline keeps failing that stage's requests
+    backoff_s: float = 1.0  # wait before respawning, doubled per consecutive restart
+
+
+class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    id: int
+    model: str  # a checkpoint dir, or the name of a built-in tiny model (omni_mp.models.tiny)
+    kind: Literal["ar", "diffusion"] = "ar"
+    engine_args: dict[str, Any] = {}
+    devices: list[int] = []  # GPU ids -> CUDA_VISIBLE_DEVICES; empty = CPU
+    inputs: list[int] = []  # upstream stage ids; empty = takes the client's prompt
+    processor: str | None = None  # registry name, required when `inputs` is not empty
+    final_output: bool = False
+    sampling: SamplingParamsMsg = msgspec.field(default_factory=SamplingParamsMsg)
+    restart: RestartPolicy = RestartPolicy()
+    # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) and the cores its threads bind to
+    # (VLLM_CPU_OMP_THREADS_BIND); None = one core per stage, round-robin.
+    cpu_kv_cache_gib: int = 1
+    cpu_cores: str | None = None
+
+
+class EndpointsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Where processes talk. `ipc` uses Linux abstract sockets (no files to leave behind);
+    `tcp` binds every socket on `host` with ephemeral ports (stages on other hosts)."""
+
+    transport: Literal["ipc", "tcp"] = "ipc"
+    host: str = "127.0.0.1"
+    # Same-host stage links (ipc): tensors of at least `threshold_bytes` travel through a
+    # bounded shared-memory pool per link instead of the ZMQ message.
+    shm: ShmPoolConfig = ShmPoolConfig()
+
+
+class TimeoutsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    stage_startup_s: float = 600.0  # engine init (model load, warm-up) must finish within this
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 30.0  # a live process silent this long is considered hung
+    default_deadline_s: float | None = None  # per-request deadline when the client sets none
+
+
+class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    stages: list[StageConfig]
+    limits: Limits = Limits()
+    endpoints: EndpointsConfig = EndpointsConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+
+    def stage(self, stage_id: int) -> StageConfig:
+        for s in self.stages:
+            if s.id == stage_id:
+                return s
+        raise KeyError(stage_id)
+
+    @property
+    def entry_stages(self) -> list[StageConfig]:
+        return [s for s in self.stages if not s.inputs]
+
+    @property
+    def final_stages(self) -> list[StageConfig]:
+        return [s for s in self.stages if s.final_output]
+
+    def downstream(self, stage_id: int) -> list[int]:
+        return [s.id for s in self.stages if stage_id in s.inputs]
+
+
+def parse_core_list(spec: str) -> list[int]:
+    """'0', '0-3', '0,2,5-6' -> core ids; ValueError if malformed."""
+    cores: list[int] = []
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad core range {part!r}")
+        cores.extend(range(first, last + 1))
+    return cores
+
+
+def _msgspec_path(err: msgspec.ValidationError) -> str:
+    # msgspec says "... - at `$.stages[1].engine_args`"; turn `$.x` into `x`.
+    return str(err).replace("`$.", "`").replace("`$`", "`<root>`")
+
+
+@functools.cache
+def _engine_arg_names() -> frozenset[str]:
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return frozenset(f.name for f in dataclasses.fields(EngineArgs))
+
+
+# Set by omni_mp from the stage config itself; writing them in engine_args would be ambiguous.
+_RESERVED_ENGINE_ARGS = {"model"}
+
+
+def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> PipelineConfig:
+    ids = [s.id for s in cfg.stages]
+    if not cfg.stages:
+        raise ConfigError("`stages`: a pipeline needs at least one stage")
+    for i, s in enumerate(cfg.stages):
+        where = f"stages[{i}]"
+        if s.id < 0:
+            raise ConfigError(f"`{where}.id`: must be >= 0, got {s.id}")
+        if s.id in ids[:i]:
+            raise ConfigError(f"`{where}.id`: stage id {s.id} is already used by stages[{ids.index(s.id)}]")
+        if s.kind == "diffusion":
+            raise ConfigError(f"`{where}.kind`: 'diffusion' stages have no engine in this release (only 'ar')")
+        for j, up in enumerate(s.inputs):
+            if up not in ids:
+                raise ConfigError(f"`{where}.inputs[{j}]`: unknown stage id {up} (stages: {ids})")
+            if up == s.id:
+                raise ConfigError(f"`{where}.inputs[{j}]`: stage {s.id} cannot be its own input")
+        if s.inputs and s.processor is None:
+            raise ConfigError(f"`{where}.processor`: required for a stage with inputs; known: {sorted(PROCESSORS)}")
+        if s.processor is not None:
+            if not s.inputs:
+                raise ConfigError(f"`{where}.processor`: an entry stage (no inputs) takes the prompt, not a processor")
+            if s.processor not in PROCESSORS:
+                raise ConfigError(f"`{where}.processor`: unknown processor {s.processor!r}; known: {sorted(PROCESSORS)}")
+        if any(d < 0 for d in s.devices) or len(set(s.devices)) != len(s.devices):
+            raise ConfigError(f"`{where}.devices`: GPU ids must be distinct and >= 0, got {s.devices}")
+        if s.cpu_kv_cache_gib < 1:
+            raise ConfigError(f"`{where}.cpu_kv_cache_gib`: must be >= 1, got {s.cpu_kv_cache_gib}")
+        if s.cpu_cores is not None:
+            try:
+                parse_core_list(s.cpu_cores)
+            except ValueError:
+                raise ConfigError(f"`{where}.cpu_cores`: expected a core list like '0-3' or '0,2', got {s.cpu_cores!r}") from None
+        if s.restart.max_restarts < 0 or s.restart.backoff_s < 0:
+            raise ConfigError(f"`{where}.restart`: max_restarts and backoff_s must be >= 0")
+        if check_engine_args:
+            for key in s.engine_args:
+                if key in _RESERVED_ENGINE_ARGS:
+                    raise ConfigError(f"`{where}.engine_args.{key}`: set by omni_mp; use `{where}.{key}`")
+                if key not in _engine_arg_names():
+                    raise ConfigError(f"`{where}.engine_args.{key}`: not an argument of vLLM 0.25.0's EngineArgs")
+    _check_acyclic(cfg)
+    if not cfg.entry_stages:
+        raise ConfigError("`stages`: no entry stage (every stage has inputs)")
+    if not cfg.final_stages:
+        raise ConfigError("`stages`: no stage has `final_output: true`")
+    return cfg
+
+
+def _check_acyclic(cfg: PipelineConfig) -> None:
+    inputs = {s.id: s.inputs for s in cfg.stages}
+    state: dict[int, int] = {}  # 1 = on the DFS path, 2 = done
+
+    def visit(node: int, path: list[int]) -> None:
+        if state.get(node) == 2:
+            return
+        if state.get(node) == 1:
+            cycle = path[path.index(node) :] + [node]
+            raise ConfigError(f"`stages`: the inputs form a cycle: {' -> '.join(map(str, cycle))}")
+        state[node] = 1
+        for up in inputs[node]:
+            visit(up, path + [node])
+        state[node] = 2
+
+    for sid in inputs:
+        visit(sid, [])
+
+
+def parse_config(data: Any, *, check_engine_args: bool = True) -> PipelineConfig:
+    try:
+        cfg = msgspec.convert(data, PipelineConfig)
+    except msgspec.ValidationError as err:
+        raise ConfigError(_msgspec_path(err)) from None
+    return validate(cfg, check_engine_args=check_engine_args)
+
+
+def load_config(path: str | Path, *, check_engine_args: bool = True) -> PipelineConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {err}") from None
+    try:
+        return parse_config(data, check_engine_args=check_engine_args)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def config_to_json(cfg: PipelineConfig) -> bytes:
+    return msgspec.json.encode(cfg)
+
+
+def config_from_json(blob: bytes | str) -> PipelineConfig:
+    return msgspec.json.decode(blob, type=PipelineConfig)

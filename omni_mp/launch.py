@@ -1,0 +1,141 @@
+"""`python -m omni_mp.launch` / `omni-mp`: run prompts through a pipeline, or serve it.
+
+With `--prompt`/`--prompts-file`: start the pipeline, submit every prompt concurrently, show
+a progress bar, write one JSON file per request to `--output-dir`, print a per-request
+summary (stage timings, tokens) and exit (status 1 if any request failed).
+Without prompts: bind the client endpoint (`--bind`), print it, serve until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+
+from omni_mp.config import ConfigError, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_chain.yaml"
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="omni-mp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML (default: %(default)s)")
+    p.add_argument("--prompt", action="append", default=[], help="a prompt to run (repeatable)")
+    p.add_argument("--prompts-file", type=Path, help="a file with one prompt per line")
+    p.add_argument("--output-dir", type=Path, help="write one JSON result per request here")
+    p.add_argument("--bind", help="client endpoint to serve on (default: an ipc endpoint, printed)")
+    p.add_argument("--deadline", type=float, help="per-request deadline in seconds")
+    p.add_argument("--log-dir", type=Path, help="keep stage logs here (default: a temp dir, removed at exit)")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+def _prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts_file is not None:
+        prompts += [line.rstrip("\n") for line in args.prompts_file.read_text().splitlines() if line.strip()]
+    return prompts
+
+
+def _say(msg: str) -> None:
+    print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
+
+
+def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from omni_mp.client import OmniClient, RequestError
+
+    assert isinstance(client, OmniClient)
+    results: dict[int, object] = {}
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(prompts))) as pool:
+        futs = {pool.submit(client.generate, p, deadline_s=args.deadline, request_id=f"req{i}"): i for i, p in enumerate(prompts)}
+        with tqdm(total=len(prompts), desc="requests", unit="req", file=sys.stderr) as bar:
+            for fut in concurrent.futures.as_completed(futs):
+                i = futs[fut]
+                try:
+                    results[i] = fut.result()
+                except RequestError as err:
+                    results[i] = err
+                bar.update(1)
+    wall = time.time() - t0
+    failed = 0
+    if args.output_dir is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+    for i, prompt in enumerate(prompts):
+        res = results[i]
+        if isinstance(res, RequestError):
+            failed += 1
+            record: dict[str, object] = {"prompt": prompt, "error": msgspec.to_builtins(res.event)}
+            print(f"req{i}: ERROR {res}")
+        else:
+            record = {"prompt": prompt, **msgspec.to_builtins(res)}
+            stages = " | ".join(
+                f"stage {d.stage_id}: {d.num_prompt_tokens}+{d.num_output_tokens} tok, "
+                f"queue {1000 * (d.t_started - d.t_registered):.0f}ms, "
+                f"first {1000 * ((d.t_first_token or d.t_finished) - d.t_started):.0f}ms, "
+                f"total {1000 * (d.t_finished - d.t_started):.0f}ms"
+                for d in res.stage_timings  # type: ignore[attr-defined]
+            )
+            text = res.outputs[-1].text if res.outputs else None  # type: ignore[attr-defined]
+            print(f"req{i}: {1000 * (res.t_finished - res.t_submit):.0f}ms [{stages}] -> {text!r}")  # type: ignore[attr-defined]
+        if args.output_dir is not None:
+            (args.output_dir / f"req{i}.json").write_text(json.dumps(record, indent=2))
+    print(f"{len(prompts) - failed}/{len(prompts)} requests succeeded in {wall:.2f}s")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config)
+        prompts = _prompts(args)
+    except (ConfigError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    from omni_mp.client import OmniClient
+    from omni_mp.coordinator import Coordinator, StartupError
+
+    coord = Coordinator(cfg, client_bind=args.bind, log_dir=args.log_dir, progress=_say)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        _say(f"got signal {signum}, shutting down")
+        stop.set()
+        coord.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        coord.start()
+    except StartupError as err:
+        print(f"error: pipeline failed to start: {err}", file=sys.stderr)
+        return 3
+    server = threading.Thread(target=coord.run, name="coordinator")
+    server.start()
+    try:
+        if not prompts:
+            print(f"omni_mp serving pipeline {cfg.name!r} on {coord.client_endpoint}", flush=True)
+            while not stop.wait(0.5):
+                pass
+            return 0
+        with OmniClient(coord.client_endpoint, limits=cfg.limits) as client:
+            return _run_prompts(client, prompts, args)
+    finally:
+        coord.stop()
+        server.join()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

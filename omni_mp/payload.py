@@ -1,0 +1,498 @@
+"""Messages between processes and their codec: msgspec Structs in one tagged union, tensors
+as small headers plus raw buffers, and validation against Limits before any tensor exists.
+
+Wire format of one message (a ZMQ multipart message):
+  frame 0     msgpack body: the Struct, tag field "t"; each tensor is a TensorRef header
+              {dtype, shape, nbytes, loc}
+  frame 1..n  raw tensor bytes, one frame per tensor whose loc is its frame index; a tensor
+              whose loc is a ShmRef sits in the sender's shared-memory pool instead.
+
+Decoded tensors are views of the received buffers (no copy): treat them as read-only, and
+clone() what you keep beyond the message when it came through shared memory (a held view
+holds pool space, see shm_pool).
+
+Adding a message type: subclass MessageBase and add the class to `Message` below.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Union, get_args
+
+import msgspec
+import torch
+from msgspec import Meta
+
+from omni_mp.shm_pool import ShmReader, ShmRef, ShmRegion
+from omni_mp.tensor_codec import (
+    DEFAULT_LIMITS,
+    SUPPORTED_DTYPES,
+    Limits,
+    PayloadError,
+    check_header,
+    shown,
+    tensor_bytes,
+    tensor_from_buffer,
+    tensor_header,
+)
+
+__all__ = [
+    "DEFAULT_LIMITS", "SUPPORTED_DTYPES", "Abort", "AdditionalInformation", "Buffer", "BufferPlacer",
+    "Connect", "ErrorEvent", "Finished", "Heartbeat", "InfoValue", "Limits", "MESSAGE_TYPES", "Message",
+    "MessageBase", "PayloadError", "PromptEmbeds", "Ready", "SamplingParamsMsg", "Shutdown", "StageDone",
+    "StageEndpoint", "StageOutputChunk", "StageRequest", "StageResult", "StageSampling", "StageStatus",
+    "StatusReply", "StatusRequest", "Submit", "TensorRef", "decode", "decode_with_regions", "encode", "validate",
+]
+
+
+class TensorRef(msgspec.Struct, forbid_unknown_fields=True):
+    """Wire header of one tensor. `loc` is the index of the frame holding its bytes, or the
+    shared-memory region holding them."""
+
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    loc: int | ShmRef
+
+
+if TYPE_CHECKING:
+    Tensor = torch.Tensor
+else:
+    # msgspec reads annotations to decode, and on the wire a tensor *is* its TensorRef
+    # header: decode() swaps each header for the real tensor once everything is validated.
+    # Encoding ignores annotations (enc_hook turns tensors into headers).
+    Tensor = TensorRef
+
+TokenId = Annotated[int, Meta(ge=0)]
+StageId = Annotated[int, Meta(ge=0)]
+InfoValue = Union[Tensor, list[int], int, float, bool, str]
+# Named tensors and scalars for the next stage (e.g. per-step hidden states, speaker).
+AdditionalInformation = dict[str, InfoValue]
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+class PromptEmbeds(msgspec.Struct, forbid_unknown_fields=True):
+    """Embeddings to use as (part of) the next stage's prompt: [num_tokens, hidden]."""
+
+    data: Tensor
+
+
+class SamplingParamsMsg(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    max_tokens: Annotated[int, Meta(ge=0)] = 16
+    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    temperature: Annotated[float, Meta(ge=0.0)] = 0.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Meta(ge=0)] = 0  # 0 = disabled
+    seed: int | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] = 1.0
+    stop_token_ids: list[TokenId] = []
+    ignore_eos: bool = False
+
+
+class MessageBase(
+    msgspec.Struct, tag_field="t", tag=True, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, weakref=True
+):
+    """Base of every wire message; the tag is the class name. (weakref: a receiver tracks
+    which shared-memory regions a message holds without keeping the message alive.)"""
+
+
+class StageRequest(MessageBase):
+    """Coordinator -> stage: register a request (every stage of the pipeline gets one); an
+    entry stage also gets the prompt, as text (tokenized by the stage) or token ids."""
+
+    request_id: str
+    stage_id: StageId
+    prompt: str | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    prompt_embeds: PromptEmbeds | None = None
+    additional_information: AdditionalInformation | None = None
+    sampling_params: SamplingParamsMsg | None = None
+    deadline: float | None = None  # unix time, seconds
+
+
+class StageOutputChunk(MessageBase):
+    """One engine step's output for one request."""
+
+    request_id: str
+    stage_id: StageId
+    token_ids: list[TokenId] = []  # new tokens of this step
+    prompt_token_ids: list[TokenId] | None = None  # the stage's prompt, on its first chunk
+    prompt_embeds: PromptEmbeds | None = None
+    additional_information: AdditionalInformation | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    text: str | None = None  # the decoded output, on the last chunk of a final stage
+
+
+class ErrorEvent(MessageBase):
+    """A request ended with an error. `stage_id` None: raised by the coordinator itself;
+    `request_id` None: the offending message could not be tied to a request."""
+
+    request_id: str | None
+    stage_id: StageId | None
+    code: str
+    message: str
+
+
+class Abort(MessageBase):
+    request_id: str
+    reason: str
+
+
+class Ready(MessageBase):
+    stage_id: StageId
+    pid: int
+    info: dict[str, str] = {}
+
+
+class Heartbeat(MessageBase):
+    stage_id: StageId
+    seq: int
+    time: float
+
+
+class Shutdown(MessageBase):
+    reason: str = ""
+
+
+class StageEndpoint(msgspec.Struct, forbid_unknown_fields=True):
+    stage_id: StageId
+    endpoint: str
+
+
+class Connect(MessageBase):
+    """Coordinator -> stage: send your outputs to these downstream stage inputs (again after
+    a downstream stage restarted, possibly at a new address)."""
+
+    downstream: list[StageEndpoint]
+
+
+class StageDone(MessageBase):
+    """Stage -> coordinator: a request finished in this stage; counts and unix timestamps."""
+
+    request_id: str
+    stage_id: StageId
+    num_prompt_tokens: int
+    num_output_tokens: int
+    t_registered: float
+    t_started: float
+    t_first_token: float | None
+    t_finished: float
+    finish_reason: str | None = None
+
+
+class StageSampling(msgspec.Struct, forbid_unknown_fields=True):
+    stage_id: StageId
+    params: SamplingParamsMsg
+
+
+class Submit(MessageBase):
+    """Client -> coordinator: run a request through the pipeline. Exactly one of `prompt` and
+    `prompt_token_ids`; `sampling` overrides stage defaults; `deadline_s` is relative."""
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    sampling: list[StageSampling] = []
+    deadline_s: float | None = None
+    stream: bool = False
+
+
+class StageResult(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What a final stage produced for a request."""
+
+    stage_id: StageId
+    token_ids: list[TokenId] = []
+    text: str | None = None
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+
+
+class Finished(MessageBase):
+    """Coordinator -> client: the request's terminal success event."""
+
+    request_id: str
+    outputs: list[StageResult]
+    stage_timings: list[StageDone]
+    t_submit: float
+    t_finished: float
+
+
+class StatusRequest(MessageBase):
+    pass
+
+
+class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
+    stage_id: StageId
+    pid: int
+    alive: bool
+    ready: bool
+    restarts: int
+    info: dict[str, str] = {}
+
+
+class StatusReply(MessageBase):
+    pipeline: str
+    stages: list[StageStatus]
+    inflight: int
+
+
+Message = Union[
+    StageRequest, StageOutputChunk, ErrorEvent, Abort, Ready, Heartbeat, Shutdown,
+    Connect, StageDone, Submit, Finished, StatusRequest, StatusReply,
+]  # fmt: skip
+MESSAGE_TYPES: tuple[type[MessageBase], ...] = get_args(Message)
+
+# A buffer for ZMQ send_multipart (bytes, or an object exporting the buffer protocol).
+Buffer = Any
+# Decides where a tensor's bytes go: gets them as a flat uint8 tensor and returns the shared
+# memory region it copied them into, or None to send them as a frame.
+BufferPlacer = Callable[[torch.Tensor], ShmRef | None]
+
+_DECODER = msgspec.msgpack.Decoder(Message)
+# What msgspec raises on a bad body: ValidationError is a DecodeError; invalid UTF-8 in a
+# string surfaces as UnicodeDecodeError (found by tests/test_payload_fuzz.py).
+_BODY_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+
+
+class _RequestIdOnly(msgspec.Struct):
+    """Lenient view of a rejected body, to tell which request the error belongs to."""
+
+    request_id: str | None = None
+
+
+class _Slot:
+    """Where a tensor (or, decoding, its header) sits in a message, so it can be replaced."""
+
+    __slots__ = ("container", "key", "path", "dtype", "shape", "nbytes")
+
+    def __init__(self, container: Any, key: str, path: str, header: tuple[str, list[int], int]) -> None:
+        self.container, self.key, self.path = container, key, path
+        self.dtype, self.shape, self.nbytes = header
+
+    @property
+    def value(self) -> Any:
+        c = self.container
+        return c[self.key] if isinstance(c, dict) else getattr(c, self.key)
+
+    def put(self, value: Any) -> None:
+        if isinstance(self.container, dict):
+            self.container[self.key] = value
+        else:
+            setattr(self.container, self.key, value)
+
+
+def _fields(obj: msgspec.Struct, prefix: str) -> Iterator[tuple[Any, str, Any, str]]:
+    """(container, key, value, path) for every value in a message: Struct fields (recursing
+    into nested Structs) and the entries of dict fields, after the dict itself."""
+    for name in obj.__struct_fields__:
+        value = getattr(obj, name)
+        path = prefix + name
+        if isinstance(value, msgspec.Struct) and not isinstance(value, (TensorRef, ShmRef)):
+            yield from _fields(value, path + ".")
+            continue
+        yield obj, name, value, path
+        if isinstance(value, list) and value and isinstance(value[0], msgspec.Struct):
+            for i, item in enumerate(value):  # e.g. Finished.outputs: each item checked too
+                yield from _fields(item, f"{path}[{i}].")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield value, key, item, f"{path}[{shown(key)}]"
+
+
+def _check(msg: msgspec.Struct, limits: Limits, tensor_type: type, body_bytes: int = 0) -> list[_Slot]:
+    """Check every value of `msg` against `limits` and return its tensor slots. `tensor_type`
+    is torch.Tensor when sending, TensorRef when receiving."""
+    slots: list[_Slot] = []
+    total = 0
+    for container, key, value, path in _fields(msg, type(msg).__name__ + "."):
+        if value is None or type(value) in (bool, int, float):
+            continue
+        if isinstance(value, str):
+            if len(value) > limits.max_string_length:
+                raise PayloadError(f"{path}: string of {len(value)} chars > max_string_length={limits.max_string_length}")
+        elif isinstance(value, list):
+            if len(value) > limits.max_list_length:
+                raise PayloadError(f"{path}: list of {len(value)} items > max_list_length={limits.max_list_length}")
+        elif isinstance(value, dict):
+            if len(value) > limits.max_info_entries:
+                raise PayloadError(f"{path}: {len(value)} entries > max_info_entries={limits.max_info_entries}")
+            for name in value:
+                if not isinstance(name, str) or not 0 < len(name) <= limits.max_name_length:
+                    raise PayloadError(f"{path}: key {shown(name)} is not a str of 1..{limits.max_name_length} chars")
+        elif isinstance(value, tensor_type):
+            if isinstance(value, TensorRef):
+                header = (value.dtype, value.shape, value.nbytes)
+            else:
+                header = tensor_header(value, path)
+            check_header(*header, limits, path)
+            if isinstance(container, PromptEmbeds) and len(header[1]) != 2:
+                raise PayloadError(f"{path}: prompt embeds must be 2-D [num_tokens, hidden], got shape {header[1]}")
+            slots.append(_Slot(container, key, path, header))
+            total += header[2]
+        else:
+            raise PayloadError(f"{path}: {type(value).__name__} cannot be sent")
+    request_id = getattr(msg, "request_id", None)
+    if request_id is not None and not _valid_request_id(request_id, limits):
+        raise PayloadError(
+            f"{type(msg).__name__}.request_id: {shown(request_id)} is not 1..{limits.max_request_id_length} "
+            f"chars of {_REQUEST_ID.pattern}"
+        )
+    _check_total(msg, body_bytes + total, limits)
+    return slots
+
+
+def _valid_request_id(request_id: Any, limits: Limits) -> bool:
+    return (
+        isinstance(request_id, str)
+        and len(request_id) <= limits.max_request_id_length
+        and _REQUEST_ID.fullmatch(request_id) is not None
+    )
+
+
+def _check_total(msg: msgspec.Struct, nbytes: int, limits: Limits) -> None:
+    if nbytes > limits.max_message_bytes:
+        raise PayloadError(f"{type(msg).__name__}: {nbytes} bytes in all > max_message_bytes={limits.max_message_bytes}")
+
+
+def validate(msg: Message, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Check an outgoing message against `limits` (encode does this too): raises PayloadError
+    on the sender instead of the receiver, or ZMQ MAXMSGSIZE silently, dropping it."""
+    _check(msg, limits, torch.Tensor)
+
+
+def encode(msg: Message, limits: Limits = DEFAULT_LIMITS, *, place: BufferPlacer | None = None) -> list[Buffer]:
+    """Validate and encode `msg` into frames for send_multipart(copy=False).
+
+    Tensor frames are views of the tensors' memory (a non-contiguous tensor is made
+    contiguous first), so do not modify those tensors in place until ZMQ has sent them.
+    `place` may divert tensor bytes into shared memory (see transport.MessageSender).
+    """
+    slots = _check(msg, limits, torch.Tensor)
+    frames: list[Buffer] = [b""]
+    headers = 0
+
+    def to_header(obj: Any) -> TensorRef:
+        nonlocal headers
+        if not isinstance(obj, torch.Tensor):
+            raise PayloadError(f"{type(msg).__name__}: {type(obj).__name__} cannot be sent")
+        headers += 1
+        data = tensor_bytes(obj)
+        loc = place(data) if place is not None else None
+        if loc is None:
+            loc = len(frames)
+            frames.append(data.numpy())  # the array keeps the tensor (and its memory) alive
+        dtype, shape, nbytes = tensor_header(obj, "")
+        return TensorRef(dtype, shape, nbytes, loc)
+
+    frames[0] = msgspec.msgpack.encode(msg, enc_hook=to_header)
+    if headers != len(slots):
+        raise PayloadError(
+            f"{type(msg).__name__}: tensors may only be Struct fields or dict values, found {headers - len(slots)} elsewhere"
+        )
+    body_len = len(frames[0])
+    if body_len > limits.max_body_bytes:
+        raise PayloadError(f"{type(msg).__name__}: body of {body_len} bytes > max_body_bytes={limits.max_body_bytes}")
+    _check_total(msg, body_len + sum(slot.nbytes for slot in slots), limits)
+    return frames
+
+
+def decode(frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS, *, shm: ShmReader | None = None) -> Message:
+    """Validate and decode one message (see decode_with_regions)."""
+    return decode_with_regions(frames, limits, shm=shm)[0]
+
+
+def decode_with_regions(
+    frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS, *, shm: ShmReader | None = None
+) -> tuple[Message, list[ShmRegion]]:
+    """Validate and decode one message; also return the shared-memory regions it holds.
+
+    Order: sizes of all frames, then the typed body (unknown tags, fields and wrong types
+    fail here), then every value against `limits` and every tensor header against its
+    buffer (frames must each be used by exactly one tensor), and only then tensors are
+    built, as views. Any failure raises PayloadError and returns the credits of the
+    shared-memory regions the message named. `shm=None` rejects shared-memory tensors.
+    """
+    views = [_byte_view(f) for f in frames]
+    if not views:
+        raise PayloadError("message has no frames")
+    body = views[0]
+    if body.nbytes > limits.max_body_bytes:
+        raise PayloadError(f"body: {body.nbytes} bytes > max_body_bytes={limits.max_body_bytes}")
+    total = sum(v.nbytes for v in views)
+    if total > limits.max_message_bytes:
+        raise PayloadError(f"message: {total} bytes > max_message_bytes={limits.max_message_bytes}")
+    try:
+        msg = _DECODER.decode(body)
+    except _BODY_ERRORS as exc:
+        raise PayloadError(f"body: {exc}", request_id=_recover_request_id(body, limits)) from None
+    regions: list[ShmRegion] = []
+    try:
+        slots = _check(msg, limits, TensorRef, body.nbytes)
+        buffers = _claim_buffers(slots, views, shm, regions)
+        for slot, buffer in zip(slots, buffers):
+            slot.put(tensor_from_buffer(slot.dtype, slot.shape, buffer, slot.path))
+    except PayloadError as exc:
+        _return_credits(msg, regions, shm)
+        request_id = getattr(msg, "request_id", None)
+        exc.request_id = request_id if _valid_request_id(request_id, limits) else None
+        raise
+    return msg, regions
+
+
+def _byte_view(frame: Buffer) -> memoryview:
+    view = memoryview(frame)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _claim_buffers(
+    slots: list[_Slot], views: list[memoryview], shm: ShmReader | None, regions: list[ShmRegion]
+) -> list[memoryview]:
+    """The buffer of each slot, after checking it against the header; frames must each be
+    used exactly once. Shared-memory claims are appended to `regions` as they are made."""
+    used = [False] * len(views)
+    buffers = []
+    for slot in slots:
+        loc = slot.value.loc
+        if isinstance(loc, ShmRef):
+            if shm is None:
+                raise PayloadError(f"{slot.path}: shared-memory tensor on a link that does not accept them")
+            buffer, region = shm.view(loc, slot.nbytes, slot.path)
+            regions.append(region)
+        else:
+            if not 1 <= loc < len(views):
+                raise PayloadError(f"{slot.path}: frame index {loc} outside 1..{len(views) - 1}")
+            if used[loc]:
+                raise PayloadError(f"{slot.path}: frame {loc} is already used by another tensor")
+            used[loc] = True
+            buffer = views[loc]
+            if buffer.nbytes != slot.nbytes:
+                raise PayloadError(f"{slot.path}: frame {loc} holds {buffer.nbytes} bytes, header says {slot.nbytes}")
+        buffers.append(buffer)
+    unused = [i for i in range(1, len(views)) if not used[i]]
+    if unused:
+        raise PayloadError(f"message: frames {unused[:8]} not referenced by any tensor ({len(views) - 1} sent)")
+    return buffers
+
+
+def _return_credits(msg: msgspec.Struct, regions: list[ShmRegion], shm: ShmReader | None) -> None:
+    """A rejected message must not keep pool space: release what was claimed, and discard
+    the regions named but not yet claimed."""
+    for region in regions:
+        region.release()
+    if shm is None:
+        return
+    claimed = {region.ref for region in regions}
+    for _, _, value, _ in _fields(msg, ""):
+        if isinstance(value, TensorRef) and isinstance(value.loc, ShmRef) and value.loc not in claimed:
+            shm.discard(value.loc)
+
+
+def _recover_request_id(body: memoryview, limits: Limits) -> str | None:
+    try:
+        request_id = msgspec.msgpack.decode(body, type=_RequestIdOnly).request_id
+    except _BODY_ERRORS:
+        return None
+    return request_id if _valid_request_id(request_id, limits) else None

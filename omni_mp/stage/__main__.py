@@ -1,0 +1,100 @@
+"""Entry point of a stage process: `python -m omni_mp.stage` (spawned by the coordinator).
+
+The coordinator sets the environment (CUDA_VISIBLE_DEVICES, vLLM CPU settings) before this
+interpreter starts, and passes the pipeline config as JSON in OMNI_MP_PIPELINE_CONFIG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+
+
+def device_info() -> dict[str, str]:
+    """What this process sees of the GPUs: shown by status, so pinning can be checked from outside."""
+    import torch
+
+    info = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")}
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        info["torch_cuda_device_count"] = str(n)
+        info["torch_cuda_devices"] = "; ".join(torch.cuda.get_device_name(i) for i in range(n))
+        info["torch_cuda_current_device"] = str(torch.cuda.current_device())
+    else:
+        info["torch_cuda_device_count"] = "0"
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="omni_mp.stage")
+    parser.add_argument("--stage-id", type=int, required=True)
+    parser.add_argument("--events", required=True, help="coordinator endpoint for events")
+    parser.add_argument("--input", required=True, help="endpoint this stage binds for its input")
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    from omni_mp.procutil import die_with_parent
+
+    die_with_parent(args.parent_pid)
+    cores = os.environ.get("OMNI_MP_CPU_CORES")
+    if cores and hasattr(os, "sched_setaffinity"):
+        from omni_mp.config import parse_core_list
+
+        os.sched_setaffinity(0, parse_core_list(cores))
+    logging.basicConfig(
+        level=os.environ.get("OMNI_MP_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s stage{args.stage_id} %(levelname)s %(name)s: %(message)s",
+    )
+    log = logging.getLogger("omni_mp.stage")
+
+    import zmq
+
+    from omni_mp.config import config_from_json
+    from omni_mp.engines.ar import AREngine
+    from omni_mp.models.tiny import resolve_model
+    from omni_mp.payload import Ready
+    from omni_mp.stage.loop import StageLoop
+    from omni_mp.endpoints import CONTROL_HWM
+    from omni_mp.transport import MessageReceiver, MessageSender
+
+    cfg = config_from_json(os.environ["OMNI_MP_PIPELINE_CONFIG"])
+    stage = cfg.stage(args.stage_id)
+    ctx = zmq.Context()
+    events = MessageSender(ctx, args.events, cfg.limits, hwm=CONTROL_HWM)
+    input_link = MessageReceiver(ctx, args.input, cfg.limits, hwm=CONTROL_HWM)
+    endpoint = input_link.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    loop: StageLoop | None = None
+
+    def on_term(signum: int, frame: object) -> None:
+        if loop is not None:
+            loop.running = False
+        else:
+            sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+    t0 = time.monotonic()
+    log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
+    engine = AREngine(resolve_model(stage.model), stage.engine_args)
+    log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
+    loop = StageLoop(cfg, stage, engine, ctx, input_link, events)
+    info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
+    events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
+    try:
+        loop.run()
+    finally:
+        engine.shutdown()
+        for link in [input_link, *loop.downstream.values(), events]:
+            link.close()  # senders linger briefly so the last events reach their peer
+        ctx.term()
+    log.info("stage %d: exited cleanly", stage.id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""The stage process main loop: receive, add to the engine, step, stream each step's outputs.
+
+One thread owns the engine and every socket. Each iteration drains the input socket
+(requests from the coordinator, chunks from upstream stages, aborts), runs one engine step
+over the whole batch when there is work, and forwards the new tokens of every request at
+once: downstream stages get every chunk, the coordinator gets the chunks of final stages
+and a `StageDone` per finished request. Bad input for one request becomes an `ErrorEvent`
+for that request; the loop keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from omni_mp.config import PipelineConfig, StageConfig
+from omni_mp.engines.ar import AREngine, EngineInputError
+from omni_mp.endpoints import CONTROL_HWM
+from omni_mp.payload import (
+    Abort,
+    Connect,
+    ErrorEvent,
+    Heartbeat,
+    Limits,
+    Message,
+    PayloadError,
+    Shutdown,
+    StageDone,
+    StageOutputChunk,
+    StageRequest,
+)
+from omni_mp.processors import PROCESSORS, ProcessorError
+from omni_mp.stage.requests import OrphanChunks, StageRequestState
+from omni_mp.shm_pool import ShmPoolConfig
+from omni_mp.transport import MessageReceiver, MessageSender
+
+log = logging.getLogger("omni_mp.stage")
+
+IDLE_POLL_MS = 50  # how long an idle stage blocks waiting for input
+# Sends to the coordinator and downstream stages wait at most this long for queue space (a
+# consumer that stays full this long is hung; the coordinator then restarts or fails it).
+SEND_TIMEOUT_S = 30.0
+
+
+class StageLoop:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        stage: StageConfig,
+        engine: AREngine,
+        ctx: zmq.Context,
+        input_link: MessageReceiver,
+        events: MessageSender,
+    ) -> None:
+        self.cfg = cfg
+        self.stage = stage
+        self.engine = engine
+        self.ctx = ctx
+        self.limits: Limits = cfg.limits
+        self.input = input_link
+        self.events = events
+        self.downstream: dict[int, MessageSender] = {}
+        # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
+        self.shm: ShmPoolConfig | None = cfg.endpoints.shm if cfg.endpoints.transport == "ipc" else None
+        self.processor = PROCESSORS[stage.processor] if stage.processor else None
+        self.requests: dict[str, StageRequestState] = {}
+        self.orphans = OrphanChunks()
+        self.running = True
+        self._hb_seq = 0
+        self._next_hb = 0.0
+
+    # ---- outgoing -------------------------------------------------------------------------
+    def _emit(self, msg: Message) -> None:
+        self.events.send(msg, timeout=SEND_TIMEOUT_S)
+
+    def _error(self, request_id: str, code: str, message: str) -> None:
+        log.warning("request %s: %s: %s", request_id, code, message)
+        self._emit(ErrorEvent(request_id=request_id, stage_id=self.stage.id, code=code, message=message))
+
+    def _heartbeat(self, now: float) -> None:
+        if now >= self._next_hb:
+            self._hb_seq += 1
+            self._emit(Heartbeat(stage_id=self.stage.id, seq=self._hb_seq, time=now))
+            self._next_hb = now + self.cfg.timeouts.heartbeat_interval_s
+
+    # ---- incoming -------------------------------------------------------------------------
+    def _on_connect(self, msg: Connect) -> None:
+        for target in msg.downstream:
+            old = self.downstream.pop(target.stage_id, None)
+            if old is not None:
+                old.close()
+            self.downstream[target.stage_id] = MessageSender(
+                self.ctx, target.endpoint, self.limits, shm=self.shm, hwm=CONTROL_HWM
+            )
+
+    def _on_request(self, msg: StageRequest) -> None:
+        rid = msg.request_id
+        if rid in self.requests:
+            self._error(rid, "duplicate_request", f"request id {rid!r} is already active in stage {self.stage.id}")
+            return
+        state = StageRequestState(
+            request_id=rid,
+            sampling=msg.sampling_params or self.stage.sampling,
+            deadline=msg.deadline,
+            inputs=list(self.stage.inputs),
+        )
+        self.requests[rid] = state
+        if not self.stage.inputs:
+            if msg.prompt_token_ids is not None:
+                ids = list(msg.prompt_token_ids)
+            elif msg.prompt is not None:
+                try:
+                    ids = self.engine.tokenize(msg.prompt)
+                except EngineInputError as err:
+                    self._fail(rid, "invalid_input", str(err))
+                    return
+            else:
+                self._fail(rid, "invalid_input", "an entry stage needs `prompt` or `prompt_token_ids`")
+                return
+            self._start(state, ids)
+            return
+        for chunk in self.orphans.take(rid):
+            self._on_chunk(chunk)
+
+    def _on_chunk(self, chunk: StageOutputChunk) -> None:
+        state = self.requests.get(chunk.request_id)
+        if state is None:
+            if not self.orphans.add(chunk):
+                log.warning("dropping chunk of unknown request %s: orphan buffer full", chunk.request_id)
+            return
+        if chunk.stage_id not in state.inputs:
+            self._fail(chunk.request_id, "invalid_input", f"stage {chunk.stage_id} is not an input of stage {self.stage.id}")
+            return
+        state.add_upstream(chunk)
+        if not state.started and state.inputs_complete():
+            assert self.processor is not None  # validated in config: stages with inputs have one
+            try:
+                stage_input = self.processor(state.upstream)
+            except ProcessorError as err:
+                self._fail(state.request_id, "processor_error", str(err))
+                return
+            self._start(state, stage_input.prompt_token_ids)
+
+    def _start(self, state: StageRequestState, prompt_token_ids: list[int]) -> None:
+        try:
+            self.engine.add_request(state.request_id, prompt_token_ids, state.sampling)
+        except EngineInputError as err:
+            self._fail(state.request_id, "invalid_input", str(err))
+            return
+        state.started = True
+        state.t_started = time.time()
+        state.prompt_token_ids = prompt_token_ids
+
+    def _on_abort(self, msg: Abort) -> None:
+        state = self.requests.pop(msg.request_id, None)
+        self.orphans.take(msg.request_id)
+        if state is not None and state.started:
+            self.engine.abort([msg.request_id])
+
+    def _fail(self, request_id: str, code: str, message: str) -> None:
+        """End a request here with an error; the coordinator aborts it in every other stage."""
+        state = self.requests.pop(request_id, None)
+        if state is not None and state.started:
+            self.engine.abort([request_id])
+        self._error(request_id, code, message)
+
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, StageOutputChunk):
+            self._on_chunk(msg)
+        elif isinstance(msg, StageRequest):
+            self._on_request(msg)
+        elif isinstance(msg, Abort):
+            self._on_abort(msg)
+        elif isinstance(msg, Connect):
+            self._on_connect(msg)
+        elif isinstance(msg, Shutdown):
+            log.info("shutdown requested: %s", msg.reason)
+            self.running = False
+        else:
+            log.warning("stage %d ignores unexpected %s", self.stage.id, type(msg).__name__)
+
+    def _drain_input(self, timeout_ms: int) -> None:
+        if not self.input.socket.poll(timeout_ms):
+            return
+        while True:
+            try:
+                msg = self.input.recv(timeout=0)
+            except TimeoutError:
+                return
+            except PayloadError as err:
+                # The sender is unknown here; the bad message is dropped, nothing else is lost.
+                log.error("stage %d dropped an invalid message: %s", self.stage.id, err)
+                continue
+            self._handle(msg)
+            if not self.running:
+                return
+
+    # ---- engine -----------------------------------------------------------------------------
+    def _step(self) -> None:
+        now = time.time()
+        for out in self.engine.step():
+            state = self.requests.get(out.request_id)
+            if state is None:  # aborted while the step ran
+                continue
+            first = not state.output_token_ids and state.t_first_token is None
+            if first and out.new_token_ids:
+                state.t_first_token = now
+            state.output_token_ids.extend(out.new_token_ids)
+            chunk = StageOutputChunk(
+                request_id=out.request_id,
+                stage_id=self.stage.id,
+                token_ids=out.new_token_ids,
+                prompt_token_ids=state.prompt_token_ids if first else None,
+                finished=out.finished,
+                finish_reason=out.finish_reason,
+                text=self.engine.decode(state.output_token_ids) if out.finished and self.stage.final_output else None,
+            )
+            for link in self.downstream.values():
+                link.send(chunk, timeout=SEND_TIMEOUT_S)
+            if self.stage.final_output:
+                self._emit(chunk)
+            if out.finished:
+                del self.requests[out.request_id]
+                self._emit(
+                    StageDone(
+                        request_id=out.request_id,
+                        stage_id=self.stage.id,
+                        num_prompt_tokens=len(state.prompt_token_ids),
+                        num_output_tokens=len(state.output_token_ids),
+                        t_registered=state.t_registered,
+                        t_started=state.t_started or now,
+                        t_first_token=state.t_first_token,
+                        t_finished=now,
+                        finish_reason=out.finish_reason,
+                    )
+                )
+
+    def _expire(self, now: float) -> None:
+        for rid in [r for r, s in self.requests.items() if s.expired(now)]:
+            self._fail(rid, "deadline_exceeded", f"deadline passed in stage {self.stage.id}")
+        self.orphans.expire()
+
+    def run(self) -> None:
+        while self.running:
+            busy = self.engine.has_work()
+            self._drain_input(0 if busy else IDLE_POLL_MS)
+            if not self.running:
+                break
+            now = time.time()
+            self._heartbeat(now)
+            self._expire(now)
+            if self.engine.has_work():
+                self._step()

@@ -1,0 +1,70 @@
+"""Per-request bookkeeping inside one stage process."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from omni_mp.payload import SamplingParamsMsg, StageOutputChunk
+from omni_mp.processors import UpstreamResult
+
+
+@dataclass
+class StageRequestState:
+    request_id: str
+    sampling: SamplingParamsMsg
+    deadline: float | None
+    inputs: list[int]  # upstream stage ids this request waits for (empty for an entry stage)
+    upstream: dict[int, UpstreamResult] = field(default_factory=dict)
+    started: bool = False  # handed to the engine
+    prompt_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    t_registered: float = field(default_factory=time.time)
+    t_started: float | None = None
+    t_first_token: float | None = None
+
+    def add_upstream(self, chunk: StageOutputChunk) -> None:
+        up = self.upstream.setdefault(chunk.stage_id, UpstreamResult(stage_id=chunk.stage_id))
+        if chunk.prompt_token_ids is not None:
+            up.prompt_token_ids = list(chunk.prompt_token_ids)
+        up.output_token_ids.extend(chunk.token_ids)
+        if chunk.finished:
+            up.finished = True
+            up.finish_reason = chunk.finish_reason
+
+    def inputs_complete(self) -> bool:
+        return all(sid in self.upstream and self.upstream[sid].finished for sid in self.inputs)
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+
+@dataclass
+class OrphanChunks:
+    """Upstream chunks that arrived before the coordinator's registration of their request.
+
+    Registration and data come over different pipes, so a chunk may overtake it; such chunks
+    wait here, bounded in count and age (a restarted stage must not act on stale data).
+    """
+
+    max_chunks: int = 4096
+    ttl_s: float = 10.0
+    chunks: dict[str, list[tuple[float, StageOutputChunk]]] = field(default_factory=dict)
+    count: int = 0
+
+    def add(self, chunk: StageOutputChunk) -> bool:
+        if self.count >= self.max_chunks:
+            return False
+        self.chunks.setdefault(chunk.request_id, []).append((time.monotonic(), chunk))
+        self.count += 1
+        return True
+
+    def take(self, request_id: str) -> list[StageOutputChunk]:
+        items = self.chunks.pop(request_id, [])
+        self.count -= len(items)
+        return [c for _, c in items]
+
+    def expire(self) -> None:
+        cutoff = time.monotonic() - self.ttl_s
+        for rid in [r for r, items in self.chunks.items() if items[0][0] < cutoff]:
+            self.take(rid)

@@ -1,0 +1,124 @@
+"""The coordinator's handle on one stage process: spawn with its own environment, watch, kill."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
+
+
+def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a stage process starts with; device pinning must precede its first import."""
+    env = dict(os.environ if base is None else base)
+    env["OMNI_MP_PIPELINE_CONFIG"] = config_to_json(cfg).decode()
+    # Keep the vLLM worker in the stage process (UniProcExecutor): no engine/worker children.
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if stage.devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, stage.devices))
+    else:
+        # CPU stage: its own KV cache budget and its own cores (by default one core per stage,
+        # round-robin), so several engines on one host neither take all RAM nor share cores.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(stage.cpu_kv_cache_gib)
+        if stage.cpu_cores is not None:
+            cores = stage.cpu_cores
+        else:
+            ncpu = os.cpu_count() or 1
+            cores = str([s.id for s in cfg.stages].index(stage.id) % ncpu)
+        # The stage pins itself to these cores (sched_setaffinity) before vLLM starts: the
+        # in-process executor does not apply VLLM_CPU_OMP_THREADS_BIND (only vLLM's mp one does).
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+        env["OMNI_MP_CPU_CORES"] = cores
+        env["OMP_NUM_THREADS"] = str(len(parse_core_list(cores)))
+    return env
+
+
+
+class StageHandle:
+    def __init__(self, cfg: PipelineConfig, stage: StageConfig, events_endpoint: str, input_endpoint: str, log_dir: Path):
+        self.cfg = cfg
+        self.stage = stage
+        self.events_endpoint = events_endpoint
+        self.input_endpoint = input_endpoint  # what the stage binds (tcp may use port 0)
+        self.log_path = log_dir / f"stage{stage.id}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.ready = False
+        self.bound_endpoint: str | None = None  # reported by the stage once bound
+        self.info: dict[str, str] = {}  # from its Ready: init time, devices it sees
+        self.last_heartbeat = 0.0
+        self.spawned_at = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def spawn(self) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "omni_mp.stage",
+            "--stage-id",
+            str(self.stage.id),
+            "--events",
+            self.events_endpoint,
+            "--input",
+            self.input_endpoint,
+            "--parent-pid",
+            str(os.getpid()),
+        ]
+        with open(self.log_path, "ab") as log:
+            log.write(f"==== spawn {time.strftime('%H:%M:%S')} (restart {self.restarts}) ====\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                cmd, env=stage_env(self.cfg, self.stage), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self.ready = False
+        self.bound_endpoint = None
+        self.spawned_at = time.monotonic()
+        self.last_heartbeat = self.spawned_at
+
+    def exit_code(self) -> int | None:
+        """None while running (or never spawned); the exit code once it has exited."""
+        return None if self.proc is None else self.proc.poll()
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def terminate(self, timeout_s: float) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s`."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def wait(self, timeout_s: float) -> bool:
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def last_log_lines(self, n: int = 20) -> str:
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                return "".join(deque(fh, maxlen=n))
+        except OSError:
+            return "<no log>"

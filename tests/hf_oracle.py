@@ -1,0 +1,43 @@
+"""The correctness oracle: Hugging Face transformers' own generate() on the same checkpoint."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+
+@functools.cache
+def _model(model_dir: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def tokenize(model_dir: str | Path, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return list(AutoTokenizer.from_pretrained(model_dir)(text).input_ids)
+
+
+def greedy(model_dir: str | Path, prompt_ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """`n` greedy tokens (fp32, EOS ignored) and the top-1/top-2 logit margin at each step."""
+    out = _model(str(model_dir)).generate(
+        torch.tensor([prompt_ids]),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    margins = [float(v[0] - v[1]) for v in (s[0].topk(2).values for s in out.scores)]
+    return out.sequences[0, len(prompt_ids) :].tolist(), margins
+
+
+def assert_same_tokens(got: list[int], want: list[int], margins: list[float], what: str) -> None:
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    assert got == want, (
+        f"{what}: got {got} != transformers {want}; first difference at step {first}"
+        + (f", where the transformers top-2 logit margin is {margins[first]:.2e}" if first is not None else "")
+    )

@@ -1,0 +1,85 @@
+"""Start `python -m omni_mp.launch` as a real subprocess for tests, and check it leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ServedPipeline:
+    def __init__(self, proc: subprocess.Popen[str], endpoint: str, lines: list[str]) -> None:
+        self.proc = proc
+        self.endpoint = endpoint
+        self.lines = lines  # stdout+stderr of the launcher, collected by a thread
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+
+def _pump(stream: object, lines: list[str]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        lines.append(line)
+
+
+@contextmanager
+def serve(config: Path, *extra: str, startup_timeout_s: float = 600) -> Iterator[ServedPipeline]:
+    """Run the launcher in serve mode; on exit SIGINT it and require a clean, leak-free exit."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_mp.launch", "--config", str(config), *extra],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    deadline = time.monotonic() + startup_timeout_s
+    endpoint = None
+    while endpoint is None:
+        for line in list(lines):
+            m = re.search(r"serving pipeline .* on (\S+)", line)
+            if m:
+                endpoint = m.group(1)
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("launcher did not start:\n" + "".join(lines[-40:]))
+        time.sleep(0.1)
+    served = ServedPipeline(proc, endpoint, lines)
+    try:
+        yield served
+    finally:
+        if proc.poll() is None:
+            children = served.descendants()
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            _, alive = psutil.wait_procs(children, timeout=10)
+            for p in alive:
+                p.kill()
+            assert not alive, f"stage processes outlived the launcher: {alive}\n" + "".join(lines[-40:])
+
+
+def abstract_sockets_of(pattern: str) -> list[str]:
+    """Linux abstract unix sockets whose name contains `pattern` (they show in /proc/net/unix with '@')."""
+    with open("/proc/net/unix") as fh:
+        return [line.split()[-1] for line in fh if "@" in line and pattern in line]

@@ -1,0 +1,93 @@
+"""Pipeline YAML validation: unknown keys, graph errors and processors are rejected with the key path."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from omni_mp.config import ConfigError, load_config, parse_config
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_CHAIN = REPO / "stage_configs" / "tiny_chain.yaml"
+
+
+def base() -> dict[str, Any]:
+    return yaml.safe_load(TINY_CHAIN.read_text())
+
+
+def test_shipped_configs_load() -> None:
+    for path in sorted((REPO / "stage_configs").glob("*.yaml")):
+        cfg = load_config(path)
+        assert cfg.stages, path
+
+
+def test_tiny_chain_shape() -> None:
+    cfg = load_config(TINY_CHAIN)
+    assert [s.id for s in cfg.entry_stages] == [0]
+    assert [s.id for s in cfg.final_stages] == [1]
+    assert cfg.downstream(0) == [1]
+
+
+def mutate(path: list[Any], value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(base())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (["stages", 1, "colour"], "red", "`stages[1]`"),
+        (["stages", 0, "sampling", "max_tokenz"], 3, "`stages[0].sampling`"),
+        (["limits"], {"max_message_bytes": "big"}, "`limits.max_message_bytes`"),
+        (["limits"], {"max_ndim": 0}, "max_ndim must be > 0"),
+        (["endpoints"], {"transport": "udp"}, "`endpoints.transport`"),
+        (["stages", 0, "cpu_cores"], "0-x", "`stages[0].cpu_cores`"),
+        (["stages", 1, "inputs"], [7], "`stages[1].inputs[0]`: unknown stage id 7"),
+        (["stages", 1, "processor"], "my.module:func", "`stages[1].processor`: unknown processor 'my.module:func'"),
+        (["stages", 1, "processor"], None, "`stages[1].processor`: required"),
+        (["stages", 0, "engine_args", "not_an_arg"], 1, "`stages[0].engine_args.not_an_arg`"),
+        (["stages", 0, "engine_args", "model"], "x", "`stages[0].engine_args.model`: set by omni_mp"),
+        (["stages", 1, "id"], 0, "`stages[1].id`: stage id 0 is already used by stages[0]"),
+        (["stages", 0, "kind"], "transformer", "`stages[0].kind`"),
+        (["stages", 0, "devices"], [0, 0], "`stages[0].devices`"),
+        (["stages", 1, "final_output"], False, "no stage has `final_output: true`"),
+    ],
+)
+def test_invalid_configs_name_the_key(path: list[Any], value: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(mutate(path, value))
+    assert message in str(err.value)
+
+
+def test_cycle_is_rejected() -> None:
+    data = base()
+    data["stages"][0]["inputs"] = [1]
+    data["stages"][0]["processor"] = "continue_tokens"
+    data["stages"].append({**data["stages"][1], "id": 2, "inputs": [0]})
+    with pytest.raises(ConfigError, match=r"cycle: (0 -> 1 -> 0|1 -> 0 -> 1)"):
+        parse_config(data)
+
+
+def test_cli_reports_bad_config_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(mutate(["stages", 1, "processor"], "os.system")))
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_mp.launch", "--config", str(bad), "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "`stages[1].processor`: unknown processor 'os.system'" in proc.stderr
+    assert str(bad) in proc.stderr

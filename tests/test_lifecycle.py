@@ -1,0 +1,101 @@
+"""Process lifecycle: start-up failures, CLI batch runs, shutdown by signal, SIGKILL of the coordinator."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from omni_mp.client import OmniClient, RequestError
+from omni_mp.payload import SamplingParamsMsg
+from tests.launcher import REPO, abstract_sockets_of, serve
+
+pytestmark = pytest.mark.engine
+
+SINGLE = REPO / "tests" / "configs" / "tiny_single.yaml"
+
+
+def test_startup_failure_names_the_stage_and_shows_its_log() -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_mp.launch", "--config", str(REPO / "tests/configs/bad_model.yaml"), "--prompt", "x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "stage 0 exited with code" in proc.stderr
+    assert "/nonexistent/omni_mp/model" in proc.stderr  # from the stage's own log lines
+    assert time.monotonic() - t0 < 120
+
+
+def test_cli_runs_prompts_through_tiny_chain(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "omni_mp.launch",
+            "--config", str(REPO / "stage_configs/tiny_chain.yaml"),
+            "--prompt", "Hello world, how are you?",
+            "--prompt", "The quick brown fox",
+            "--output-dir", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "2/2 requests succeeded" in proc.stdout
+    assert "stage 0: " in proc.stdout and "stage 1: " in proc.stdout
+    records = [json.loads((out / f"req{i}.json").read_text()) for i in range(2)]
+    assert records[1]["prompt"] == "The quick brown fox"
+    assert len(records[0]["outputs"][0]["token_ids"]) == 16
+    assert "requests: 100%" in proc.stderr  # the progress bar
+
+
+def test_sigterm_fails_inflight_requests_and_exits_clean() -> None:
+    with serve(SINGLE) as served:
+        with OmniClient(served.endpoint) as client:
+            stage_pids = [s.pid for s in client.status().stages]
+            errors: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    client.generate("Hello", sampling={0: SamplingParamsMsg(max_tokens=500, ignore_eos=True)}, timeout_s=60)
+                except BaseException as err:  # noqa: BLE001
+                    errors.append(err)
+
+            t = threading.Thread(target=run)
+            t.start()
+            time.sleep(0.3)
+            served.proc.send_signal(signal.SIGTERM)
+            t.join(30)
+            assert served.proc.wait(60) == 0
+        assert len(errors) == 1 and isinstance(errors[0], RequestError), errors
+        assert errors[0].code in ("shutdown", "stage_died")
+        for pid in stage_pids:
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_coordinator_sigkill_leaves_no_orphans_or_sockets() -> None:
+    with serve(SINGLE) as served:
+        with OmniClient(served.endpoint) as client:
+            stage_pids = [s.pid for s in client.status().stages]
+        run_id = served.endpoint.split("@", 1)[1].rsplit("-client", 1)[0]
+        assert abstract_sockets_of(run_id), "expected the run's abstract sockets while it is alive"
+        served.proc.kill()
+        served.proc.wait(10)
+        gone, alive = psutil.wait_procs([psutil.Process(p) for p in stage_pids], timeout=5)
+        assert not alive, f"stage processes survived a SIGKILL of the coordinator: {alive}"
+        deadline = time.monotonic() + 5
+        while abstract_sockets_of(run_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not abstract_sockets_of(run_id)
