@@ -16,8 +16,10 @@ it; with shared memory that returns the region to the sender. Nothing copies the
 of the pool, because the design does not require it: consumers use the view.
 Baselines: (a) pickle.dumps of the same dict into a multiprocessing.Queue, pickle.loads on
 the other side; (b) raw pyzmq zero-copy send of the same bytes over ipc, no codec; (c) one
-in-process torch copy_ of the same bytes (the memcpy limit). torch runs single-threaded in
-every process, so the copies compared are all single-core.
+in-process torch copy_ of the same bytes (the memcpy limit), into successive slices of a
+buffer as large as the pool, like the pool's ring ("memcpy"; the ratios use it), and into
+one reused buffer ("memcpy (hot)": cache-resident up to a few MiB, shown for reference).
+torch runs single-threaded in every process, so the copies compared are all single-core.
 Small-message round trip: a Heartbeat there and back over two ipc links (codec included),
 next to raw pyzmq doing the same with 16 bytes.
 
@@ -44,7 +46,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omni_mp.payload import Heartbeat, PromptEmbeds, Shutdown, StageOutputChunk  # noqa: E402
+from omni_mp.payload import Heartbeat, PayloadError, PromptEmbeds, Shutdown, StageOutputChunk  # noqa: E402
 from omni_mp.shm_pool import ShmPoolConfig  # noqa: E402
 from omni_mp.transport import MessageReceiver, MessageSender, make_socket  # noqa: E402
 
@@ -61,7 +63,7 @@ PAYLOADS: list[tuple[str, tuple[int, int]]] = [
 PATHS = ["shm", "ipc frames", "tcp frames", "raw pyzmq ipc", "pickle+mp.Queue"]
 SHM = ShmPoolConfig(capacity_bytes=512 * MIB)
 ACK = struct.Struct("<q")  # the receiver's decode-done timestamp (ns)
-STOP = b"stop"
+STOP = b""  # end of stream on the raw and pickle paths
 
 
 def counts(nbytes: int, quick: bool) -> tuple[int, int]:
@@ -83,9 +85,17 @@ def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
     if path == "raw pyzmq ipc":
         sock = make_socket(ctx, zmq.PULL, hwm=64)
         sock.bind(endpoint)
-        recv = lambda: (lambda f: None if f.bytes == STOP else f)(sock.recv(copy=False))  # noqa: E731
+
+        def recv() -> Any:
+            frame = sock.recv(copy=False)
+            return frame if len(frame) else None
+
     elif path == "pickle+mp.Queue":
-        recv = lambda: (lambda b: None if b == STOP else pickle.loads(b)["prompt_embeds"])(queue.get())  # noqa: E731
+
+        def recv() -> Any:
+            data = queue.get()
+            return pickle.loads(data)["prompt_embeds"] if data else None
+
     else:
         receiver = MessageReceiver(ctx, endpoint)
         endpoint = receiver.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -123,8 +133,8 @@ class Link:
         if path == "raw pyzmq ipc":
             self.sock = make_socket(self.ctx, zmq.PUSH, hwm=64)
             self.sock.connect(endpoint)
-            self.send = lambda t: self.sock.send(t.view(torch.uint8).numpy(), copy=False)
-            self._stop = lambda: self.sock.send(STOP)
+            self.send = lambda t: self.sock.send(t.reshape(-1).view(torch.uint8).numpy(), copy=False)
+            self._stop = lambda: self.sock.send(STOP)  # an empty frame
         elif path == "pickle+mp.Queue":
             self.send = lambda t: self.queue.put(pickle.dumps({"request_id": "r", "prompt_embeds": t}, protocol=5))
             self._stop = lambda: self.queue.put(STOP)
@@ -159,15 +169,24 @@ class Link:
         self.ctx.destroy(linger=0)
 
 
-def memcpy(t: torch.Tensor, n: int) -> tuple[list[float], float]:
-    src, dst = t.view(torch.uint8), torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
-    dst.copy_(src)  # fault the pages in
+def memcpy(t: torch.Tensor, n: int, arena: torch.Tensor | None) -> tuple[list[float], float]:
+    """Time one torch copy_ of t's bytes. With `arena`, each copy goes to the next slice of
+    it, as the pool's ring does (so sizes above the cache are not flattered by a hot
+    destination); without, the same destination every time (the cache-hot limit)."""
+    src = t.reshape(-1).view(torch.uint8)
+    nbytes = src.numel()
+    if arena is None:
+        dsts = [torch.empty(nbytes, dtype=torch.uint8)]
+    else:
+        dsts = [arena[i * nbytes : (i + 1) * nbytes] for i in range(min(n, arena.numel() // nbytes))]
+    for dst in dsts:
+        dst.copy_(src)  # fault the pages in
     times = []
-    for _ in range(n):
+    for i in range(n):
         start = time.monotonic_ns()
-        dst.copy_(src)
+        dsts[i % len(dsts)].copy_(src)
         times.append((time.monotonic_ns() - start) / 1e3)
-    return times, src.numel() / (statistics.median(times) * 1e3)
+    return times, nbytes / (statistics.median(times) * 1e3)
 
 
 def p(values: list[float], q: float) -> float:
@@ -215,7 +234,7 @@ def _echo(tmp: str) -> None:
     while True:  # codec phase: echo messages; raw phase: echo raw frames
         try:
             msg = inbox.recv()
-        except Exception:  # a raw 16-byte frame is not a message
+        except PayloadError:  # a raw 16-byte frame is not a message
             outbox.socket.send(b"y" * 16)
             continue
         if isinstance(msg, Shutdown):
@@ -234,10 +253,12 @@ def run(quick: bool) -> dict[str, Any]:
     mp_ctx = mp.get_context("spawn")
     results: dict[str, Any] = {"rows": [], "small": {}}
     tensors = {label: torch.randn(shape).to(torch.bfloat16) for label, shape in PAYLOADS}
+    arena = torch.empty(SHM.capacity_bytes, dtype=torch.uint8)  # the pool's footprint
     for label, t in tensors.items():
         lat_n, _ = counts(t.numel() * 2, quick)
-        times, gbs = memcpy(t, max(lat_n, 20))
-        results["rows"].append({"size": label, "path": "memcpy", "gbs": gbs, "p50": p(times, 50), "p99": p(times, 99)})
+        for path, use_arena in (("memcpy", True), ("memcpy (hot)", False)):
+            times, gbs = memcpy(t, max(lat_n, 20), arena if use_arena else None)
+            results["rows"].append({"size": label, "path": path, "gbs": gbs, "p50": p(times, 50), "p99": p(times, 99)})
     with tempfile.TemporaryDirectory(prefix="omni_bench") as tmp:
         for path in PATHS:
             link = Link(path, tmp, mp_ctx)
@@ -256,7 +277,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 def report(results: dict[str, Any]) -> str:
     rows = {(r["size"], r["path"]): r for r in results["rows"]}
-    paths = ["memcpy", *PATHS]
+    paths = ["memcpy", "memcpy (hot)", *PATHS]
     lines = ["| payload | " + " | ".join(paths) + " |", "|---" * (len(paths) + 1) + "|"]
     for label, _ in PAYLOADS:
         cells = [f"{rows[label, path]['gbs']:.2f} GB/s<br>{rows[label, path]['p50']:.0f} / {rows[label, path]['p99']:.0f} us" for path in paths]

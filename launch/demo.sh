@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# Run the demo pipeline on the embedded default config (tiny CPU models), after set-up when needed.
-# Extra args go to `python -m omni_mp.launch`.
+# Run the demo pipeline on the embedded default config (stage_configs/tiny_chain.yaml: two tiny
+# AR stages on CPU), after set-up when needed. Extra args go to `python -m omni_mp.launch`
+# (e.g. --config, --prompt, --output-dir); without --prompt, two demo prompts run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
 export HF_HUB_OFFLINE=1
-exec .venv/bin/python -m omni_mp.single_engine_demo "$@"
+args=("$@")
+if [[ ! " ${args[*]-} " =~ " --prompt" ]]; then
+  args+=(--prompt "Hello world, how are you?" --prompt "Tell me a story about a robot who learned to sing.")
+fi
+if [[ ! " ${args[*]-} " =~ " --output-dir" ]]; then
+  args+=(--output-dir outputs/demo)
+fi
+exec .venv/bin/python -m omni_mp.launch "${args[@]}"

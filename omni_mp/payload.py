@@ -284,22 +284,32 @@ class _Slot:
             setattr(self.container, self.key, value)
 
 
+# Values with nothing to check; skipping them first keeps the walk cheap for small messages.
+_SCALARS = frozenset({type(None), bool, int, float})
+_WIRE_STRUCTS = (TensorRef, ShmRef)  # leaves, not containers to walk into
+
+
 def _fields(obj: msgspec.Struct, prefix: str) -> Iterator[tuple[Any, str, Any, str]]:
-    """(container, key, value, path) for every value in a message: Struct fields (recursing
-    into nested Structs) and the entries of dict fields, after the dict itself."""
+    """(container, key, value, path) for every non-scalar value in a message: Struct fields
+    (recursing into nested Structs and lists of Structs) and the entries of dict fields,
+    after the dict itself."""
     for name in obj.__struct_fields__:
         value = getattr(obj, name)
+        cls = type(value)
+        if cls in _SCALARS:
+            continue
         path = prefix + name
-        if isinstance(value, msgspec.Struct) and not isinstance(value, (TensorRef, ShmRef)):
+        if isinstance(value, msgspec.Struct) and not isinstance(value, _WIRE_STRUCTS):
             yield from _fields(value, path + ".")
             continue
         yield obj, name, value, path
-        if isinstance(value, list) and value and isinstance(value[0], msgspec.Struct):
+        if cls is list and value and isinstance(value[0], msgspec.Struct):
             for i, item in enumerate(value):  # e.g. Finished.outputs: each item checked too
                 yield from _fields(item, f"{path}[{i}].")
-        if isinstance(value, dict):
+        elif cls is dict:
             for key, item in value.items():
-                yield value, key, item, f"{path}[{shown(key)}]"
+                if type(item) not in _SCALARS:
+                    yield value, key, item, f"{path}[{shown(key)}]"
 
 
 def _check(msg: msgspec.Struct, limits: Limits, tensor_type: type, body_bytes: int = 0) -> list[_Slot]:
@@ -308,32 +318,31 @@ def _check(msg: msgspec.Struct, limits: Limits, tensor_type: type, body_bytes: i
     slots: list[_Slot] = []
     total = 0
     for container, key, value, path in _fields(msg, type(msg).__name__ + "."):
-        if value is None or type(value) in (bool, int, float):
-            continue
-        if isinstance(value, str):
+        cls = type(value)
+        if cls is str:
             if len(value) > limits.max_string_length:
                 raise PayloadError(f"{path}: string of {len(value)} chars > max_string_length={limits.max_string_length}")
-        elif isinstance(value, list):
+        elif cls is list:
             if len(value) > limits.max_list_length:
                 raise PayloadError(f"{path}: list of {len(value)} items > max_list_length={limits.max_list_length}")
-        elif isinstance(value, dict):
+        elif cls is dict:
             if len(value) > limits.max_info_entries:
                 raise PayloadError(f"{path}: {len(value)} entries > max_info_entries={limits.max_info_entries}")
             for name in value:
-                if not isinstance(name, str) or not 0 < len(name) <= limits.max_name_length:
+                if type(name) is not str or not 0 < len(name) <= limits.max_name_length:
                     raise PayloadError(f"{path}: key {shown(name)} is not a str of 1..{limits.max_name_length} chars")
         elif isinstance(value, tensor_type):
-            if isinstance(value, TensorRef):
+            if cls is TensorRef:
                 header = (value.dtype, value.shape, value.nbytes)
             else:
                 header = tensor_header(value, path)
             check_header(*header, limits, path)
-            if isinstance(container, PromptEmbeds) and len(header[1]) != 2:
+            if type(container) is PromptEmbeds and len(header[1]) != 2:
                 raise PayloadError(f"{path}: prompt embeds must be 2-D [num_tokens, hidden], got shape {header[1]}")
             slots.append(_Slot(container, key, path, header))
             total += header[2]
         else:
-            raise PayloadError(f"{path}: {type(value).__name__} cannot be sent")
+            raise PayloadError(f"{path}: {cls.__name__} cannot be sent")
     request_id = getattr(msg, "request_id", None)
     if request_id is not None and not _valid_request_id(request_id, limits):
         raise PayloadError(

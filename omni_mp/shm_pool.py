@@ -43,8 +43,8 @@ from omni_mp.tensor_codec import PayloadError
 
 _MAGIC = b"OMNIPOOL"
 _VERSION = 1
-# magic, version, closed flag, num_slots, data_offset, capacity
-_HEADER = struct.Struct("<8sIIQQQ")
+# magic, version, closed flag, prefaulted flag, num_slots, data_offset, capacity
+_HEADER = struct.Struct("<8sIBBxxQQQ")
 # One slot: state byte, 3 pad bytes, generation (u32). Only the state byte is written by
 # the receiver, so no write ever tears.
 _SLOT = struct.Struct("<BxxxI")
@@ -76,9 +76,14 @@ class ShmPoolConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     capacity_bytes: int = 256 * 2**20
     num_slots: int = 1024
     threshold_bytes: int = 256 * 2**10
+    # Touch every page up front (the sender writes, the receiver maps populated): a first
+    # touch of shared memory costs more than the copy itself (measured here: 1.3 GB/s cold
+    # vs 18 GB/s warm), so pay it once at start-up instead of on the first laps of the ring.
+    # The pool is then resident from the start; it would be after one lap anyway.
+    prefault: bool = True
 
     def __post_init__(self) -> None:
-        for name in self.__struct_fields__:
+        for name in ("capacity_bytes", "num_slots", "threshold_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ShmPoolConfig.{name} must be > 0, got {getattr(self, name)}")
 
@@ -133,9 +138,13 @@ class ShmPool:
         except BaseException:
             os.close(self._fd)
             raise
-        _HEADER.pack_into(self._mm, 0, _MAGIC, _VERSION, 0, config.num_slots, data_offset, self.capacity)
+        _HEADER.pack_into(
+            self._mm, 0, _MAGIC, _VERSION, 0, config.prefault, config.num_slots, data_offset, self.capacity
+        )
         self._slots = memoryview(self._mm)[_HEADER.size : _HEADER.size + config.num_slots * _SLOT.size]
         self._data = torch.frombuffer(memoryview(self._mm)[data_offset:], dtype=torch.uint8)
+        if config.prefault:
+            self._data.zero_()
         self._pid = os.getpid()
         self._gens = [0] * config.num_slots
         self._free_slots = list(range(config.num_slots - 1, -1, -1))
@@ -272,14 +281,20 @@ class _Attached:
             if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
                 # Unsealed, the segment could shrink under us and turn reads into SIGBUS.
                 raise PayloadError(f"{path}: shm pool {ref.pool} is not sealed against resizing")
-            self.mm = mmap.mmap(fd, os.fstat(fd).st_size)
+            size = os.fstat(fd).st_size
+            if size < _HEADER.size:
+                raise PayloadError(f"{path}: shm pool {ref.pool} is too small to be one")
+            with mmap.mmap(fd, _HEADER.size, access=mmap.ACCESS_READ) as head:
+                magic, version, _, prefaulted, num_slots, data_offset, capacity = _HEADER.unpack_from(head, 0)
+            if (magic, version) != (_MAGIC, _VERSION) or data_offset != _layout(num_slots) or (
+                data_offset + capacity != size
+            ):
+                raise PayloadError(f"{path}: shm pool {ref.pool} has a malformed header")
+            # A prefaulted pool is resident: populating our page tables now is cheap and
+            # keeps page faults out of the first tensors we read.
+            self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | (mmap.MAP_POPULATE if prefaulted else 0))
         finally:
             os.close(fd)
-        magic, version, _, num_slots, data_offset, capacity = _HEADER.unpack_from(self.mm, 0)
-        if (magic, version) != (_MAGIC, _VERSION) or data_offset != _layout(num_slots) or (
-            data_offset + capacity != len(self.mm)
-        ):
-            raise PayloadError(f"{path}: shm pool {ref.pool} has a malformed header")
         self.pid, self.fd, self.name = ref.pid, ref.fd, ref.pool
         self.num_slots, self.capacity = num_slots, capacity
         self.slots = memoryview(self.mm)[_HEADER.size : _HEADER.size + num_slots * _SLOT.size]

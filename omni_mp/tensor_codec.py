@@ -133,9 +133,8 @@ def tensor_header(tensor: torch.Tensor, path: str) -> tuple[str, list[int], int]
 
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes as a flat uint8 tensor sharing its memory (copies only if the
-    tensor is not contiguous or carries a lazy conj/neg bit)."""
-    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
-    return flat.view(torch.uint8)
+    tensor is not contiguous). Supported dtypes are real, so no lazy conj/neg bit exists."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def tensor_from_buffer(dtype: str, shape: list[int], buffer: memoryview, path: str) -> torch.Tensor:

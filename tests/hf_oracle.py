@@ -12,7 +12,11 @@ import torch
 def _model(model_dir: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # generate() fills unset fields from the model's generation config, EOS included; the
+    # oracle mirrors vLLM's ignore_eos, so the model itself must have no EOS.
+    model.generation_config.eos_token_id = None
+    return model
 
 
 def tokenize(model_dir: str | Path, text: str) -> list[int]:
@@ -22,15 +26,24 @@ def tokenize(model_dir: str | Path, text: str) -> list[int]:
 
 
 def greedy(model_dir: str | Path, prompt_ids: list[int], n: int) -> tuple[list[int], list[float]]:
-    """`n` greedy tokens (fp32, EOS ignored) and the top-1/top-2 logit margin at each step."""
-    out = _model(str(model_dir)).generate(
-        torch.tensor([prompt_ids]),
+    """`n` greedy tokens (fp32) and the top-1/top-2 logit margin at each step.
+
+    Like vLLM's `ignore_eos`: EOS does not stop generation but may still be generated (HF's
+    `min_new_tokens` would instead mask EOS out, a different distribution)."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(
         max_new_tokens=n,
-        min_new_tokens=n,
         do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
         output_scores=True,
         return_dict_in_generate=True,
     )
+    ids = torch.tensor([prompt_ids])
+    # An explicit mask: otherwise HF masks out every prompt token equal to pad_token_id.
+    out = _model(str(model_dir)).generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
+    assert out.sequences.shape[1] == len(prompt_ids) + n
     margins = [float(v[0] - v[1]) for v in (s[0].topk(2).values for s in out.scores)]
     return out.sequences[0, len(prompt_ids) :].tolist(), margins
 

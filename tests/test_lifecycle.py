@@ -66,16 +66,19 @@ def test_sigterm_fails_inflight_requests_and_exits_clean() -> None:
         with OmniClient(served.endpoint) as client:
             stage_pids = [s.pid for s in client.status().stages]
             errors: list[BaseException] = []
+            started = threading.Event()
 
             def run() -> None:
                 try:
-                    client.generate("Hello", sampling={0: SamplingParamsMsg(max_tokens=500, ignore_eos=True)}, timeout_s=60)
+                    long = {0: SamplingParamsMsg(max_tokens=4000, ignore_eos=True)}
+                    for _ in client.stream("Hello", sampling=long, timeout_s=60):
+                        started.set()
                 except BaseException as err:  # noqa: BLE001
                     errors.append(err)
 
             t = threading.Thread(target=run)
             t.start()
-            time.sleep(0.3)
+            assert started.wait(60)
             served.proc.send_signal(signal.SIGTERM)
             t.join(30)
             assert served.proc.wait(60) == 0

@@ -18,8 +18,10 @@ from omni_mp.payload import (
     SUPPORTED_DTYPES,
     Abort,
     ErrorEvent,
+    Finished,
     Heartbeat,
     Limits,
+    MessageBase,
     PayloadError,
     PromptEmbeds,
     Ready,
@@ -27,6 +29,7 @@ from omni_mp.payload import (
     Shutdown,
     StageOutputChunk,
     StageRequest,
+    StageResult,
     TensorRef,
     decode,
     encode,
@@ -100,8 +103,17 @@ def test_every_message_type_round_trips() -> None:
         Ready(stage_id=3, pid=1234, info={"model": "tiny"}),
         Heartbeat(stage_id=3, seq=9, time=12.5),
         Shutdown(reason="bye"),
+        Finished(  # lists of Structs are walked item by item
+            request_id="r",
+            outputs=[StageResult(stage_id=2, token_ids=[1, 2], text="hi")],
+            stage_timings=[],
+            t_submit=1.0,
+            t_finished=2.0,
+        ),
     ]
-    assert {type(m) for m in msgs} == set(MESSAGE_TYPES)
+    assert {type(m) for m in msgs} <= set(MESSAGE_TYPES)
+    tags = [t.__struct_config__.tag for t in MESSAGE_TYPES]
+    assert len(set(tags)) == len(tags) and all(issubclass(t, MessageBase) for t in MESSAGE_TYPES)
     for msg in msgs:
         out = decode(encode(msg))
         assert type(out) is type(msg)
@@ -114,6 +126,12 @@ def test_every_message_type_round_trips() -> None:
                 assert all(same_bits(v, b[k]) if isinstance(v, torch.Tensor) else v == b[k] for k, v in a.items())
             else:
                 assert a == b, name
+
+
+def test_list_items_are_checked_with_their_path() -> None:
+    body = {"t": "Finished", "request_id": "r", "outputs": [{"stage_id": 1, "text": "x" * 30}],
+            "stage_timings": [], "t_submit": 0.0, "t_finished": 0.0}  # fmt: skip
+    check_rejected(raw_frames(body), "Finished.outputs[0].text: string of 30 chars", limits=Limits(max_string_length=20))
 
 
 def test_decoded_tensors_are_views_of_the_frames() -> None:

@@ -25,8 +25,12 @@ CONFIG = REPO / "stage_configs" / "tiny_chain.yaml"
 N0 = N1 = 16  # max_tokens of stage 0 and stage 1 in tiny_chain.yaml
 
 
-def long_stage0(n: int) -> dict[int, SamplingParamsMsg]:
-    return {0: SamplingParamsMsg(max_tokens=n, temperature=0.0, ignore_eos=True)}
+# Long enough (~2000 engine steps, seconds on CPU) that an abort or deadline lands mid-way.
+LONG = 2000
+
+
+def long_stage(stage_id: int, n: int = LONG) -> dict[int, SamplingParamsMsg]:
+    return {stage_id: SamplingParamsMsg(max_tokens=n, temperature=0.0, ignore_eos=True)}
 
 
 def chain_oracle(prompt: str, n0: int = N0, n1: int = N1) -> tuple[list[int], list[float]]:
@@ -118,16 +122,18 @@ def test_stream_arrival_is_incremental(client: OmniClient) -> None:
 
 def test_abort_mid_request_does_not_poison_later_requests(client: OmniClient) -> None:
     errors: list[BaseException] = []
+    started = threading.Event()
 
     def run() -> None:
         try:
-            client.generate("The quick brown fox", request_id="same-id", sampling=long_stage0(480), timeout_s=120)
+            for _ in client.stream("The quick brown fox", request_id="same-id", sampling=long_stage(1), timeout_s=120):
+                started.set()
         except BaseException as err:  # noqa: BLE001 - collected for the assertion below
             errors.append(err)
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.5)
+    assert started.wait(60), "the request never started streaming"
     client.abort("same-id")
     t.join(10)
     assert not t.is_alive()
@@ -139,7 +145,7 @@ def test_abort_mid_request_does_not_poison_later_requests(client: OmniClient) ->
 
 
 def test_closing_a_stream_early_aborts_the_request(client: OmniClient) -> None:
-    stream = client.stream("Hello", sampling={1: SamplingParamsMsg(max_tokens=400, ignore_eos=True)}, timeout_s=120)
+    stream = client.stream("Hello", sampling=long_stage(1), timeout_s=120)
     first = next(stream)
     assert isinstance(first, StageOutputChunk)
     stream.close()  # the client sends the abort; the fixture checks nothing stays in flight
@@ -148,7 +154,7 @@ def test_closing_a_stream_early_aborts_the_request(client: OmniClient) -> None:
 def test_deadline_ends_the_request_everywhere(client: OmniClient) -> None:
     t0 = time.monotonic()
     with pytest.raises(RequestError) as err:
-        client.generate("Hello", sampling=long_stage0(480), deadline_s=0.3, timeout_s=60)
+        client.generate("Hello", sampling=long_stage(0), deadline_s=0.3, timeout_s=60)
     assert err.value.code == "deadline_exceeded"
     assert time.monotonic() - t0 < 2.0
     done = client.generate("Hello", timeout_s=120)
@@ -163,10 +169,11 @@ def test_bad_input_fails_that_request_only(client: OmniClient) -> None:
         client.generate(prompt_token_ids=[5, 99999], timeout_s=60)
     assert err.value.code == "invalid_input" and err.value.stage_id == 0
     assert "99999" in str(err.value)
-    # Stage 0's output is too long for stage 1 (max_model_len 512): stage 1 names it.
+    # Sampling params that only vLLM rejects, for stage 1: found there, after stage 0 ran.
     with pytest.raises(RequestError) as err:
-        client.generate("Hello", sampling=long_stage0(505), timeout_s=120)
+        client.generate("Hello", sampling={1: SamplingParamsMsg(max_tokens=4, min_tokens=8)}, timeout_s=120)
     assert err.value.code == "invalid_input" and err.value.stage_id == 1
+    assert "min_tokens" in str(err.value)
     with pytest.raises(RequestError) as err:
         client.generate("Hello", prompt_token_ids=[1, 2], timeout_s=60)
     assert err.value.code == "invalid_input"
@@ -202,7 +209,7 @@ def test_stage_killed_mid_request_fails_fast_and_is_restarted(client: OmniClient
 
     def run() -> None:
         try:
-            for _ in client.stream("Hello", sampling={1: SamplingParamsMsg(max_tokens=480, ignore_eos=True)}, timeout_s=120):
+            for _ in client.stream("Hello", sampling=long_stage(1), timeout_s=120):
                 started.set()
         except BaseException as err:  # noqa: BLE001
             errors.append(err)
