@@ -10,7 +10,10 @@ What is timed, per path and size:
               (time.monotonic_ns), which is one clock for all processes of a host, so this
               is a true one-way time, not round trip / 2.
   throughput  a stream of messages sent back to back (bounded by ZMQ HWM, queue or pool
-              credits): bytes / (last decode done - first send start).
+              credits): bytes / (last decode done - first send start). The receiver acks
+              only when it has caught up, so acks cost a stream almost nothing.
+All paths stay open and each round runs every size on every path in turn (3 rounds, 1
+with --quick): the host is shared, and interleaving spreads its noise over all paths.
 The receiver ends with a usable tensor (a zero-copy view for omni_mp paths) and then drops
 it; with shared memory that returns the region to the sender. Nothing copies the data out
 of the pool, because the design does not require it: consumers use the view.
@@ -23,7 +26,10 @@ torch runs single-threaded in every process, so the copies compared are all sing
 Small-message round trip: a Heartbeat there and back over two ipc links (codec included),
 next to raw pyzmq doing the same with 16 bytes.
 
-Usage: python benchmarks/transport.py [--quick] [--json FILE]
+The shm path uses a 512 MiB pool (room for several 64 MiB messages in flight) and the
+default threshold (64 KiB): below it that link sends frames too.
+
+Usage: python benchmarks/transport.py [--quick] [--json FILE] [--rounds N] [--paths ...]
 """
 
 from __future__ import annotations
@@ -60,17 +66,21 @@ PAYLOADS: list[tuple[str, tuple[int, int]]] = [
     ("8 MiB", (1171, HIDDEN)),
     ("64 MiB", (9363, HIDDEN)),
 ]
-PATHS = ["shm", "ipc frames", "tcp frames", "raw pyzmq ipc", "pickle+mp.Queue"]
-SHM = ShmPoolConfig(capacity_bytes=512 * MIB)
-ACK = struct.Struct("<q")  # the receiver's decode-done timestamp (ns)
+PATHS = ["shm", "ipc frames", "tcp frames", "raw pyzmq ipc", "raw pyzmq tcp", "pickle+mp.Queue"]
+TCP_PATHS = ("tcp frames", "raw pyzmq tcp")
+CODEC_PATHS = ("shm", "ipc frames", "tcp frames")
+# Ack from the receiver: how many messages it decoded since its last ack, and when it
+# finished the last of them (ns). It acks whenever it has caught up, so a stream costs few
+# acks and a single message gets one at once.
+ACK = struct.Struct("<qq")
 STOP = b""  # end of stream on the raw and pickle paths
 
 
 def counts(nbytes: int, quick: bool) -> tuple[int, int]:
-    """(latency samples, stream length) for a payload size: ~constant time per size."""
-    lat = max(8, min(400, 400 * MIB // 4 // max(nbytes, 1)))
-    stream = max(8, min(2000, 2000 * MIB // 8 // max(nbytes, 1)))
-    return (max(4, lat // 5), max(4, stream // 5)) if quick else (lat, stream)
+    """(latency samples, stream length) per round for a payload size: ~constant time each."""
+    lat = max(8, min(300, 100 * MIB // max(nbytes, 1)))
+    stream = max(8, min(1000, 256 * MIB // max(nbytes, 1)))
+    return (max(4, lat // 4), max(4, stream // 4)) if quick else (lat, stream)
 
 
 # ---- receiver (child process) -------------------------------------------------------------
@@ -82,20 +92,24 @@ def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
     ack = make_socket(ctx, zmq.PUSH, hwm=100_000)
     ack.connect(ack_endpoint)
     recv: Callable[[], Any]
-    if path == "raw pyzmq ipc":
+    pending: Callable[[], bool]
+    if path.startswith("raw pyzmq"):
         sock = make_socket(ctx, zmq.PULL, hwm=64)
         sock.bind(endpoint)
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
         def recv() -> Any:
             frame = sock.recv(copy=False)
             return frame if len(frame) else None
 
+        pending = lambda: bool(sock.poll(0))  # noqa: E731
     elif path == "pickle+mp.Queue":
 
         def recv() -> Any:
             data = queue.get()
             return pickle.loads(data)["prompt_embeds"] if data else None
 
+        pending = lambda: not queue.empty()  # noqa: E731
     else:
         receiver = MessageReceiver(ctx, endpoint)
         endpoint = receiver.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -104,11 +118,17 @@ def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
             msg = receiver.recv()
             return None if isinstance(msg, Shutdown) else msg.prompt_embeds.data
 
+        pending = lambda: bool(receiver.socket.poll(0))  # noqa: E731
+
     ack.send(endpoint.encode())  # ready, and where to connect
+    decoded = 0
     while (data := recv()) is not None:
         done = time.monotonic_ns()
         del data  # the consumer is done: a shared-memory region goes back to the sender
-        ack.send(ACK.pack(done))
+        decoded += 1
+        if not pending():
+            ack.send(ACK.pack(decoded, done))
+            decoded = 0
     ctx.destroy(linger=0)
 
 
@@ -118,19 +138,20 @@ def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
 class Link:
     """Sending side of one path, plus the ack socket that paces and timestamps it."""
 
-    def __init__(self, path: str, tmp: str, mp_ctx: Any) -> None:
+    def __init__(self, path: str, tmp: str, mp_ctx: Any, shm: ShmPoolConfig) -> None:
         self.path = path
         self.ctx = zmq.Context()
         self.ack = make_socket(self.ctx, zmq.PULL, hwm=100_000)
-        ack_ep = f"ipc://{tmp}/ack"
+        name = path.replace(" ", "_").replace("+", "_")
+        ack_ep = f"ipc://{tmp}/{name}-ack"
         self.ack.bind(ack_ep)
-        endpoint = "tcp://127.0.0.1:*" if path == "tcp frames" else f"ipc://{tmp}/data"
+        endpoint = "tcp://127.0.0.1:*" if path in TCP_PATHS else f"ipc://{tmp}/{name}-data"
         self.queue = mp_ctx.Queue() if path == "pickle+mp.Queue" else None
         self.proc = mp_ctx.Process(target=_receiver, args=(path, endpoint, ack_ep, self.queue), daemon=True)
         self.proc.start()
         endpoint = self.ack.recv().decode()
         self.send: Callable[[torch.Tensor], None]
-        if path == "raw pyzmq ipc":
+        if path.startswith("raw pyzmq"):
             self.sock = make_socket(self.ctx, zmq.PUSH, hwm=64)
             self.sock.connect(endpoint)
             self.send = lambda t: self.sock.send(t.reshape(-1).view(torch.uint8).numpy(), copy=False)
@@ -139,32 +160,36 @@ class Link:
             self.send = lambda t: self.queue.put(pickle.dumps({"request_id": "r", "prompt_embeds": t}, protocol=5))
             self._stop = lambda: self.queue.put(STOP)
         else:
-            self.sender = MessageSender(self.ctx, endpoint, shm=SHM if path == "shm" else None)
+            self.sender = MessageSender(self.ctx, endpoint, shm=shm if path == "shm" else None)
             self.send = lambda t: self.sender.send(StageOutputChunk(request_id="r", stage_id=0, prompt_embeds=PromptEmbeds(t)))
             self._stop = lambda: self.sender.send(Shutdown(reason="done"))
 
-    def acked(self) -> int:
-        return ACK.unpack(self.ack.recv())[0]
+    def wait_acks(self, n: int) -> int:
+        """Wait until the receiver has decoded n more messages; when it finished the last."""
+        last = 0
+        while n > 0:
+            decoded, last = ACK.unpack(self.ack.recv())
+            n -= decoded
+        return last
 
     def latency_us(self, t: torch.Tensor, n: int) -> list[float]:
         out = []
         for _ in range(n):
             start = time.monotonic_ns()
             self.send(t)
-            out.append((self.acked() - start) / 1e3)
+            out.append((self.wait_acks(1) - start) / 1e3)
         return out
 
     def throughput_gbs(self, t: torch.Tensor, n: int) -> float:
         start = time.monotonic_ns()
         for _ in range(n):
             self.send(t)
-        last = max(self.acked() for _ in range(n))
-        return n * t.numel() * t.element_size() / (last - start)  # bytes per ns = GB/s
+        return n * t.numel() * t.element_size() / (self.wait_acks(n) - start)  # bytes/ns = GB/s
 
     def close(self) -> None:
         self._stop()
         self.proc.join(timeout=30)
-        if self.path in ("shm", "ipc frames", "tcp frames"):
+        if self.path in CODEC_PATHS:
             self.sender.close()
         self.ctx.destroy(linger=0)
 
@@ -248,49 +273,61 @@ def _echo(tmp: str) -> None:
 # ---- report -------------------------------------------------------------------------------
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, shm: ShmPoolConfig, paths: list[str], rounds: int) -> dict[str, Any]:
+    """All links are open at once and every round measures every size on every path in
+    turn, so load from elsewhere on the host spreads over the paths instead of landing on
+    one. Latency samples pool over rounds; throughput is the median of the rounds."""
     torch.set_num_threads(1)
     mp_ctx = mp.get_context("spawn")
-    results: dict[str, Any] = {"rows": [], "small": {}}
     tensors = {label: torch.randn(shape).to(torch.bfloat16) for label, shape in PAYLOADS}
-    arena = torch.empty(SHM.capacity_bytes, dtype=torch.uint8)  # the pool's footprint
-    for label, t in tensors.items():
-        lat_n, _ = counts(t.numel() * 2, quick)
-        for path, use_arena in (("memcpy", True), ("memcpy (hot)", False)):
-            times, gbs = memcpy(t, max(lat_n, 20), arena if use_arena else None)
-            results["rows"].append({"size": label, "path": path, "gbs": gbs, "p50": p(times, 50), "p99": p(times, 99)})
+    arena = torch.empty(shm.capacity_bytes, dtype=torch.uint8)  # the pool's footprint
+    lat: dict[tuple[str, str], list[float]] = {}
+    gbs: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="omni_bench") as tmp:
-        for path in PATHS:
-            link = Link(path, tmp, mp_ctx)
+        links = {path: Link(path, tmp, mp_ctx, shm) for path in paths}
+        for rnd in range(rounds):
             for label, t in tensors.items():
-                lat_n, stream_n = counts(t.numel() * 2, quick)
-                print(f"[bench] {path:16s} {label:8s} latency x{lat_n}, stream x{stream_n}", file=sys.stderr, flush=True)
-                link.latency_us(t, 3)  # warm-up
-                lat = link.latency_us(t, lat_n)
-                gbs = link.throughput_gbs(t, stream_n)
-                results["rows"].append({"size": label, "path": path, "gbs": gbs, "p50": p(lat, 50), "p99": p(lat, 99)})
+                lat_n, stream_n = counts(t.numel() * t.element_size(), quick)
+                print(f"[bench] round {rnd + 1}/{rounds} {label:8s} latency x{lat_n}, stream x{stream_n}", file=sys.stderr, flush=True)
+                for path, use_arena in (("memcpy", True), ("memcpy (hot)", False)):
+                    times, rate = memcpy(t, max(lat_n, 20), arena if use_arena else None)
+                    lat.setdefault((label, path), []).extend(times)
+                    gbs.setdefault((label, path), []).append(rate)
+                for path, link in links.items():
+                    link.latency_us(t, 3)  # warm-up
+                    lat.setdefault((label, path), []).extend(link.latency_us(t, lat_n))
+                    gbs.setdefault((label, path), []).append(link.throughput_gbs(t, stream_n))
+        for link in links.values():
             link.close()
         print("[bench] small-message round trip", file=sys.stderr, flush=True)
-        results["small"] = small_round_trip(tmp, mp_ctx, 300 if quick else 2000)
-    return results
+        small = small_round_trip(tmp, mp_ctx, 300 if quick else 2000)
+    rows = [
+        {"size": label, "path": path, "gbs": statistics.median(gbs[label, path]), "p50": p(xs, 50), "p99": p(xs, 99)}
+        for (label, path), xs in lat.items()
+    ]
+    return {"rows": rows, "small": small, "rounds": rounds, "quick": quick}
+
+
+RATIOS = [  # (numerator, denominator, heading with the target)
+    ("shm", "memcpy", "shm / memcpy [>=0.5 at >=1 MiB]"),
+    ("shm", "pickle+mp.Queue", "shm / pickle+Queue [>=5]"),
+    ("ipc frames", "raw pyzmq ipc", "ipc frames / raw pyzmq ipc [>=0.8]"),
+    ("tcp frames", "raw pyzmq tcp", "tcp frames / raw pyzmq tcp [>=0.8]"),
+]
 
 
 def report(results: dict[str, Any]) -> str:
     rows = {(r["size"], r["path"]): r for r in results["rows"]}
-    paths = ["memcpy", "memcpy (hot)", *PATHS]
+    paths = [path for path in ["memcpy", "memcpy (hot)", *PATHS] if (PAYLOADS[0][0], path) in rows]
     lines = ["| payload | " + " | ".join(paths) + " |", "|---" * (len(paths) + 1) + "|"]
     for label, _ in PAYLOADS:
         cells = [f"{rows[label, path]['gbs']:.2f} GB/s<br>{rows[label, path]['p50']:.0f} / {rows[label, path]['p99']:.0f} us" for path in paths]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    ratios = [(a, b, heading) for a, b, heading in RATIOS if a in paths and b in paths]
     lines += ["", "Ratios of throughput (target in brackets):", ""]
-    lines.append("| payload | shm / memcpy [>=0.5 at >=1 MiB] | shm / pickle+Queue [>=5] | ipc frames / raw pyzmq [>=0.8] | tcp frames / raw pyzmq [>=0.8] |")
-    lines.append("|---|---|---|---|---|")
+    lines += ["| payload | " + " | ".join(h for _, _, h in ratios) + " |", "|---" * (len(ratios) + 1) + "|"]
     for label, _ in PAYLOADS:
-        g = {path: rows[label, path]["gbs"] for path in paths}
-        lines.append(
-            f"| {label} | {g['shm'] / g['memcpy']:.2f} | {g['shm'] / g['pickle+mp.Queue']:.1f} | "
-            f"{g['ipc frames'] / g['raw pyzmq ipc']:.2f} | {g['tcp frames'] / g['raw pyzmq ipc']:.2f} |"
-        )
+        lines.append(f"| {label} | " + " | ".join(f"{rows[label, a]['gbs'] / rows[label, b]['gbs']:.2f}" for a, b, _ in ratios) + " |")
     small = results["small"]
     lines += ["", f"Small-message round trip p50 (ipc): {small['codec']:.0f} us with the codec, {small['raw']:.0f} us raw pyzmq [target <= 100 us]"]
     return "\n".join(lines)
@@ -300,8 +337,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (~1/5), for a smoke run")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--shm-threshold", type=int, default=ShmPoolConfig().threshold_bytes,
+                        help="smallest tensor (bytes) sent through the pool")  # fmt: skip
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS, help="run only these paths")
+    parser.add_argument("--rounds", type=int, help="rounds over all paths and sizes (default 3, quick 1)")
     args = parser.parse_args()
-    results = run(args.quick)
+    shm = ShmPoolConfig(capacity_bytes=512 * MIB, threshold_bytes=args.shm_threshold)
+    results = run(args.quick, shm, args.paths, args.rounds or (1 if args.quick else 3))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print("Cells: throughput, then one-way latency p50 / p99.")

@@ -367,8 +367,9 @@ def _check_total(msg: msgspec.Struct, nbytes: int, limits: Limits) -> None:
 
 
 def validate(msg: Message, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Check an outgoing message against `limits` (encode does this too): raises PayloadError
-    on the sender instead of the receiver, or ZMQ MAXMSGSIZE silently, dropping it."""
+    """Check an outgoing message against `limits` (encode does this too), so that a bad
+    message fails loudly on the sender rather than being rejected by the receiver or
+    dropped silently by ZMQ MAXMSGSIZE."""
     _check(msg, limits, torch.Tensor)
 
 

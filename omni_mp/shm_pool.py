@@ -18,8 +18,11 @@ Design, in short:
   can feed one receiver. A full pool blocks the sender (with a timeout): that is the
   backpressure. Generations make stale or duplicated descriptors harmless.
 - Ordering: the sender fills a region before the ZMQ send (a syscall) publishes its
-  descriptor; the receiver flips the state byte after the tensor is dead. Both sides only
-  ever write single bytes of the slot table.
+  descriptor; the receiver flips the state byte only once the last tensor over the region
+  has been freed. The receiver only ever writes a state byte; the sender writes a slot's
+  generation only while the slot is free, before it flips the state to IN_USE.
+- One receiver per pool: credits assume a single consumer (a PUSH connected to several
+  PULLs would need one pool per peer).
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ _MAGIC = b"OMNIPOOL"
 _VERSION = 1
 # magic, version, closed flag, prefaulted flag, num_slots, data_offset, capacity
 _HEADER = struct.Struct("<8sIBBxxQQQ")
-# One slot: state byte, 3 pad bytes, generation (u32). Only the state byte is written by
-# the receiver, so no write ever tears.
+# One slot: state byte, 3 pad bytes, generation (u32).
 _SLOT = struct.Struct("<BxxxI")
+_GEN = struct.Struct("<I")
 _FREE, _IN_USE, _RELEASED = 0, 1, 2
 _CLOSED_OFFSET = 12  # byte offset of the closed flag inside the header
 ALIGN = 64  # region alignment: a cache line, enough for any dtype and SIMD loads
@@ -69,13 +72,14 @@ class ShmRef(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields
 
 
 class ShmPoolConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """Size of one link's pool. Tensors of at least `threshold_bytes` (and at most the
-    capacity) go through the pool; smaller ones ride in the ZMQ message, where the fixed
-    cost of a descriptor and a slot would not pay off."""
+    """One link's pool. Tensors of at least `threshold_bytes` (and at most the capacity) go
+    through the pool; smaller ones ride in the ZMQ message. The default threshold is pyzmq's
+    copy threshold: below it ZMQ copies the frame anyway, cheaply, and the fixed cost of a
+    slot and a descriptor does not pay off (benchmarks/transport.py --shm-threshold)."""
 
     capacity_bytes: int = 256 * 2**20
     num_slots: int = 1024
-    threshold_bytes: int = 256 * 2**10
+    threshold_bytes: int = 64 * 2**10
     # Touch every page up front (the sender writes, the receiver maps populated): a first
     # touch of shared memory costs more than the copy itself (measured here: 1.3 GB/s cold
     # vs 18 GB/s warm), so pay it once at start-up instead of on the first laps of the ring.
@@ -131,13 +135,11 @@ class ShmPool:
         self.capacity = _align(config.capacity_bytes)
         data_offset = _layout(config.num_slots)
         self._fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self._fd, data_offset + self.capacity)
-            fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, _SEALS)
-            self._mm = mmap.mmap(self._fd, data_offset + self.capacity)
-        except BaseException:
-            os.close(self._fd)
-            raise
+        # Closes the fd even if close() is never called (the mapping goes with the object).
+        self._close_fd = weakref.finalize(self, os.close, self._fd)
+        os.ftruncate(self._fd, data_offset + self.capacity)
+        fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, _SEALS)
+        self._mm = mmap.mmap(self._fd, data_offset + self.capacity)
         _HEADER.pack_into(
             self._mm, 0, _MAGIC, _VERSION, 0, config.prefault, config.num_slots, data_offset, self.capacity
         )
@@ -217,7 +219,9 @@ class ShmPool:
                 return None
         slot = self._free_slots.pop()
         self._gens[slot] = (self._gens[slot] + 1) & 0xFFFFFFFF
-        _SLOT.pack_into(self._slots, slot * _SLOT.size, _IN_USE, self._gens[slot])
+        # Generation first, then the state byte: a reader never sees IN_USE with a stale gen.
+        _GEN.pack_into(self._slots, slot * _SLOT.size + 4, self._gens[slot])
+        self._slots[slot * _SLOT.size] = _IN_USE
         self._head = start + size
         live = _Live(slot, start, size)
         self._live.append(live)
@@ -225,14 +229,13 @@ class ShmPool:
 
     def close(self) -> None:
         """Unmap and close. Receivers keep what they map until their last view dies."""
-        if self._fd < 0:
+        if not self._close_fd.alive:
             return
         self._mm[_CLOSED_OFFSET] = 1  # lets receivers drop their mapping early
         del self._data
         self._slots.release()
         self._mm.close()
-        os.close(self._fd)
-        self._fd = -1
+        self._close_fd()
 
     def __enter__(self) -> ShmPool:
         return self

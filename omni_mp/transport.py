@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 import weakref
+from typing import Self
 
 import torch
 import zmq
@@ -124,15 +125,31 @@ def recv_routed_message(
     return frames[0].bytes, decode_with_regions(frames[1:], limits, shm=shm)[0]
 
 
-def _open(sock: zmq.Socket, endpoint: str, bind: bool) -> None:
-    try:
-        sock.bind(endpoint) if bind else sock.connect(endpoint)
-    except BaseException:
-        sock.close()
-        raise
+class _LinkEnd:
+    """A socket of one link, made by make_socket and bound or connected."""
+
+    def __init__(
+        self, ctx: zmq.Context, socket_type: int, endpoint: str, limits: Limits, bind: bool, hwm: int, linger_ms: int
+    ) -> None:
+        self.limits = limits
+        self.socket = make_socket(ctx, socket_type, limits, hwm=hwm, linger_ms=linger_ms)
+        try:
+            self.socket.bind(endpoint) if bind else self.socket.connect(endpoint)
+        except BaseException:
+            self.socket.close()
+            raise
+
+    def close(self) -> None:
+        self.socket.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-class MessageSender:
+class MessageSender(_LinkEnd):
     """The upstream end of a PUSH/PULL link. Connects by default (the consumer binds).
 
     `shm` enables the shared-memory pool for this link: only for a receiver on the same host,
@@ -149,10 +166,8 @@ class MessageSender:
         hwm: int = DEFAULT_HWM,
         linger_ms: int = SENDER_LINGER_MS,
     ) -> None:
-        self.limits = limits
+        super().__init__(ctx, zmq.PUSH, endpoint, limits, bind, hwm, linger_ms)
         self.linger_ms = linger_ms
-        self.socket = make_socket(ctx, zmq.PUSH, limits, hwm=hwm, linger_ms=linger_ms)
-        _open(self.socket, endpoint, bind)
         self.pool = ShmPool(shm) if shm is not None else None
 
     def send(self, msg: Message, timeout: float | None = None) -> None:
@@ -162,20 +177,14 @@ class MessageSender:
         """Close the socket (ZMQ keeps delivering queued messages for up to linger_ms) and,
         within the same linger, let the receiver consume what is in the pool before it goes:
         a receiver that has not mapped the pool yet could not do so once it is closed."""
-        self.socket.close()
+        super().close()
         if self.pool is not None:
             self.pool.wait_drained(self.linger_ms / 1000)
             self.pool.close()
             self.pool = None
 
-    def __enter__(self) -> MessageSender:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class MessageReceiver:
+class MessageReceiver(_LinkEnd):
     """The downstream end of a PUSH/PULL link. Binds by default.
 
     Shared-memory tensors in a received message are views of the sender's pool; the space
@@ -192,9 +201,7 @@ class MessageReceiver:
         accept_shm: bool = True,
         hwm: int = DEFAULT_HWM,
     ) -> None:
-        self.limits = limits
-        self.socket = make_socket(ctx, zmq.PULL, limits, hwm=hwm, linger_ms=0)
-        _open(self.socket, endpoint, bind)
+        super().__init__(ctx, zmq.PULL, endpoint, limits, bind, hwm, linger_ms=0)
         self._shm = ShmReader() if accept_shm else None
         # id(msg) -> (weak ref to msg, its regions); the entry goes when the message does.
         self._held: dict[int, tuple[weakref.ref, list[ShmRegion]]] = {}
@@ -220,12 +227,6 @@ class MessageReceiver:
         self._held.pop(id(msg), None)
 
     def close(self) -> None:
-        self.socket.close()
+        super().close()
         if self._shm is not None:
             self._shm.close()
-
-    def __enter__(self) -> MessageReceiver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

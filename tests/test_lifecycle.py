@@ -70,7 +70,7 @@ def test_sigterm_fails_inflight_requests_and_exits_clean() -> None:
 
             def run() -> None:
                 try:
-                    long = {0: SamplingParamsMsg(max_tokens=4000, ignore_eos=True)}
+                    long = {0: SamplingParamsMsg(max_tokens=2000, ignore_eos=True)}
                     for _ in client.stream("Hello", sampling=long, timeout_s=60):
                         started.set()
                 except BaseException as err:  # noqa: BLE001
