@@ -190,6 +190,8 @@ class Coordinator:
                 return
             except PayloadError as err:
                 log.error("dropped an invalid stage event: %s", err)
+                if err.request_id is not None:
+                    self._finish_with_error(err.request_id, "invalid_payload", str(err), None)
                 continue
             self._on_event(msg)
 

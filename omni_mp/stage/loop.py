@@ -190,8 +190,10 @@ class StageLoop:
             except TimeoutError:
                 return
             except PayloadError as err:
-                # The sender is unknown here; the bad message is dropped, nothing else is lost.
+                # Dropped; if it names a request, that request (only) ends with the reason.
                 log.error("stage %d dropped an invalid message: %s", self.stage.id, err)
+                if err.request_id is not None and err.request_id in self.requests:
+                    self._fail(err.request_id, "invalid_payload", str(err))
                 continue
             self._handle(msg)
             if not self.running:
