@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import torch
 import zmq
 import zmq.asyncio
 
@@ -29,6 +30,7 @@ from omni_mp.payload import (
     Finished,
     Limits,
     PayloadError,
+    PromptEmbeds,
     SamplingParamsMsg,
     StageOutputChunk,
     StageSampling,
@@ -87,13 +89,14 @@ class AsyncOmniClient:
                     q.put_nowait(msg)
 
     async def _send(self, msg: object) -> None:
-        await self._sock.send_multipart(encode(msg), copy=False)
+        await self._sock.send_multipart(encode(msg, self.limits), copy=False)
 
     async def stream(
         self,
         prompt: str | None = None,
         *,
         prompt_token_ids: list[int] | None = None,
+        prompt_embeds: torch.Tensor | None = None,
         sampling: dict[int, SamplingParamsMsg] | None = None,
         deadline_s: float | None = None,
         request_id: str | None = None,
@@ -118,6 +121,7 @@ class AsyncOmniClient:
                     request_id=rid,
                     prompt=prompt,
                     prompt_token_ids=prompt_token_ids,
+                    prompt_embeds=None if prompt_embeds is None else PromptEmbeds(data=prompt_embeds),
                     sampling=[StageSampling(stage_id=k, params=v) for k, v in (sampling or {}).items()],
                     deadline_s=deadline_s,
                     stream=_stream,

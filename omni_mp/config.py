@@ -30,6 +30,16 @@ class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     backoff_s: float = 1.0  # wait before respawning, doubled per consecutive restart
 
 
+class HiddenStatesOutput(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Stream the hidden states of every computed token (prompt and generated) downstream,
+    step by step, as AdditionalInformation `hidden_states` [rows, hidden] (the last layer
+    after the final norm) plus `hidden_start` (the position of the first row)."""
+
+    # Intermediate layers to add, Hugging Face numbering (`output_hidden_states` index):
+    # 0 = the input embeddings, i = the output of decoder layer i-1.
+    layers: list[int] = []
+
+
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     id: int
     model: str  # a checkpoint dir, or the name of a built-in tiny model (omni_mp.models.tiny)
@@ -39,6 +49,8 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     inputs: list[int] = []  # upstream stage ids; empty = takes the client's prompt
     processor: str | None = None  # registry name, required when `inputs` is not empty
     final_output: bool = False
+    hidden_states: HiddenStatesOutput | None = None
+    prompt_embeds: bool = False  # an entry stage that also takes prompts as embeddings
     sampling: SamplingParamsMsg = msgspec.field(default_factory=SamplingParamsMsg)
     restart: RestartPolicy = RestartPolicy()
     # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) and the cores its threads bind to
@@ -144,6 +156,17 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
                 raise ConfigError(f"`{where}.processor`: an entry stage (no inputs) takes the prompt, not a processor")
             if s.processor not in PROCESSORS:
                 raise ConfigError(f"`{where}.processor`: unknown processor {s.processor!r}; known: {sorted(PROCESSORS)}")
+        if s.processor in PROCESSORS and PROCESSORS[s.processor].needs_hidden_states:
+            for j, up in enumerate(s.inputs):
+                if up in ids and cfg.stages[ids.index(up)].hidden_states is None:
+                    raise ConfigError(
+                        f"`{where}.inputs[{j}]`: processor {s.processor!r} needs hidden states from stage {up}; "
+                        f"set `hidden_states: {{}}` there"
+                    )
+        if s.prompt_embeds and s.inputs:
+            raise ConfigError(f"`{where}.prompt_embeds`: only for entry stages (its processor decides otherwise)")
+        if s.hidden_states is not None and any(k < 0 for k in s.hidden_states.layers):
+            raise ConfigError(f"`{where}.hidden_states.layers`: layer indices must be >= 0")
         if any(d < 0 for d in s.devices) or len(set(s.devices)) != len(s.devices):
             raise ConfigError(f"`{where}.devices`: GPU ids must be distinct and >= 0, got {s.devices}")
         if s.cpu_kv_cache_gib < 1:

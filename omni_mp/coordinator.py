@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import zmq
 
 from omni_mp.config import PipelineConfig
@@ -261,16 +262,8 @@ class Coordinator:
         if chunk.finished:
             res.text = chunk.text
             res.finish_reason = chunk.finish_reason
-        if req.stream:
-            out = StageOutputChunk(
-                request_id=req.request_id,
-                stage_id=chunk.stage_id,
-                token_ids=chunk.token_ids,
-                finished=chunk.finished,
-                finish_reason=chunk.finish_reason,
-                text=chunk.text,
-            )
-            self._to_client(req.client, out)
+        if req.stream:  # as the stage sent it (hidden states included), under the client's id
+            self._to_client(req.client, msgspec.structs.replace(chunk, request_id=req.request_id))
 
     def _on_stage_done(self, done: StageDone) -> None:
         req = self.inflight.get(done.request_id)
@@ -355,8 +348,10 @@ class Coordinator:
 
         if (client, msg.request_id) in self.by_client:
             return reject("duplicate_request", f"request id {msg.request_id!r} is already in flight")
-        if (msg.prompt is None) == (msg.prompt_token_ids is None):
-            return reject("invalid_input", "give exactly one of `prompt` and `prompt_token_ids`")
+        if sum(x is not None for x in (msg.prompt, msg.prompt_token_ids, msg.prompt_embeds)) != 1:
+            return reject("invalid_input", "give exactly one of `prompt`, `prompt_token_ids` and `prompt_embeds`")
+        if msg.prompt_embeds is not None and not all(s.prompt_embeds for s in self.cfg.entry_stages):
+            return reject("invalid_input", "`prompt_embeds`: the entry stage does not take embeddings (set `prompt_embeds: true`)")
         sampling = {s.stage_id: s.params for s in msg.sampling}
         for sid in sampling:
             if sid not in self.stages:
@@ -391,6 +386,7 @@ class Coordinator:
                     stage_id=stage.id,
                     prompt=msg.prompt if entry else None,
                     prompt_token_ids=msg.prompt_token_ids if entry else None,
+                    prompt_embeds=msg.prompt_embeds if entry else None,
                     sampling_params=sampling.get(stage.id, stage.sampling),
                     deadline=req.deadline,
                 ),

@@ -189,12 +189,14 @@ class StageSampling(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Submit(MessageBase):
-    """Client -> coordinator: run a request through the pipeline. Exactly one of `prompt` and
-    `prompt_token_ids`; `sampling` overrides stage defaults; `deadline_s` is relative."""
+    """Client -> coordinator: run a request through the pipeline. Exactly one of `prompt`,
+    `prompt_token_ids` and `prompt_embeds`; `sampling` overrides stage defaults;
+    `deadline_s` is relative."""
 
     request_id: str
     prompt: str | None = None
     prompt_token_ids: list[TokenId] | None = None
+    prompt_embeds: PromptEmbeds | None = None  # for entry stages with `prompt_embeds: true`
     sampling: list[StageSampling] = []
     deadline_s: float | None = None
     stream: bool = False
@@ -431,7 +433,7 @@ def decode_with_regions(
     body = views[0]
     if body.nbytes > limits.max_body_bytes:
         raise PayloadError(f"body: {body.nbytes} bytes > max_body_bytes={limits.max_body_bytes}")
-    total = sum(v.nbytes for v in views)
+    total = body.nbytes if len(views) == 1 else sum(v.nbytes for v in views)
     if total > limits.max_message_bytes:
         raise PayloadError(f"message: {total} bytes > max_message_bytes={limits.max_message_bytes}")
     try:

@@ -1,37 +1,63 @@
-"""Stage input processors: turn what upstream stages produced into a stage's prompt.
+"""Stage input processors: turn what upstream stages produced into a stage's inputs.
 
 Processors are looked up by name in `PROCESSORS`; a pipeline YAML names one, it never names
 a module path to import (that would let a config file run arbitrary code).
+
+A processor sees the upstream results accumulated so far, chunk by chunk, so a stage can
+start before its upstream has finished (a talker speaks while the thinker still writes):
+- `prompt()` returns the stage's prompt once it can be built (None: not yet);
+- `step_embeds()` (processors with `step_embeds = True`) returns every per-step extra
+  embedding known so far, and whether the list is complete.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import msgspec
+import torch
 
 
 class UpstreamResult(msgspec.Struct):
     """What one upstream stage produced for a request, accumulated chunk by chunk."""
 
     stage_id: int
-    prompt_token_ids: list[int] = []
+    prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] = []
+    # Last-layer hidden states of the tokens it computed, in position order (prompt first).
+    hidden: list[torch.Tensor] = []
+    hidden_rows: int = 0
     finished: bool = False
     finish_reason: str | None = None
 
+    def hidden_states(self) -> torch.Tensor:
+        if len(self.hidden) > 1:  # concatenate once, keep the result
+            self.hidden = [torch.cat(self.hidden)]
+        return self.hidden[0]
+
 
 class StageInput(msgspec.Struct):
-    """The prompt a processor builds for its stage."""
+    """A stage's prompt: token ids, or embeddings [n, hidden] of the stage's model."""
 
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None = None
+    prompt_embeds: torch.Tensor | None = None
 
 
 class ProcessorError(ValueError):
     """Upstream results cannot be turned into this stage's input."""
 
 
-Processor = Callable[[Mapping[int, UpstreamResult]], StageInput]
+class StageProcessor:
+    step_embeds_enabled = False  # True: the stage adds per-step extra embeddings
+    prompt_embeds_enabled = False  # True: prompts come as embeddings
+    needs_hidden_states = False  # True: upstream stages must emit hidden states
+
+    def prompt(self, upstream: Mapping[int, UpstreamResult]) -> StageInput | None:
+        raise NotImplementedError
+
+    def step_embeds(self, upstream: Mapping[int, UpstreamResult]) -> tuple[torch.Tensor | None, bool]:
+        """(rows [k, hidden] known so far or None, complete?). Only for step_embeds_enabled."""
+        raise NotImplementedError
 
 
 def _single(upstream: Mapping[int, UpstreamResult], name: str) -> UpstreamResult:
@@ -40,21 +66,64 @@ def _single(upstream: Mapping[int, UpstreamResult], name: str) -> UpstreamResult
     return next(iter(upstream.values()))
 
 
-def continue_tokens(upstream: Mapping[int, UpstreamResult]) -> StageInput:
+class ContinueTokens(StageProcessor):
     """Continue the upstream sequence: its prompt followed by everything it generated."""
-    up = _single(upstream, "continue_tokens")
-    return StageInput(prompt_token_ids=up.prompt_token_ids + up.output_token_ids)
+
+    def prompt(self, upstream: Mapping[int, UpstreamResult]) -> StageInput | None:
+        up = _single(upstream, "continue_tokens")
+        if not up.finished:
+            return None
+        return StageInput(prompt_token_ids=(up.prompt_token_ids or []) + up.output_token_ids)
 
 
-def generated_tokens(upstream: Mapping[int, UpstreamResult]) -> StageInput:
+class GeneratedTokens(StageProcessor):
     """Only what the upstream stage generated becomes the prompt."""
-    up = _single(upstream, "generated_tokens")
-    if not up.output_token_ids:
-        raise ProcessorError(f"stage {up.stage_id} generated no tokens to use as a prompt")
-    return StageInput(prompt_token_ids=list(up.output_token_ids))
+
+    def prompt(self, upstream: Mapping[int, UpstreamResult]) -> StageInput | None:
+        up = _single(upstream, "generated_tokens")
+        if not up.finished:
+            return None
+        if not up.output_token_ids:
+            raise ProcessorError(f"stage {up.stage_id} generated no tokens to use as a prompt")
+        return StageInput(prompt_token_ids=list(up.output_token_ids))
 
 
-PROCESSORS: dict[str, Processor] = {
-    "continue_tokens": continue_tokens,
-    "generated_tokens": generated_tokens,
+class ThinkerToTalker(StageProcessor):
+    """The thinker -> talker link of omni models, in its generic form.
+
+    The talker's prompt is the thinker's last-layer hidden states of the prompt [L, H]
+    (available after the thinker's prefill). Decode step k of the talker adds the thinker's
+    hidden state of its generated token k (row L+k) to the input embedding, so the talker
+    follows the reply as it is written; when the thinker has finished and its rows are used
+    up, the extra is zero. Row L+k exists once the thinker has fed token k back, so the
+    talker waits whenever it runs ahead of the thinker. Widths must match (H of both models).
+    """
+
+    step_embeds_enabled = True
+    prompt_embeds_enabled = True
+    needs_hidden_states = True
+
+    def prompt(self, upstream: Mapping[int, UpstreamResult]) -> StageInput | None:
+        up = _single(upstream, "thinker_to_talker")
+        if up.prompt_token_ids is None:
+            return None
+        n = len(up.prompt_token_ids)
+        if up.hidden_rows < n:
+            if up.finished:
+                raise ProcessorError(f"stage {up.stage_id} finished with {up.hidden_rows} hidden rows for a {n}-token prompt")
+            return None
+        return StageInput(prompt_embeds=up.hidden_states()[:n])
+
+    def step_embeds(self, upstream: Mapping[int, UpstreamResult]) -> tuple[torch.Tensor | None, bool]:
+        up = _single(upstream, "thinker_to_talker")
+        n = len(up.prompt_token_ids or [])
+        if up.hidden_rows <= n:
+            return None, up.finished
+        return up.hidden_states()[n:], up.finished
+
+
+PROCESSORS: dict[str, StageProcessor] = {
+    "continue_tokens": ContinueTokens(),
+    "generated_tokens": GeneratedTokens(),
+    "thinker_to_talker": ThinkerToTalker(),
 }

@@ -54,3 +54,49 @@ def assert_same_tokens(got: list[int], want: list[int], margins: list[float], wh
         f"{what}: got {got} != transformers {want}; first difference at step {first}"
         + (f", where the transformers top-2 logit margin is {margins[first]:.2e}" if first is not None else "")
     )
+
+
+def greedy_hidden(model_dir: str | Path, prompt_ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """`n` greedy tokens and, per `output_hidden_states` index, the hidden states of every
+    token the model computed: the prompt and the generated tokens but the last, [L+n-1, H]."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(
+        max_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+        output_hidden_states=True,
+        return_dict_in_generate=True,
+    )
+    ids = torch.tensor([prompt_ids])
+    out = _model(str(model_dir)).generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
+    steps = out.hidden_states  # step 0: prefill [1, L, H] per layer; step j: [1, 1, H] of token j-1
+    layers = [torch.cat([step[i][0] for step in steps]) for i in range(len(steps[0]))]
+    return out.sequences[0, len(prompt_ids) :].tolist(), layers
+
+
+def embed_rows(model_dir: str | Path, token_ids: list[int]) -> torch.Tensor:
+    return _model(str(model_dir)).get_input_embeddings()(torch.tensor(token_ids)).detach()
+
+
+@torch.no_grad()
+def talker_greedy(
+    model_dir: str | Path, prompt_embeds: torch.Tensor, step_embeds: torch.Tensor, n: int
+) -> tuple[list[int], list[float]]:
+    """The talker, by hand with transformers: prefill on `prompt_embeds`, then decode step k
+    feeds embed(code_k) + step_embeds[k] (zeros once those rows are used up)."""
+    model = _model(str(model_dir))
+    embed = model.get_input_embeddings()
+    out = model(inputs_embeds=prompt_embeds[None], use_cache=True)
+    codes, margins = [], []
+    for k in range(n):
+        logits = out.logits[0, -1]
+        top = logits.topk(2).values
+        margins.append(float(top[0] - top[1]))
+        codes.append(int(logits.argmax()))
+        if k == n - 1:
+            break
+        extra = step_embeds[k] if k < step_embeds.shape[0] else torch.zeros(prompt_embeds.shape[1])
+        x = embed(torch.tensor([[codes[-1]]])) + extra
+        out = model(inputs_embeds=x, past_key_values=out.past_key_values, use_cache=True)
+    return codes, margins

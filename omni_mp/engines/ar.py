@@ -1,10 +1,11 @@
 """An autoregressive stage engine: vLLM 0.25.0's `EngineCore`, run in the stage process itself.
 
 The stage loop owns the engine: it adds requests, calls `step()` and forwards each step's
-new tokens. There is no engine-core client and no extra engine process; with
-`VLLM_ENABLE_V1_MULTIPROCESSING=0` (set by the stage before vLLM is imported) the CPU
-platform keeps the `UniProcExecutor`, so the model worker runs in this process too: nothing
-to orphan, and per-step model state is reachable without another IPC hop.
+new tokens (and, when configured, the hidden states the step computed). There is no
+engine-core client and no extra engine process; with `VLLM_ENABLE_V1_MULTIPROCESSING=0`
+(set by the coordinator for every stage) the platform keeps the `UniProcExecutor`, so the
+model worker runs in this process too: nothing to orphan, and the per-step hooks of
+`vllm_hooks` share memory with the stage loop.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds, StepIO, gated_scheduler_cls, install_runner_hooks
 from omni_mp.payload import SamplingParamsMsg
 
 
@@ -24,23 +28,53 @@ class StepOutput:
     finish_reason: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class EngineFeatures:
+    """What the stage needs beyond plain token generation (see vllm_hooks)."""
+
+    hidden_states: bool = False  # capture the last layer's hidden states of every computed token
+    hidden_layers: tuple[int, ...] = ()  # and these HF-numbered intermediate layers
+    prompt_embeds: bool = False  # prompts may come as embeddings
+    step_embeds: bool = False  # decode steps may add per-step extra embeddings
+
+
 class EngineInputError(ValueError):
     """vLLM rejected a request's input (too long, token id out of range, bad sampling params)."""
 
 
 class AREngine:
-    def __init__(self, model: str, engine_args: dict[str, Any]) -> None:
+    def __init__(self, model: str, engine_args: dict[str, Any], features: EngineFeatures = EngineFeatures()) -> None:
         from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.engine.input_processor import InputProcessor
         from vllm.v1.executor import Executor
 
-        vllm_config = EngineArgs(model=model, **engine_args).create_engine_config()
+        self.features = features
+        self.io = StepIO(capture_last=features.hidden_states, capture_layers=list(features.hidden_layers))
+        args = dict(engine_args)
+        if self.io.capturing:
+            # A prefix-cache hit skips computing the cached tokens: their hidden states would be missing.
+            args["enable_prefix_caching"] = False
+        if features.prompt_embeds:
+            args["enable_prompt_embeds"] = True
+        if features.step_embeds:
+            # Synchronous scheduling: the gate decides from the inputs of the step it schedules.
+            args["scheduler_cls"] = gated_scheduler_cls(Scheduler, self.io)
+            args["async_scheduling"] = False
+        vllm_config = EngineArgs(model=model, **args).create_engine_config()
+        if features.step_embeds or self.io.capturing:
+            if vllm_config.parallel_config.world_size != 1:
+                raise ValueError("hidden-state output and step embeddings need a single-worker stage (no TP/PP)")
         self.vllm_config = vllm_config
         self.core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self._inputs = InputProcessor(vllm_config)
         self._tasks = self.core.get_supported_tasks()
         self.max_model_len = vllm_config.model_config.max_model_len
+        self.hidden_size = vllm_config.model_config.get_hidden_size()
+        self.dtype: torch.dtype = vllm_config.model_config.dtype
+        if self.io.capturing or features.step_embeds:
+            self.core.model_executor.collective_rpc(install_runner_hooks, args=(self.io,))
 
     @property
     def tokenizer(self) -> Any | None:
@@ -71,28 +105,86 @@ class AREngine:
             detokenize=False,  # the stage decodes final text itself, once
         )
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParamsMsg) -> None:
-        """Validate with vLLM's own input processor, then hand the request to the scheduler."""
-        from vllm.inputs.engine import tokens_input
+    def _check_embeds(self, what: str, embeds: torch.Tensor) -> torch.Tensor:
+        # vLLM checks only ndim on this path; a wrong width would be copied into its buffers.
+        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size:
+            raise EngineInputError(f"{what}: expected [n, {self.hidden_size}] (the model's hidden size), got {list(embeds.shape)}")
+        if not embeds.dtype.is_floating_point:
+            raise EngineInputError(f"{what}: expected a floating-point tensor, got {embeds.dtype}")
+        return embeds.to(self.dtype)
 
+    def add_request(
+        self,
+        request_id: str,
+        sampling: SamplingParamsMsg,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        step_embeds: StepEmbeds | None = None,
+    ) -> int:
+        """Validate with vLLM's own input processor, hand the request to the scheduler, and
+        return its prompt length. With `step_embeds`, decode step k adds `step_embeds.row(k)`
+        to its input embedding and waits for it to arrive."""
+        from vllm.inputs.engine import embeds_input, tokens_input
+
+        if prompt_embeds is not None:
+            if not self.features.prompt_embeds:
+                raise EngineInputError("this stage does not take prompt embeddings")
+            prompt: Any = embeds_input(self._check_embeds("prompt_embeds", prompt_embeds))
+            prompt_len = prompt_embeds.shape[0]
+        elif prompt_token_ids is not None:
+            prompt = tokens_input(prompt_token_ids)
+            prompt_len = len(prompt_token_ids)
+        else:
+            raise EngineInputError("a request needs prompt_token_ids or prompt_embeds")
+        if step_embeds is not None and not self.features.step_embeds:
+            raise EngineInputError("this stage does not take per-step embeddings")
         try:
             params = self.to_vllm_sampling(sampling)
-            req = self._inputs.process_inputs(
-                request_id, tokens_input(prompt_token_ids), params, self._tasks, arrival_time=time.time()
-            )
+            req = self._inputs.process_inputs(request_id, prompt, params, self._tasks, arrival_time=time.time())
         except (ValueError, TypeError) as err:
             raise EngineInputError(str(err)) from err
+        if step_embeds is not None:
+            if step_embeds.fill is not None:
+                step_embeds.fill = self._check_embeds("step embeddings", step_embeds.fill[None])[0]
+            self.io.step_embeds[request_id] = step_embeds
+            self.io.prompt_lens[request_id] = prompt_len
         request, wave = self.core.preprocess_add_request(req)
         self.core.add_request(request, wave)
+        return prompt_len
+
+    def add_step_embeds(self, request_id: str, rows: torch.Tensor) -> None:
+        se = self.io.step_embeds[request_id]
+        se.rows.extend(self._check_embeds("step embeddings", rows).unbind(0))
+
+    def close_step_embeds(self, request_id: str) -> None:
+        se = self.io.step_embeds.get(request_id)
+        if se is not None:
+            se.closed = True
+
+    def take_hidden(self, request_id: str) -> list[CapturedRows]:
+        return self.io.take(request_id)
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
             self.core.abort_requests(request_ids)
+        for rid in request_ids:
+            self.io.forget(rid)
 
     def has_work(self) -> bool:
         return self.core.scheduler.has_requests()
 
-    def step(self) -> list[StepOutput]:
+    def can_step(self) -> bool:
+        """Work that a step can advance now (not only requests waiting for step embeddings)."""
+        sched = self.core.scheduler
+        if not sched.has_requests():
+            return False
+        if not self.io.step_embeds or sched.get_num_unfinished_requests() > len(sched.running):
+            return True
+        return any(self.io.decode_ready(r.request_id, r.num_computed_tokens) for r in sched.running)
+
+    def step(self) -> tuple[list[StepOutput], bool]:
+        """One engine step over the whole batch; also says whether any token was computed."""
         outputs, executed = self.core.step()
         self.core.post_step(executed)
         result: list[StepOutput] = []
@@ -100,7 +192,10 @@ class AREngine:
             for out in per_client.outputs:
                 reason = None if out.finish_reason is None else str(out.finish_reason)
                 result.append(StepOutput(out.request_id, list(out.new_token_ids), out.finished, reason))
-        return result
+                if out.finished:
+                    self.io.step_embeds.pop(out.request_id, None)
+                    self.io.prompt_lens.pop(out.request_id, None)
+        return result, executed
 
     def shutdown(self) -> None:
         self.core.shutdown()

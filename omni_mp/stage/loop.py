@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
+import torch
 import zmq
 
 from omni_mp.config import PipelineConfig, StageConfig
@@ -20,6 +21,7 @@ from omni_mp.engines.ar import AREngine, EngineInputError
 from omni_mp.endpoints import CONTROL_HWM
 from omni_mp.payload import (
     Abort,
+    AdditionalInformation,
     Connect,
     ErrorEvent,
     Heartbeat,
@@ -31,7 +33,8 @@ from omni_mp.payload import (
     StageOutputChunk,
     StageRequest,
 )
-from omni_mp.processors import PROCESSORS, ProcessorError
+from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds
+from omni_mp.processors import PROCESSORS, ProcessorError, StageInput
 from omni_mp.stage.requests import OrphanChunks, StageRequestState
 from omni_mp.shm_pool import ShmPoolConfig
 from omni_mp.transport import MessageReceiver, MessageSender
@@ -65,6 +68,8 @@ class StageLoop:
         # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
         self.shm: ShmPoolConfig | None = cfg.endpoints.shm if cfg.endpoints.transport == "ipc" else None
         self.processor = PROCESSORS[stage.processor] if stage.processor else None
+        # None: this stage emits no hidden states; else the intermediate layers it adds.
+        self.hidden_layers: list[int] | None = None if stage.hidden_states is None else list(stage.hidden_states.layers)
         self.requests: dict[str, StageRequestState] = {}
         self.orphans = OrphanChunks()
         self.running = True
@@ -108,18 +113,19 @@ class StageLoop:
         )
         self.requests[rid] = state
         if not self.stage.inputs:
-            if msg.prompt_token_ids is not None:
-                ids = list(msg.prompt_token_ids)
-            elif msg.prompt is not None:
-                try:
-                    ids = self.engine.tokenize(msg.prompt)
-                except EngineInputError as err:
-                    self._fail(rid, "invalid_input", str(err))
-                    return
-            else:
-                self._fail(rid, "invalid_input", "an entry stage needs `prompt` or `prompt_token_ids`")
-                return
-            self._start(state, ids)
+            try:
+                if msg.prompt_embeds is not None:
+                    # A copy: the received tensor is a view of the message buffer.
+                    stage_input = StageInput(prompt_embeds=msg.prompt_embeds.data.clone())
+                elif msg.prompt_token_ids is not None:
+                    stage_input = StageInput(prompt_token_ids=list(msg.prompt_token_ids))
+                elif msg.prompt is not None:
+                    stage_input = StageInput(prompt_token_ids=self.engine.tokenize(msg.prompt))
+                else:
+                    raise EngineInputError("an entry stage needs a prompt, prompt_token_ids or prompt_embeds")
+                self._start(state, stage_input)
+            except EngineInputError as err:
+                self._fail(rid, "invalid_input", str(err))
             return
         for chunk in self.orphans.take(rid):
             self._on_chunk(chunk)
@@ -133,25 +139,44 @@ class StageLoop:
         if chunk.stage_id not in state.inputs:
             self._fail(chunk.request_id, "invalid_input", f"stage {chunk.stage_id} is not an input of stage {self.stage.id}")
             return
-        state.add_upstream(chunk)
-        if not state.started and state.inputs_complete():
-            assert self.processor is not None  # validated in config: stages with inputs have one
-            try:
-                stage_input = self.processor(state.upstream)
-            except ProcessorError as err:
-                self._fail(state.request_id, "processor_error", str(err))
-                return
-            self._start(state, stage_input.prompt_token_ids)
-
-    def _start(self, state: StageRequestState, prompt_token_ids: list[int]) -> None:
         try:
-            self.engine.add_request(state.request_id, prompt_token_ids, state.sampling)
-        except EngineInputError as err:
-            self._fail(state.request_id, "invalid_input", str(err))
-            return
+            state.add_upstream(chunk)
+            assert self.processor is not None  # validated in config: stages with inputs have one
+            if not state.started:
+                stage_input = self.processor.prompt(state.upstream)
+                if stage_input is None:
+                    return
+                self._start(state, stage_input)
+            if state.started and self.processor.step_embeds_enabled:
+                self._push_step_embeds(state)
+        except (ProcessorError, EngineInputError) as err:
+            self._fail(state.request_id, "invalid_input", f"from stage {chunk.stage_id}: {err}")
+
+    def _push_step_embeds(self, state: StageRequestState) -> None:
+        assert self.processor is not None
+        rows, complete = self.processor.step_embeds(state.upstream)
+        if rows is not None and rows.shape[0] > state.step_rows_pushed:
+            self.engine.add_step_embeds(state.request_id, rows[state.step_rows_pushed :])
+            state.step_rows_pushed = rows.shape[0]
+        if complete:
+            self.engine.close_step_embeds(state.request_id)
+
+    def _start(self, state: StageRequestState, stage_input: StageInput) -> None:
+        """Hand the request to the engine (raises EngineInputError on input vLLM rejects)."""
+        step_embeds = None
+        if self.processor is not None and self.processor.step_embeds_enabled:
+            step_embeds = StepEmbeds(fill=torch.zeros(self.engine.hidden_size))
+        prompt_len = self.engine.add_request(
+            state.request_id,
+            state.sampling,
+            prompt_token_ids=stage_input.prompt_token_ids,
+            prompt_embeds=stage_input.prompt_embeds,
+            step_embeds=step_embeds,
+        )
         state.started = True
         state.t_started = time.time()
-        state.prompt_token_ids = prompt_token_ids
+        state.prompt_len = prompt_len
+        state.prompt_token_ids = stage_input.prompt_token_ids
 
     def _on_abort(self, msg: Abort) -> None:
         state = self.requests.pop(msg.request_id, None)
@@ -200,44 +225,79 @@ class StageLoop:
                 return
 
     # ---- engine -----------------------------------------------------------------------------
-    def _step(self) -> None:
-        now = time.time()
-        for out in self.engine.step():
-            state = self.requests.get(out.request_id)
-            if state is None:  # aborted while the step ran
+    def _hidden_info(self, state: StageRequestState, captured: list[CapturedRows]) -> AdditionalInformation | None:
+        """The step's new hidden-state rows of a request, in position order. Rows a request
+        recomputes after preemption were sent already and are skipped."""
+        last, layers = [], {k: [] for k in self.hidden_layers}
+        for rows in captured:
+            skip = max(0, state.hidden_next - rows.start)
+            if skip >= rows.last.shape[0]:
                 continue
-            first = not state.output_token_ids and state.t_first_token is None
-            if first and out.new_token_ids:
+            if rows.start + skip != state.hidden_next:
+                raise RuntimeError(f"hidden states of {state.request_id}: gap at position {state.hidden_next}")
+            last.append(rows.last[skip:])
+            for k in self.hidden_layers:
+                layers[k].append(rows.layers[k][skip:])
+            state.hidden_next = rows.start + rows.last.shape[0]
+        if not last:
+            return None
+        start = state.hidden_next - sum(t.shape[0] for t in last)
+        info: AdditionalInformation = {"hidden_start": start, "hidden_states": torch.cat(last)}
+        for k, parts in layers.items():
+            info[f"hidden_states.layer{k}"] = torch.cat(parts)
+        return info
+
+    def _step(self) -> bool:
+        """One engine step; forwards every request's new tokens (and hidden states). Returns
+        whether the step computed anything."""
+        outputs, executed = self.engine.step()
+        now = time.time()
+        by_request = {out.request_id: out for out in outputs}
+        with_hidden = [rid for rid in self.engine.io.captured if rid in self.requests]
+        for rid in dict.fromkeys([*by_request, *with_hidden]):
+            state = self.requests.get(rid)
+            if state is None:  # aborted while the step ran
+                self.engine.io.forget(rid)
+                continue
+            out = by_request.get(rid)
+            info = self._hidden_info(state, self.engine.take_hidden(rid)) if self.hidden_layers is not None else None
+            first = not state.sent_first
+            state.sent_first = True
+            new_ids = out.new_token_ids if out is not None else []
+            if new_ids and state.t_first_token is None:
                 state.t_first_token = now
-            state.output_token_ids.extend(out.new_token_ids)
+            state.output_token_ids.extend(new_ids)
+            finished = out is not None and out.finished
             chunk = StageOutputChunk(
-                request_id=out.request_id,
+                request_id=rid,
                 stage_id=self.stage.id,
-                token_ids=out.new_token_ids,
+                token_ids=new_ids,
                 prompt_token_ids=state.prompt_token_ids if first else None,
-                finished=out.finished,
-                finish_reason=out.finish_reason,
-                text=self.engine.decode(state.output_token_ids) if out.finished and self.stage.final_output else None,
+                additional_information=info,
+                finished=finished,
+                finish_reason=out.finish_reason if out is not None else None,
+                text=self.engine.decode(state.output_token_ids) if finished and self.stage.final_output else None,
             )
             for link in self.downstream.values():
                 link.send(chunk, timeout=SEND_TIMEOUT_S)
             if self.stage.final_output:
                 self._emit(chunk)
-            if out.finished:
-                del self.requests[out.request_id]
+            if finished:
+                del self.requests[rid]
                 self._emit(
                     StageDone(
-                        request_id=out.request_id,
+                        request_id=rid,
                         stage_id=self.stage.id,
-                        num_prompt_tokens=len(state.prompt_token_ids),
+                        num_prompt_tokens=state.prompt_len,
                         num_output_tokens=len(state.output_token_ids),
                         t_registered=state.t_registered,
                         t_started=state.t_started or now,
                         t_first_token=state.t_first_token,
                         t_finished=now,
-                        finish_reason=out.finish_reason,
+                        finish_reason=out.finish_reason if out is not None else None,
                     )
                 )
+        return executed
 
     def _expire(self, now: float) -> None:
         for rid in [r for r, s in self.requests.items() if s.expired(now)]:
@@ -245,13 +305,13 @@ class StageLoop:
         self.orphans.expire()
 
     def run(self) -> None:
+        idle_step = False  # the last step computed nothing (every request waits on upstream)
         while self.running:
-            busy = self.engine.has_work()
+            busy = self.engine.can_step() and not idle_step
             self._drain_input(0 if busy else IDLE_POLL_MS)
             if not self.running:
                 break
             now = time.time()
             self._heartbeat(now)
             self._expire(now)
-            if self.engine.has_work():
-                self._step()
+            idle_step = not self._step() if self.engine.can_step() else False

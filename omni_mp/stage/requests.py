@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from omni_mp.payload import SamplingParamsMsg, StageOutputChunk
-from omni_mp.processors import UpstreamResult
+from omni_mp.processors import ProcessorError, UpstreamResult
 
 
 @dataclass
@@ -17,23 +19,37 @@ class StageRequestState:
     inputs: list[int]  # upstream stage ids this request waits for (empty for an entry stage)
     upstream: dict[int, UpstreamResult] = field(default_factory=dict)
     started: bool = False  # handed to the engine
-    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_len: int = 0
+    prompt_token_ids: list[int] | None = None  # None for an embeddings prompt
     output_token_ids: list[int] = field(default_factory=list)
+    sent_first: bool = False  # the first chunk (which carries the prompt ids) went out
+    hidden_next: int = 0  # position of the next hidden-state row to emit
+    step_rows_pushed: int = 0  # per-step extra embeddings handed to the engine
     t_registered: float = field(default_factory=time.time)
     t_started: float | None = None
     t_first_token: float | None = None
 
     def add_upstream(self, chunk: StageOutputChunk) -> None:
+        """Accumulate an upstream chunk; raises ProcessorError on inconsistent hidden states."""
         up = self.upstream.setdefault(chunk.stage_id, UpstreamResult(stage_id=chunk.stage_id))
         if chunk.prompt_token_ids is not None:
             up.prompt_token_ids = list(chunk.prompt_token_ids)
         up.output_token_ids.extend(chunk.token_ids)
+        info = chunk.additional_information or {}
+        rows = info.get("hidden_states")
+        if rows is not None:
+            start = info.get("hidden_start")
+            if not isinstance(rows, torch.Tensor) or rows.ndim != 2 or start != up.hidden_rows:
+                raise ProcessorError(
+                    f"hidden_states from stage {chunk.stage_id}: expected a 2-D tensor starting at row "
+                    f"{up.hidden_rows}, got {getattr(rows, 'shape', type(rows).__name__)} at {start!r}"
+                )
+            # The chunk's tensors are views of the received buffer: keep a copy of our own.
+            up.hidden.append(rows.clone())
+            up.hidden_rows += rows.shape[0]
         if chunk.finished:
             up.finished = True
             up.finish_reason = chunk.finish_reason
-
-    def inputs_complete(self) -> bool:
-        return all(sid in self.upstream and self.upstream[sid].finished for sid in self.inputs)
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
