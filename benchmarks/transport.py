@@ -52,9 +52,15 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omni_mp.payload import Heartbeat, PayloadError, PromptEmbeds, Shutdown, StageOutputChunk  # noqa: E402
-from omni_mp.shm_pool import ShmPoolConfig  # noqa: E402
-from omni_mp.transport import MessageReceiver, MessageSender, make_socket  # noqa: E402
+from omni_mp.payload import (
+    Heartbeat,
+    PayloadError,
+    PromptEmbeds,
+    Shutdown,
+    StageOutputChunk,
+)
+from omni_mp.shm_pool import ShmPoolConfig
+from omni_mp.transport import MessageReceiver, MessageSender, make_socket
 
 HIDDEN = 3584
 MIB = 2**20
@@ -102,14 +108,14 @@ def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
             frame = sock.recv(copy=False)
             return frame if len(frame) else None
 
-        pending = lambda: bool(sock.poll(0))  # noqa: E731
+        pending = lambda: bool(sock.poll(0))
     elif path == "pickle+mp.Queue":
 
         def recv() -> Any:
             data = queue.get()
             return pickle.loads(data)["prompt_embeds"] if data else None
 
-        pending = lambda: not queue.empty()  # noqa: E731
+        pending = lambda: not queue.empty()
     else:
         receiver = MessageReceiver(ctx, endpoint)
         endpoint = receiver.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -118,7 +124,7 @@ def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
             msg = receiver.recv()
             return None if isinstance(msg, Shutdown) else msg.prompt_embeds.data
 
-        pending = lambda: bool(receiver.socket.poll(0))  # noqa: E731
+        pending = lambda: bool(receiver.socket.poll(0))
 
     ack.send(endpoint.encode())  # ready, and where to connect
     decoded = 0

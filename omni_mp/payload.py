@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Union, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import msgspec
 import torch
@@ -38,11 +38,41 @@ from omni_mp.tensor_codec import (
 )
 
 __all__ = [
-    "DEFAULT_LIMITS", "SUPPORTED_DTYPES", "Abort", "AdditionalInformation", "Buffer", "BufferPlacer",
-    "Connect", "ErrorEvent", "Finished", "Heartbeat", "InfoValue", "Limits", "MESSAGE_TYPES", "Message",
-    "MessageBase", "PayloadError", "PromptEmbeds", "Ready", "SamplingParamsMsg", "Shutdown", "StageDone",
-    "StageEndpoint", "StageOutputChunk", "StageRequest", "StageResult", "StageSampling", "StageStatus",
-    "StatusReply", "StatusRequest", "Submit", "TensorRef", "decode", "decode_with_regions", "encode", "validate",
+    "DEFAULT_LIMITS",
+    "MESSAGE_TYPES",
+    "SUPPORTED_DTYPES",
+    "Abort",
+    "AdditionalInformation",
+    "Buffer",
+    "BufferPlacer",
+    "Connect",
+    "ErrorEvent",
+    "Finished",
+    "Heartbeat",
+    "InfoValue",
+    "Limits",
+    "Message",
+    "MessageBase",
+    "PayloadError",
+    "PromptEmbeds",
+    "Ready",
+    "SamplingParamsMsg",
+    "Shutdown",
+    "StageDone",
+    "StageEndpoint",
+    "StageOutputChunk",
+    "StageRequest",
+    "StageResult",
+    "StageSampling",
+    "StageStatus",
+    "StatusReply",
+    "StatusRequest",
+    "Submit",
+    "TensorRef",
+    "decode",
+    "decode_with_regions",
+    "encode",
+    "validate",
 ]
 
 
@@ -66,7 +96,7 @@ else:
 
 TokenId = Annotated[int, Meta(ge=0)]
 StageId = Annotated[int, Meta(ge=0)]
-InfoValue = Union[Tensor, list[int], int, float, bool, str]
+InfoValue = Tensor | list[int] | int | float | bool | str
 # Named tensors and scalars for the next stage (e.g. per-step hidden states, speaker).
 AdditionalInformation = dict[str, InfoValue]
 
@@ -241,10 +271,10 @@ class StatusReply(MessageBase):
     inflight: int
 
 
-Message = Union[
-    StageRequest, StageOutputChunk, ErrorEvent, Abort, Ready, Heartbeat, Shutdown,
-    Connect, StageDone, Submit, Finished, StatusRequest, StatusReply,
-]  # fmt: skip
+Message = (
+    StageRequest | StageOutputChunk | ErrorEvent | Abort | Ready | Heartbeat | Shutdown
+    | Connect | StageDone | Submit | Finished | StatusRequest | StatusReply
+)  # fmt: skip
 MESSAGE_TYPES: tuple[type[MessageBase], ...] = get_args(Message)
 
 # A buffer for ZMQ send_multipart (bytes, or an object exporting the buffer protocol).
@@ -268,7 +298,7 @@ class _RequestIdOnly(msgspec.Struct):
 class _Slot:
     """Where a tensor (or, decoding, its header) sits in a message, so it can be replaced."""
 
-    __slots__ = ("container", "key", "path", "dtype", "shape", "nbytes")
+    __slots__ = ("container", "dtype", "key", "nbytes", "path", "shape")
 
     def __init__(self, container: Any, key: str, path: str, header: tuple[str, list[int], int]) -> None:
         self.container, self.key, self.path = container, key, path

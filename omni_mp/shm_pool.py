@@ -37,7 +37,7 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, Self, TypeVar
 
 import msgspec
 import torch
@@ -129,8 +129,8 @@ class _Live(NamedTuple):
 class ShmPool:
     """Sender side of one link: owns the segment and allocates regions from it as a ring."""
 
-    def __init__(self, config: ShmPoolConfig = ShmPoolConfig()) -> None:
-        self.config = config
+    def __init__(self, config: ShmPoolConfig | None = None) -> None:
+        self.config = config = config or ShmPoolConfig()
         self.name = f"omni_mp-pool-{uuid.uuid4().hex}"
         self.capacity = _align(config.capacity_bytes)
         data_offset = _layout(config.num_slots)
@@ -237,7 +237,7 @@ class ShmPool:
         self._mm.close()
         self._close_fd()
 
-    def __enter__(self) -> ShmPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -248,7 +248,7 @@ class ShmRegion:
     """A receiver's claim on one region. Released when the last tensor viewing it is freed,
     or earlier by release() (then the caller promises those tensors are no longer used)."""
 
-    __slots__ = ("ref", "_finalizer")
+    __slots__ = ("_finalizer", "ref")
 
     def __init__(self, ref: ShmRef, finalizer: weakref.finalize) -> None:
         self.ref = ref

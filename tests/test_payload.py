@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omni_mp.payload import (
+    DEFAULT_LIMITS,
     MESSAGE_TYPES,
     SUPPORTED_DTYPES,
     Abort,
@@ -143,7 +144,7 @@ def test_decoded_tensors_are_views_of_the_frames() -> None:
     assert out[0].item() == 1.0
 
 
-def check_rejected(frames: list, *needles: str, limits: Limits = Limits()) -> PayloadError:
+def check_rejected(frames: list, *needles: str, limits: Limits = DEFAULT_LIMITS) -> PayloadError:
     with pytest.raises(PayloadError) as info:
         decode(frames, limits)
     for needle in needles:
@@ -238,7 +239,7 @@ def test_error_carries_the_request_id_when_it_can_be_recovered() -> None:
 
 
 def test_encode_validates_on_the_sender() -> None:
-    def rejected(msg: object, needle: str, limits: Limits = Limits()) -> None:
+    def rejected(msg: object, needle: str, limits: Limits = DEFAULT_LIMITS) -> None:
         with pytest.raises(PayloadError, match=needle):
             encode(msg, limits)
 

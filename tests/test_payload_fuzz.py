@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 
@@ -96,6 +97,14 @@ def test_mutated_frames_only_raise_payload_error() -> None:
     assert time.monotonic() - start < 20
 
 
+def place(pool: ShmPool, placed: list[ShmRef], data: torch.Tensor) -> ShmRef | None:
+    """A BufferPlacer that remembers what it put in the pool."""
+    if not pool.accepts(data.numel()):
+        return None
+    placed.append(pool.put(data))
+    return placed[-1]
+
+
 def test_mutated_shared_memory_descriptors_only_raise_payload_error() -> None:
     """Same, for messages whose tensors sit in a (local) pool: forged pool names, pids, fds,
     slots, generations and offsets must all be refused."""
@@ -104,14 +113,7 @@ def test_mutated_shared_memory_descriptors_only_raise_payload_error() -> None:
         reader = ShmReader()
         for _ in range(300):
             placed: list[ShmRef] = []
-
-            def place(data: torch.Tensor) -> ShmRef | None:
-                if not pool.accepts(data.numel()):
-                    return None
-                placed.append(pool.put(data))
-                return placed[-1]
-
-            frames = encode(seed_messages()[rng.randrange(2)], LIMITS, place=place)
+            frames = encode(seed_messages()[rng.randrange(2)], LIMITS, place=functools.partial(place, pool, placed))
             frames = [bytes(memoryview(f).cast("B")) for f in frames]
             try:
                 decode(mutate(rng, frames), LIMITS, shm=reader)

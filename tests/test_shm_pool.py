@@ -19,7 +19,13 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_mp.payload import PayloadError, PromptEmbeds, StageOutputChunk, decode_with_regions, encode
+from omni_mp.payload import (
+    PayloadError,
+    PromptEmbeds,
+    StageOutputChunk,
+    decode_with_regions,
+    encode,
+)
 from omni_mp.shm_pool import ALIGN, ShmPool, ShmPoolConfig, ShmReader, ShmRef
 from omni_mp.transport import MessageReceiver, MessageSender
 

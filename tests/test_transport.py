@@ -11,7 +11,14 @@ import pytest
 import torch
 import zmq
 
-from omni_mp.payload import Heartbeat, Limits, PayloadError, PromptEmbeds, StageOutputChunk, encode
+from omni_mp.payload import (
+    Heartbeat,
+    Limits,
+    PayloadError,
+    PromptEmbeds,
+    StageOutputChunk,
+    encode,
+)
 from omni_mp.shm_pool import ShmPoolConfig
 from omni_mp.transport import (
     MessageReceiver,
@@ -111,17 +118,15 @@ def test_timeouts(ctx: zmq.Context, ipc: str) -> None:
         with pytest.raises(TimeoutError, match="receive"):
             receiver.recv(timeout=0.05)
         assert time.monotonic() - start >= 0.05
-    with MessageSender(ctx, ipc, hwm=1, linger_ms=0) as sender:  # nobody listening
-        with pytest.raises(TimeoutError, match="send"):
-            for i in range(10):
-                sender.send(chunk(i), timeout=0.05)
+    with MessageSender(ctx, ipc, hwm=1, linger_ms=0) as sender, pytest.raises(TimeoutError, match="send"):
+        for i in range(10):  # nobody listening: the queue fills up
+            sender.send(chunk(i), timeout=0.05)
 
 
 def test_sender_rejects_what_the_receiver_would(ctx: zmq.Context, ipc: str) -> None:
     limits = Limits(max_tensor_bytes=1024)
-    with MessageSender(ctx, ipc, limits, linger_ms=0) as sender:
-        with pytest.raises(PayloadError, match="max_tensor_bytes=1024"):
-            sender.send(chunk(0, t=torch.zeros(512)), timeout=1)
+    with MessageSender(ctx, ipc, limits, linger_ms=0) as sender, pytest.raises(PayloadError, match="max_tensor_bytes=1024"):
+        sender.send(chunk(0, t=torch.zeros(512)), timeout=1)
 
 
 def test_maxmsgsize_drops_oversized_and_keeps_serving(ctx: zmq.Context, ipc: str) -> None:

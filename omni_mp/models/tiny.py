@@ -51,6 +51,16 @@ class TinyQwen2Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 BUILTIN_SPECS: dict[str, TinyQwen2Spec] = {
     "tiny-qwen2": TinyQwen2Spec(seed=0),
     "tiny-qwen2-b": TinyQwen2Spec(seed=1),
+    # ~100M parameters: per-step costs closer to a real model's, for benchmarks.
+    "small-qwen2": TinyQwen2Spec(
+        seed=2,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        init_std=0.05,
+    ),
 }
 
 # A small multilingual-ish corpus: enough for byte-level BPE merges of common words.

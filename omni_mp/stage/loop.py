@@ -47,6 +47,10 @@ IDLE_POLL_MS = 50  # how long an idle stage blocks waiting for input
 SEND_TIMEOUT_S = 30.0
 
 
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)  # one forward per step: usually one part
+
+
 class StageLoop:
     def __init__(
         self,
@@ -242,9 +246,9 @@ class StageLoop:
         if not last:
             return None
         start = state.hidden_next - sum(t.shape[0] for t in last)
-        info: AdditionalInformation = {"hidden_start": start, "hidden_states": torch.cat(last)}
+        info: AdditionalInformation = {"hidden_start": start, "hidden_states": _cat(last)}
         for k, parts in layers.items():
-            info[f"hidden_states.layer{k}"] = torch.cat(parts)
+            info[f"hidden_states.layer{k}"] = _cat(parts)
         return info
 
     def _step(self) -> bool:

@@ -1,0 +1,100 @@
+"""The step-embedding gate on a real in-process vLLM engine: a decode step whose extra
+embedding has not arrived is not scheduled (the request waits, keeping its KV cache), and
+resumes, exactly as transformers computes it, once the rows arrive."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from omni_mp.engines.vllm_hooks import StepEmbeds
+from omni_mp.models.tiny import resolve_model
+from omni_mp.payload import SamplingParamsMsg
+from tests.hf_oracle import assert_same_tokens, embed_rows, talker_greedy, tokenize
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[object]:
+    from omni_mp.engines.ar import AREngine, EngineFeatures
+
+    # The stage process setting: the vLLM worker runs in this process (no engine children).
+    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    eng = AREngine(
+        resolve_model("tiny-qwen2-b"),
+        {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 4},
+        EngineFeatures(prompt_embeds=True, step_embeds=True),
+    )
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+        if old is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+
+
+def run_until_quiet(engine: object, tokens: dict[str, list[int]], max_steps: int = 50) -> int:
+    """Step while steps compute something; returns how many steps computed tokens."""
+    computed = 0
+    for _ in range(max_steps):
+        if not engine.can_step():  # type: ignore[attr-defined]
+            break
+        outs, executed = engine.step()  # type: ignore[attr-defined]
+        for out in outs:
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        if not executed:
+            break
+        computed += 1
+    return computed
+
+
+def test_decode_waits_for_its_step_embedding_and_resumes_exactly(engine: object) -> None:
+    talker = resolve_model("tiny-qwen2-b")
+    ids = tokenize(talker, "Hello world, how are you?")
+    prompt = embed_rows(talker, ids)
+    g = torch.Generator().manual_seed(0)
+    extras = torch.randn(10, 128, generator=g) * 0.5
+    n = 14  # longer than the extras: the last steps use the zero fill
+    tokens: dict[str, list[int]] = {}
+    engine.add_request(  # type: ignore[attr-defined]
+        "talk", SamplingParamsMsg(max_tokens=n, ignore_eos=True), prompt_embeds=prompt, step_embeds=StepEmbeds(fill=torch.zeros(128))
+    )
+    # Prefill runs (and samples code 0); decode step 0 needs extra row 0: nothing more happens.
+    assert run_until_quiet(engine, tokens) == 1
+    assert len(tokens["talk"]) == 1
+    assert not engine.can_step()  # type: ignore[attr-defined]
+    # Three rows: exactly three more decode steps, then it waits again.
+    engine.add_step_embeds("talk", extras[:3])  # type: ignore[attr-defined]
+    assert run_until_quiet(engine, tokens) == 3
+    assert len(tokens["talk"]) == 4
+    # A request without step embeddings is not held back by the waiting one.
+    engine.add_request("plain", SamplingParamsMsg(max_tokens=5, ignore_eos=True), prompt_token_ids=ids)  # type: ignore[attr-defined]
+    run_until_quiet(engine, tokens)
+    assert len(tokens["plain"]) == 5 and len(tokens["talk"]) == 4
+    # The rest, and the end of the stream: it runs to completion.
+    engine.add_step_embeds("talk", extras[3:])  # type: ignore[attr-defined]
+    engine.close_step_embeds("talk")  # type: ignore[attr-defined]
+    run_until_quiet(engine, tokens)
+    want, margins = talker_greedy(talker, prompt, extras, n)
+    assert_same_tokens(tokens["talk"], want, margins, "gated talker")
+    assert not engine.has_work()  # type: ignore[attr-defined]
+
+
+def test_wrong_width_step_embeddings_are_rejected(engine: object) -> None:
+    from omni_mp.engines.ar import EngineInputError
+
+    ids = tokenize(resolve_model("tiny-qwen2-b"), "Hi")
+    engine.add_request("w", SamplingParamsMsg(max_tokens=3), prompt_token_ids=ids, step_embeds=StepEmbeds())  # type: ignore[attr-defined]
+    with pytest.raises(EngineInputError, match=r"expected \[n, 128\]"):
+        engine.add_step_embeds("w", torch.zeros(2, 64))  # type: ignore[attr-defined]
+    engine.abort(["w"])  # type: ignore[attr-defined]
+    engine.step()  # type: ignore[attr-defined]  # the scheduler drops finished requests on its next pass
+    assert not engine.has_work()  # type: ignore[attr-defined]
+    assert "w" not in engine.io.step_embeds  # type: ignore[attr-defined]
