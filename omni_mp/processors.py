@@ -6,12 +6,13 @@ a module path to import (that would let a config file run arbitrary code).
 A processor sees the upstream results accumulated so far, chunk by chunk, so a stage can
 start before its upstream has finished (a talker speaks while the thinker still writes):
 - `prompt()` returns the stage's prompt once it can be built (None: not yet);
-- `step_embeds()` (processors with `step_embeds = True`) returns every per-step extra
-  embedding known so far, and whether the list is complete.
+- `step_embeds(upstream, start)` (processors with `step_embeds_enabled`) returns the
+  per-step extra embeddings known so far from row `start` on, and whether the list is complete.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 
 import msgspec
@@ -24,16 +25,30 @@ class UpstreamResult(msgspec.Struct):
     stage_id: int
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] = []
-    # Last-layer hidden states of the tokens it computed, in position order (prompt first).
+    # Last-layer hidden states of the tokens it computed, in position order (prompt first),
+    # as the chunks brought them; hidden_starts[i] is the row index of hidden[i][0].
     hidden: list[torch.Tensor] = []
+    hidden_starts: list[int] = []
     hidden_rows: int = 0
     finished: bool = False
     finish_reason: str | None = None
 
-    def hidden_states(self) -> torch.Tensor:
-        if len(self.hidden) > 1:  # concatenate once, keep the result
-            self.hidden = [torch.cat(self.hidden)]
-        return self.hidden[0]
+    def add_hidden(self, rows: torch.Tensor) -> None:
+        self.hidden.append(rows)
+        self.hidden_starts.append(self.hidden_rows)
+        self.hidden_rows += rows.shape[0]
+
+    def hidden_states(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Rows [start, end) (end None: all), touching only the chunks that hold them: a
+        streaming consumer asks for the few new rows of each step, never for all again."""
+        end = self.hidden_rows if end is None else end
+        i = max(0, bisect.bisect_right(self.hidden_starts, start) - 1)
+        parts = []
+        while i < len(self.hidden) and self.hidden_starts[i] < end:
+            s0 = self.hidden_starts[i]
+            parts.append(self.hidden[i][max(0, start - s0) : end - s0])
+            i += 1
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class StageInput(msgspec.Struct):
@@ -55,8 +70,9 @@ class StageProcessor:
     def prompt(self, upstream: Mapping[int, UpstreamResult]) -> StageInput | None:
         raise NotImplementedError
 
-    def step_embeds(self, upstream: Mapping[int, UpstreamResult]) -> tuple[torch.Tensor | None, bool]:
-        """(rows [k, hidden] known so far or None, complete?). Only for step_embeds_enabled."""
+    def step_embeds(self, upstream: Mapping[int, UpstreamResult], start: int) -> tuple[torch.Tensor | None, bool]:
+        """(the extra rows from row `start` on known so far, or None; is the list complete?).
+        Only for processors with step_embeds_enabled."""
         raise NotImplementedError
 
 
@@ -112,14 +128,14 @@ class ThinkerToTalker(StageProcessor):
             if up.finished:
                 raise ProcessorError(f"stage {up.stage_id} finished with {up.hidden_rows} hidden rows for a {n}-token prompt")
             return None
-        return StageInput(prompt_embeds=up.hidden_states()[:n])
+        return StageInput(prompt_embeds=up.hidden_states(0, n))
 
-    def step_embeds(self, upstream: Mapping[int, UpstreamResult]) -> tuple[torch.Tensor | None, bool]:
+    def step_embeds(self, upstream: Mapping[int, UpstreamResult], start: int) -> tuple[torch.Tensor | None, bool]:
         up = _single(upstream, "thinker_to_talker")
-        n = len(up.prompt_token_ids or [])
-        if up.hidden_rows <= n:
+        first = len(up.prompt_token_ids or []) + start
+        if up.hidden_rows <= first:
             return None, up.finished
-        return up.hidden_states()[n:], up.finished
+        return up.hidden_states(first), up.finished
 
 
 PROCESSORS: dict[str, StageProcessor] = {

@@ -10,6 +10,7 @@ model worker runs in this process too: nothing to orphan, and the per-step hooks
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,10 @@ class AREngine:
             # Synchronous scheduling: the gate decides from the inputs of the step it schedules.
             args["scheduler_cls"] = gated_scheduler_cls(Scheduler, self.io)
             args["async_scheduling"] = False
+        if self.io.capturing or features.step_embeds:
+            # The hooks override the V1 runner's `_model_forward`; vLLM 0.25.0 picks its V2
+            # runner on CUDA by default, which has no such override point.
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         vllm_config = EngineArgs(model=model, **args).create_engine_config()
         if features.step_embeds or self.io.capturing:
             if vllm_config.parallel_config.world_size != 1:

@@ -208,6 +208,10 @@ def install_runner_hooks(worker: Any, io: StepIO) -> None:
     """Called in the worker (via collective_rpc): give its runner the mixin and the layer hooks."""
     runner = worker.model_runner
     base = type(runner)
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if not isinstance(runner, GPUModelRunner):  # e.g. the V2 runner: no `_model_forward`
+        raise RuntimeError(f"omni_mp's runner hooks need vLLM's V1 model runner, got {base.__qualname__}")
     runner.__class__ = type(f"Omni{base.__name__}", (OmniRunnerMixin, base), {})
     runner.omni_io = io
     runner._omni_layer_out = {}

@@ -158,10 +158,10 @@ class StageLoop:
 
     def _push_step_embeds(self, state: StageRequestState) -> None:
         assert self.processor is not None
-        rows, complete = self.processor.step_embeds(state.upstream)
-        if rows is not None and rows.shape[0] > state.step_rows_pushed:
-            self.engine.add_step_embeds(state.request_id, rows[state.step_rows_pushed :])
-            state.step_rows_pushed = rows.shape[0]
+        rows, complete = self.processor.step_embeds(state.upstream, state.step_rows_pushed)
+        if rows is not None and rows.shape[0]:
+            self.engine.add_step_embeds(state.request_id, rows)
+            state.step_rows_pushed += rows.shape[0]
         if complete:
             self.engine.close_step_embeds(state.request_id)
 

@@ -45,8 +45,7 @@ class StageRequestState:
                     f"{up.hidden_rows}, got {getattr(rows, 'shape', type(rows).__name__)} at {start!r}"
                 )
             # The chunk's tensors are views of the received buffer: keep a copy of our own.
-            up.hidden.append(rows.clone())
-            up.hidden_rows += rows.shape[0]
+            up.add_hidden(rows.clone())
         if chunk.finished:
             up.finished = True
             up.finish_reason = chunk.finish_reason
