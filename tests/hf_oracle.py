@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,25 +26,23 @@ def tokenize(model_dir: str | Path, text: str) -> list[int]:
     return list(AutoTokenizer.from_pretrained(model_dir)(text).input_ids)
 
 
-def greedy(model_dir: str | Path, prompt_ids: list[int], n: int) -> tuple[list[int], list[float]]:
-    """`n` greedy tokens (fp32) and the top-1/top-2 logit margin at each step.
-
-    Like vLLM's `ignore_eos`: EOS does not stop generation but may still be generated (HF's
-    `min_new_tokens` would instead mask EOS out, a different distribution)."""
+def _generate(model_dir: str | Path, prompt_ids: list[int], n: int, **outputs: bool) -> Any:
+    """Greedy generate() of exactly `n` tokens (fp32), like vLLM's `ignore_eos`: EOS does not
+    stop generation but may still be generated (HF's `min_new_tokens` would instead mask EOS
+    out, a different distribution)."""
     from transformers import GenerationConfig
 
-    cfg = GenerationConfig(
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
+    cfg = GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0, return_dict_in_generate=True, **outputs)
     ids = torch.tensor([prompt_ids])
     # An explicit mask: otherwise HF masks out every prompt token equal to pad_token_id.
     out = _model(str(model_dir)).generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
     assert out.sequences.shape[1] == len(prompt_ids) + n
+    return out
+
+
+def greedy(model_dir: str | Path, prompt_ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """`n` greedy tokens and the top-1/top-2 logit margin at each step."""
+    out = _generate(model_dir, prompt_ids, n, output_scores=True)
     margins = [float(v[0] - v[1]) for v in (s[0].topk(2).values for s in out.scores)]
     return out.sequences[0, len(prompt_ids) :].tolist(), margins
 
@@ -59,17 +58,7 @@ def assert_same_tokens(got: list[int], want: list[int], margins: list[float], wh
 def greedy_hidden(model_dir: str | Path, prompt_ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
     """`n` greedy tokens and, per `output_hidden_states` index, the hidden states of every
     token the model computed: the prompt and the generated tokens but the last, [L+n-1, H]."""
-    from transformers import GenerationConfig
-
-    cfg = GenerationConfig(
-        max_new_tokens=n,
-        do_sample=False,
-        pad_token_id=0,
-        output_hidden_states=True,
-        return_dict_in_generate=True,
-    )
-    ids = torch.tensor([prompt_ids])
-    out = _model(str(model_dir)).generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
+    out = _generate(model_dir, prompt_ids, n, output_hidden_states=True)
     steps = out.hidden_states  # step 0: prefill [1, L, H] per layer; step j: [1, 1, H] of token j-1
     layers = [torch.cat([step[i][0] for step in steps]) for i in range(len(steps[0]))]
     return out.sequences[0, len(prompt_ids) :].tolist(), layers
