@@ -30,6 +30,7 @@ from omni_mp.endpoints import CONTROL_HWM, RunEndpoints, new_run_id
 from omni_mp.payload import (
     Abort,
     Connect,
+    Connected,
     ErrorEvent,
     Finished,
     Heartbeat,
@@ -118,7 +119,7 @@ class Coordinator:
             self.progress(f"stage {h.stage.id}: starting {h.stage.kind} engine ({h.stage.model}), pid {h.pid}")
         deadline = t0 + self.cfg.timeouts.stage_startup_s
         try:
-            while not all(h.ready for h in self.stages.values()):
+            while not all(self._wired(h) for h in self.stages.values()):
                 if self._stop.is_set():
                     raise StartupError("start-up interrupted")
                 for h in self.stages.values():
@@ -129,7 +130,7 @@ class Coordinator:
                             f"last lines of {h.log_path}:\n{h.last_log_lines()}"
                         )
                 if time.monotonic() > deadline:
-                    late = [h for h in self.stages.values() if not h.ready]
+                    late = [h for h in self.stages.values() if not self._wired(h)]
                     raise StartupError(
                         f"stage {late[0].stage.id} not ready after {self.cfg.timeouts.stage_startup_s:.0f}s; "
                         f"last lines of {late[0].log_path}:\n{late[0].last_log_lines()}"
@@ -140,6 +141,16 @@ class Coordinator:
             self.shutdown()
             raise
         self.progress(f"pipeline {self.cfg.name!r}: {len(self.stages)} stage(s) ready in {time.monotonic() - t0:.1f}s")
+
+    def _wired(self, h: StageHandle) -> bool:
+        """Ready, and its links to every downstream stage's current address are open."""
+        if not h.ready:
+            return False
+        for d in self.cfg.downstream(h.stage.id):
+            endpoint = self.stages[d].bound_endpoint
+            if endpoint is None or h.connected.get(d) != endpoint:
+                return False
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -209,6 +220,10 @@ class Coordinator:
                 h.last_heartbeat = time.monotonic()
         elif isinstance(msg, Ready):
             self._on_ready(msg)
+        elif isinstance(msg, Connected):
+            h = self.stages.get(msg.stage_id)
+            if h is not None:
+                h.connected.update({d.stage_id: d.endpoint for d in msg.downstream})
         else:
             log.warning("unexpected stage event %s", type(msg).__name__)
 
@@ -335,7 +350,7 @@ class Coordinator:
             pipeline=self.cfg.name,
             stages=[
                 StageStatus(
-                    stage_id=sid, pid=h.pid or 0, alive=h.is_alive(), ready=h.ready, restarts=h.restarts, info=h.info
+                    stage_id=sid, pid=h.pid or 0, alive=h.is_alive(), ready=self._wired(h), restarts=h.restarts, info=h.info
                 )
                 for sid, h in self.stages.items()
             ],
@@ -356,7 +371,7 @@ class Coordinator:
         for sid in sampling:
             if sid not in self.stages:
                 return reject("invalid_input", f"`sampling`: unknown stage id {sid}")
-        down = [sid for sid, h in self.stages.items() if not h.ready]
+        down = [sid for sid, h in self.stages.items() if not self._wired(h)]
         if down:
             return reject("stage_unavailable", f"stage(s) {down} are not ready (restarting or failed)")
         now = time.time()

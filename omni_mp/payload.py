@@ -199,6 +199,13 @@ class Connect(MessageBase):
     downstream: list[StageEndpoint]
 
 
+class Connected(MessageBase):
+    """Stage -> coordinator: the links to these downstream stage inputs are open (after Connect)."""
+
+    stage_id: StageId
+    downstream: list[StageEndpoint]
+
+
 class StageDone(MessageBase):
     """Stage -> coordinator: a request finished in this stage; counts and unix timestamps."""
 
@@ -260,7 +267,7 @@ class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
     stage_id: StageId
     pid: int
     alive: bool
-    ready: bool
+    ready: bool  # serving: engine up and links to its downstream stages open
     restarts: int
     info: dict[str, str] = {}
 
@@ -273,7 +280,7 @@ class StatusReply(MessageBase):
 
 Message = (
     StageRequest | StageOutputChunk | ErrorEvent | Abort | Ready | Heartbeat | Shutdown
-    | Connect | StageDone | Submit | Finished | StatusRequest | StatusReply
+    | Connect | Connected | StageDone | Submit | Finished | StatusRequest | StatusReply
 )  # fmt: skip
 MESSAGE_TYPES: tuple[type[MessageBase], ...] = get_args(Message)
 

@@ -53,6 +53,7 @@ class StageHandle:
         self.ready = False
         self.bound_endpoint: str | None = None  # reported by the stage once bound
         self.info: dict[str, str] = {}  # from its Ready: init time, devices it sees
+        self.connected: dict[int, str] = {}  # downstream stage -> the endpoint its link is open to
         self.last_heartbeat = 0.0
         self.spawned_at = 0.0
 
@@ -82,6 +83,7 @@ class StageHandle:
             )
         self.ready = False
         self.bound_endpoint = None
+        self.connected = {}
         self.spawned_at = time.monotonic()
         self.last_heartbeat = self.spawned_at
 

@@ -227,8 +227,9 @@ def test_stage_killed_mid_request_fails_fast_and_is_restarted(client: OmniClient
     # Restart policy (max_restarts 3): stage 1 comes back and serves exact results again.
     deadline = time.monotonic() + 300
     while True:
-        s1 = next(s for s in client.status().stages if s.stage_id == 1)
-        if s1.ready and s1.alive:
+        stages = client.status().stages
+        s1 = next(s for s in stages if s.stage_id == 1)
+        if all(s.ready and s.alive for s in stages):  # stage 0 re-linked to the new stage 1 too
             break
         assert time.monotonic() < deadline, "stage 1 was not restarted"
         time.sleep(0.5)

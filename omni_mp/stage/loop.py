@@ -23,6 +23,7 @@ from omni_mp.payload import (
     Abort,
     AdditionalInformation,
     Connect,
+    Connected,
     ErrorEvent,
     Heartbeat,
     Limits,
@@ -103,6 +104,9 @@ class StageLoop:
             self.downstream[target.stage_id] = MessageSender(
                 self.ctx, target.endpoint, self.limits, shm=self.shm, hwm=CONTROL_HWM
             )
+        # The coordinator admits requests only once every link is open (a pool is prefaulted
+        # when it is created: doing that under the first request would delay it).
+        self._emit(Connected(stage_id=self.stage.id, downstream=list(msg.downstream)))
 
     def _on_request(self, msg: StageRequest) -> None:
         rid = msg.request_id
