@@ -57,7 +57,10 @@ async def one_round(endpoint: str, requests: int, tokens: int, stages: list[int]
     async with AsyncOmniClient(endpoint) as client:
         t0 = time.perf_counter()
         results = await asyncio.gather(
-            *(client.generate(f"request {i}: tell me a story", sampling=sampling, timeout_s=600) for i in range(requests))
+            *(
+                client.generate(f"request {i}: tell me a story", sampling=sampling, timeout_s=600)
+                for i in range(requests)
+            )
         )
         wall = time.perf_counter() - t0
     stage0 = sum(len(o.token_ids) for r in results for o in r.outputs if o.stage_id == 0)
@@ -107,7 +110,10 @@ def main() -> int:
     for n in cfgs:
         print(f"{n:<8} {med[n]:>8.3f} {toks[n] / med[n]:>14.1f}")
     overhead = med["on"] / med["off"] - 1
-    print(f"\nhidden-state output on vs off: {med['off'] / med['on']:.3f}x throughput ({100 * overhead:+.1f}% time; target <= +10%)")
+    print(
+        f"\nhidden-state output on vs off: {med['off'] / med['on']:.3f}x throughput "
+        f"({100 * overhead:+.1f}% time; target <= +10%)"
+    )
     print(f"thinker->talker end to end vs stage 0 alone (hidden on): {med['chain'] / med['on']:.2f}x the time")
     return 0
 

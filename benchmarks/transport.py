@@ -108,14 +108,16 @@ def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
             frame = sock.recv(copy=False)
             return frame if len(frame) else None
 
-        pending = lambda: bool(sock.poll(0))
+        def pending() -> bool:
+            return bool(sock.poll(0))
     elif path == "pickle+mp.Queue":
 
         def recv() -> Any:
             data = queue.get()
             return pickle.loads(data)["prompt_embeds"] if data else None
 
-        pending = lambda: not queue.empty()
+        def pending() -> bool:
+            return not queue.empty()
     else:
         receiver = MessageReceiver(ctx, endpoint)
         endpoint = receiver.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -124,7 +126,8 @@ def _receiver(path: str, endpoint: str, ack_endpoint: str, queue: Any) -> None:
             msg = receiver.recv()
             return None if isinstance(msg, Shutdown) else msg.prompt_embeds.data
 
-        pending = lambda: bool(receiver.socket.poll(0))
+        def pending() -> bool:
+            return bool(receiver.socket.poll(0))
 
     ack.send(endpoint.encode())  # ready, and where to connect
     decoded = 0
@@ -167,7 +170,9 @@ class Link:
             self._stop = lambda: self.queue.put(STOP)
         else:
             self.sender = MessageSender(self.ctx, endpoint, shm=shm if path == "shm" else None)
-            self.send = lambda t: self.sender.send(StageOutputChunk(request_id="r", stage_id=0, prompt_embeds=PromptEmbeds(t)))
+            self.send = lambda t: self.sender.send(
+                StageOutputChunk(request_id="r", stage_id=0, prompt_embeds=PromptEmbeds(t))
+            )
             self._stop = lambda: self.sender.send(Shutdown(reason="done"))
 
     def wait_acks(self, n: int) -> int:
@@ -294,7 +299,11 @@ def run(quick: bool, shm: ShmPoolConfig, paths: list[str], rounds: int) -> dict[
         for rnd in range(rounds):
             for label, t in tensors.items():
                 lat_n, stream_n = counts(t.numel() * t.element_size(), quick)
-                print(f"[bench] round {rnd + 1}/{rounds} {label:8s} latency x{lat_n}, stream x{stream_n}", file=sys.stderr, flush=True)
+                print(
+                    f"[bench] round {rnd + 1}/{rounds} {label:8s} latency x{lat_n}, stream x{stream_n}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 for path, use_arena in (("memcpy", True), ("memcpy (hot)", False)):
                     times, rate = memcpy(t, max(lat_n, 20), arena if use_arena else None)
                     lat.setdefault((label, path), []).extend(times)
@@ -327,15 +336,26 @@ def report(results: dict[str, Any]) -> str:
     paths = [path for path in ["memcpy", "memcpy (hot)", *PATHS] if (PAYLOADS[0][0], path) in rows]
     lines = ["| payload | " + " | ".join(paths) + " |", "|---" * (len(paths) + 1) + "|"]
     for label, _ in PAYLOADS:
-        cells = [f"{rows[label, path]['gbs']:.2f} GB/s<br>{rows[label, path]['p50']:.0f} / {rows[label, path]['p99']:.0f} us" for path in paths]
+        cells = [
+            f"{rows[label, path]['gbs']:.2f} GB/s<br>{rows[label, path]['p50']:.0f} / {rows[label, path]['p99']:.0f} us"
+            for path in paths
+        ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     ratios = [(a, b, heading) for a, b, heading in RATIOS if a in paths and b in paths]
     lines += ["", "Ratios of throughput (target in brackets):", ""]
     lines += ["| payload | " + " | ".join(h for _, _, h in ratios) + " |", "|---" * (len(ratios) + 1) + "|"]
     for label, _ in PAYLOADS:
-        lines.append(f"| {label} | " + " | ".join(f"{rows[label, a]['gbs'] / rows[label, b]['gbs']:.2f}" for a, b, _ in ratios) + " |")
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{rows[label, a]['gbs'] / rows[label, b]['gbs']:.2f}" for a, b, _ in ratios)
+            + " |"
+        )
     small = results["small"]
-    lines += ["", f"Small-message round trip p50 (ipc): {small['codec']:.0f} us with the codec, {small['raw']:.0f} us raw pyzmq [target <= 100 us]"]
+    lines += [
+        "",
+        f"Small-message round trip p50 (ipc): {small['codec']:.0f} us with the codec, "
+        f"{small['raw']:.0f} us raw pyzmq [target <= 100 us]",
+    ]
     return "\n".join(lines)
 
 

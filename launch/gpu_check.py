@@ -45,7 +45,10 @@ def main() -> int:
             status = client.status()
             gpus = {uuid: idx for idx, uuid, *_ in nvidia_smi("index,uuid,name,memory.used", "gpu")}
             apps = nvidia_smi("pid,gpu_uuid,used_memory", "compute-apps")
-            print("\nstage | pid | config devices | seen from inside the stage process | nvidia-smi: GPU (MiB used by this pid)")
+            print(
+                "\nstage | pid | config devices | seen from inside the stage process"
+                " | nvidia-smi: GPU (MiB used by this pid)"
+            )
             for s in status.stages:
                 dev = cfg.stage(s.stage_id).devices
                 used = [f"GPU {gpus.get(u, u)} ({m} MiB)" for pid, u, m in apps if pid == str(s.pid)]

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh
+.venv/bin/ruff check omni_mp tests launch benchmarks
 t0=$(date +%s)
 set +e
 .venv/bin/python -m pytest -ra --durations=15 --timeout=900 "$@"

@@ -155,7 +155,9 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
             if not s.inputs:
                 raise ConfigError(f"`{where}.processor`: an entry stage (no inputs) takes the prompt, not a processor")
             if s.processor not in PROCESSORS:
-                raise ConfigError(f"`{where}.processor`: unknown processor {s.processor!r}; known: {sorted(PROCESSORS)}")
+                raise ConfigError(
+                    f"`{where}.processor`: unknown processor {s.processor!r}; known: {sorted(PROCESSORS)}"
+                )
         if s.processor in PROCESSORS and PROCESSORS[s.processor].needs_hidden_states:
             for j, up in enumerate(s.inputs):
                 if up in ids and cfg.stages[ids.index(up)].hidden_states is None:
@@ -175,7 +177,9 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
             try:
                 parse_core_list(s.cpu_cores)
             except ValueError:
-                raise ConfigError(f"`{where}.cpu_cores`: expected a core list like '0-3' or '0,2', got {s.cpu_cores!r}") from None
+                raise ConfigError(
+                    f"`{where}.cpu_cores`: expected a core list like '0-3' or '0,2', got {s.cpu_cores!r}"
+                ) from None
         if s.restart.max_restarts < 0 or s.restart.backoff_s < 0:
             raise ConfigError(f"`{where}.restart`: max_restarts and backoff_s must be >= 0")
         if check_engine_args:

@@ -100,7 +100,8 @@ class Coordinator:
         self.client_sock.bind(client_bind or self.endpoints.client())
         self.client_endpoint = self.client_sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.stages = {
-            s.id: StageHandle(cfg, s, events_endpoint, self.endpoints.stage_input(s.id), self.log_dir) for s in cfg.stages
+            s.id: StageHandle(cfg, s, events_endpoint, self.endpoints.stage_input(s.id), self.log_dir)
+            for s in cfg.stages
         }
         self.stage_links: dict[int, MessageSender] = {}
         self.restart_at: dict[int, float] = {}
@@ -342,7 +343,12 @@ class Coordinator:
             else:
                 self._to_client(
                     client,
-                    ErrorEvent(request_id=None, stage_id=None, code="invalid_message", message=f"unexpected {type(msg).__name__}"),
+                    ErrorEvent(
+                        request_id=None,
+                        stage_id=None,
+                        code="invalid_message",
+                        message=f"unexpected {type(msg).__name__}",
+                    ),
                 )
 
     def _status(self) -> StatusReply:
@@ -350,7 +356,12 @@ class Coordinator:
             pipeline=self.cfg.name,
             stages=[
                 StageStatus(
-                    stage_id=sid, pid=h.pid or 0, alive=h.is_alive(), ready=self._wired(h), restarts=h.restarts, info=h.info
+                    stage_id=sid,
+                    pid=h.pid or 0,
+                    alive=h.is_alive(),
+                    ready=self._wired(h),
+                    restarts=h.restarts,
+                    info=h.info,
                 )
                 for sid, h in self.stages.items()
             ],
@@ -366,7 +377,9 @@ class Coordinator:
         if sum(x is not None for x in (msg.prompt, msg.prompt_token_ids, msg.prompt_embeds)) != 1:
             return reject("invalid_input", "give exactly one of `prompt`, `prompt_token_ids` and `prompt_embeds`")
         if msg.prompt_embeds is not None and not all(s.prompt_embeds for s in self.cfg.entry_stages):
-            return reject("invalid_input", "`prompt_embeds`: the entry stage does not take embeddings (set `prompt_embeds: true`)")
+            return reject(
+                "invalid_input", "`prompt_embeds`: the entry stage does not take embeddings (set `prompt_embeds: true`)"
+            )
         sampling = {s.stage_id: s.params for s in msg.sampling}
         for sid in sampling:
             if sid not in self.stages:
@@ -416,13 +429,18 @@ class Coordinator:
         for sid in self.stage_links:
             if self.stages[sid].is_alive():
                 self._to_stage(sid, Abort(request_id=internal_id, reason=code))
-        self._to_client(req.client, ErrorEvent(request_id=req.request_id, stage_id=stage_id, code=code, message=message))
+        self._to_client(
+            req.client, ErrorEvent(request_id=req.request_id, stage_id=stage_id, code=code, message=message)
+        )
 
     def _expire(self, now: float) -> None:
         for rid in [r for r, q in self.inflight.items() if q.deadline is not None and now >= q.deadline]:
             req = self.inflight[rid]
             self._finish_with_error(
-                rid, "deadline_exceeded", f"deadline of {req.deadline - req.t_submit:.3f}s exceeded", None  # type: ignore[operator]
+                rid,
+                "deadline_exceeded",
+                f"deadline of {req.deadline - req.t_submit:.3f}s exceeded",
+                None,  # type: ignore[operator]
             )
 
     def _watch_stages(self, now: float) -> None:
@@ -445,7 +463,9 @@ class Coordinator:
     def _on_stage_death(self, sid: int, code: int, now: float) -> None:
         h = self.stages[sid]
         tail = h.last_log_lines(5).strip().splitlines()
-        reason = f"stage {sid} (pid {h.pid}) died with exit code {code}" + (f"; last log line: {tail[-1]}" if tail else "")
+        reason = f"stage {sid} (pid {h.pid}) died with exit code {code}" + (
+            f"; last log line: {tail[-1]}" if tail else ""
+        )
         log.error("%s", reason)
         h.proc = None
         h.ready = False

@@ -26,7 +26,9 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tin
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="omni-mp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="omni-mp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML (default: %(default)s)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt to run (repeatable)")
     p.add_argument("--prompts-file", type=Path, help="a file with one prompt per line")
@@ -58,7 +60,10 @@ def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace) -
     results: dict[int, object] = {}
     t0 = time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(prompts))) as pool:
-        futs = {pool.submit(client.generate, p, deadline_s=args.deadline, request_id=f"req{i}"): i for i, p in enumerate(prompts)}
+        futs = {
+            pool.submit(client.generate, p, deadline_s=args.deadline, request_id=f"req{i}"): i
+            for i, p in enumerate(prompts)
+        }
         with tqdm(total=len(prompts), desc="requests", unit="req", file=sys.stderr) as bar:
             for fut in concurrent.futures.as_completed(futs):
                 i = futs[fut]

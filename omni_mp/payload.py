@@ -360,7 +360,9 @@ def _check(msg: msgspec.Struct, limits: Limits, tensor_type: type, body_bytes: i
         cls = type(value)
         if cls is str:
             if len(value) > limits.max_string_length:
-                raise PayloadError(f"{path}: string of {len(value)} chars > max_string_length={limits.max_string_length}")
+                raise PayloadError(
+                    f"{path}: string of {len(value)} chars > max_string_length={limits.max_string_length}"
+                )
         elif cls is list:
             if len(value) > limits.max_list_length:
                 raise PayloadError(f"{path}: list of {len(value)} items > max_list_length={limits.max_list_length}")
@@ -402,7 +404,9 @@ def _valid_request_id(request_id: Any, limits: Limits) -> bool:
 
 def _check_total(msg: msgspec.Struct, nbytes: int, limits: Limits) -> None:
     if nbytes > limits.max_message_bytes:
-        raise PayloadError(f"{type(msg).__name__}: {nbytes} bytes in all > max_message_bytes={limits.max_message_bytes}")
+        raise PayloadError(
+            f"{type(msg).__name__}: {nbytes} bytes in all > max_message_bytes={limits.max_message_bytes}"
+        )
 
 
 def validate(msg: Message, limits: Limits = DEFAULT_LIMITS) -> None:
@@ -439,7 +443,8 @@ def encode(msg: Message, limits: Limits = DEFAULT_LIMITS, *, place: BufferPlacer
     frames[0] = msgspec.msgpack.encode(msg, enc_hook=to_header)
     if headers != len(slots):
         raise PayloadError(
-            f"{type(msg).__name__}: tensors may only be Struct fields or dict values, found {headers - len(slots)} elsewhere"
+            f"{type(msg).__name__}: tensors may only be Struct fields or dict values, "
+            f"found {headers - len(slots)} elsewhere"
         )
     body_len = len(frames[0])
     if body_len > limits.max_body_bytes:
@@ -481,7 +486,7 @@ def decode_with_regions(
     try:
         slots = _check(msg, limits, TensorRef, body.nbytes)
         buffers = _claim_buffers(slots, views, shm, regions)
-        for slot, buffer in zip(slots, buffers):
+        for slot, buffer in zip(slots, buffers, strict=True):
             slot.put(tensor_from_buffer(slot.dtype, slot.shape, buffer, slot.path))
     except PayloadError as exc:
         _return_credits(msg, regions, shm)

@@ -126,7 +126,9 @@ class ThinkerToTalker(StageProcessor):
         n = len(up.prompt_token_ids)
         if up.hidden_rows < n:
             if up.finished:
-                raise ProcessorError(f"stage {up.stage_id} finished with {up.hidden_rows} hidden rows for a {n}-token prompt")
+                raise ProcessorError(
+                    f"stage {up.stage_id} finished with {up.hidden_rows} hidden rows for a {n}-token prompt"
+                )
             return None
         return StageInput(prompt_embeds=up.hidden_states(0, n))
 

@@ -289,8 +289,10 @@ class _Attached:
                 raise PayloadError(f"{path}: shm pool {ref.pool} is too small to be one")
             with mmap.mmap(fd, _HEADER.size, access=mmap.ACCESS_READ) as head:
                 magic, version, _, prefaulted, num_slots, data_offset, capacity = _HEADER.unpack_from(head, 0)
-            if (magic, version) != (_MAGIC, _VERSION) or data_offset != _layout(num_slots) or (
-                data_offset + capacity != size
+            if (
+                (magic, version) != (_MAGIC, _VERSION)
+                or data_offset != _layout(num_slots)
+                or (data_offset + capacity != size)
             ):
                 raise PayloadError(f"{path}: shm pool {ref.pool} has a malformed header")
             # A prefaulted pool is resident: populating our page tables now is cheap and

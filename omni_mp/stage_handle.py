@@ -40,9 +40,10 @@ def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | No
     return env
 
 
-
 class StageHandle:
-    def __init__(self, cfg: PipelineConfig, stage: StageConfig, events_endpoint: str, input_endpoint: str, log_dir: Path):
+    def __init__(
+        self, cfg: PipelineConfig, stage: StageConfig, events_endpoint: str, input_endpoint: str, log_dir: Path
+    ):
         self.cfg = cfg
         self.stage = stage
         self.events_endpoint = events_endpoint

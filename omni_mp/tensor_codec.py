@@ -77,9 +77,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                 raise ValueError(f"Limits.{name} must be > 0, got {value}")
         unknown = [d for d in self.allowed_dtypes if d not in SUPPORTED_DTYPES]
         if unknown:
-            raise ValueError(
-                f"Limits.allowed_dtypes: unsupported {unknown}; choose from {list(SUPPORTED_DTYPES)}"
-            )
+            raise ValueError(f"Limits.allowed_dtypes: unsupported {unknown}; choose from {list(SUPPORTED_DTYPES)}")
 
     @property
     def max_frame_bytes(self) -> int:

@@ -48,10 +48,9 @@ def greedy(model_dir: str | Path, prompt_ids: list[int], n: int) -> tuple[list[i
 
 
 def assert_same_tokens(got: list[int], want: list[int], margins: list[float], what: str) -> None:
-    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-    assert got == want, (
-        f"{what}: got {got} != transformers {want}; first difference at step {first}"
-        + (f", where the transformers top-2 logit margin is {margins[first]:.2e}" if first is not None else "")
+    first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    assert got == want, f"{what}: got {got} != transformers {want}; first difference at step {first}" + (
+        f", where the transformers top-2 logit margin is {margins[first]:.2e}" if first is not None else ""
     )
 
 

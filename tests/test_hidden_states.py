@@ -50,7 +50,9 @@ def test_hidden_states_match_transformers(hidden_pipeline: ServedPipeline) -> No
     with OmniClient(hidden_pipeline.endpoint) as client:
         for prompt, n in [("Hello world, how are you?", 12), ("The quick brown fox", 20)]:
             ids = tokenize(model, prompt)
-            events = list(client.stream(prompt, sampling={0: SamplingParamsMsg(max_tokens=n, ignore_eos=True)}, timeout_s=120))
+            events = list(
+                client.stream(prompt, sampling={0: SamplingParamsMsg(max_tokens=n, ignore_eos=True)}, timeout_s=120)
+            )
             tokens, hidden = collect(events)
             want_tokens, want_layers = greedy_hidden(model, ids, n)
             assert tokens == want_tokens
@@ -75,7 +77,7 @@ def test_concurrent_requests_each_get_their_own_hidden_states(hidden_pipeline: S
                 sampling = {0: SamplingParamsMsg(max_tokens=n, ignore_eos=True)}
                 return [e async for e in ac.stream(p, sampling=sampling, timeout_s=180)]
 
-            return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths)))
+            return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths, strict=True)))
 
     for prompt, n, events in zip(prompts, lengths, asyncio.run(run()), strict=True):
         ids = tokenize(model, prompt)
@@ -140,7 +142,10 @@ def test_talker_streams_while_the_thinker_writes(thinker_talker: ServedPipeline)
     """With a long reply the talker starts after the thinker's prefill, not after its end, and
     waits for each step's row: its tokens still match the oracle exactly."""
     n0, n1 = 200, 150
-    sampling = {0: SamplingParamsMsg(max_tokens=n0, ignore_eos=True), 1: SamplingParamsMsg(max_tokens=n1, ignore_eos=True)}
+    sampling = {
+        0: SamplingParamsMsg(max_tokens=n0, ignore_eos=True),
+        1: SamplingParamsMsg(max_tokens=n1, ignore_eos=True),
+    }
     with OmniClient(thinker_talker.endpoint) as client:
         done = client.generate("Tell me a story", sampling=sampling, timeout_s=300)
     timings = {d.stage_id: d for d in done.stage_timings}

@@ -25,7 +25,15 @@ SINGLE = REPO / "tests" / "configs" / "tiny_single.yaml"
 def test_startup_failure_names_the_stage_and_shows_its_log() -> None:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "omni_mp.launch", "--config", str(REPO / "tests/configs/bad_model.yaml"), "--prompt", "x"],
+        [
+            sys.executable,
+            "-m",
+            "omni_mp.launch",
+            "--config",
+            str(REPO / "tests/configs/bad_model.yaml"),
+            "--prompt",
+            "x",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

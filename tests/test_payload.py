@@ -132,7 +132,9 @@ def test_every_message_type_round_trips() -> None:
 def test_list_items_are_checked_with_their_path() -> None:
     body = {"t": "Finished", "request_id": "r", "outputs": [{"stage_id": 1, "text": "x" * 30}],
             "stage_timings": [], "t_submit": 0.0, "t_finished": 0.0}  # fmt: skip
-    check_rejected(raw_frames(body), "Finished.outputs[0].text: string of 30 chars", limits=Limits(max_string_length=20))
+    check_rejected(
+        raw_frames(body), "Finished.outputs[0].text: string of 30 chars", limits=Limits(max_string_length=20)
+    )
 
 
 def test_decoded_tensors_are_views_of_the_frames() -> None:
@@ -161,7 +163,9 @@ def test_missing_extra_and_shared_frames_are_rejected() -> None:
     check_rejected([good[0], t[:8]], "frame 1 holds 8 bytes, header says 16")
     shared = request_body(additional_information={"a": ref("float32", [4], 16), "b": ref("float32", [4], 16)})
     check_rejected(raw_frames(shared, t, t), "['b']", "frame 1 is already used")
-    check_rejected(raw_frames(request_body(additional_information={"a": ref("float32", [4], 16, 0)}), t), "frame index 0")
+    check_rejected(
+        raw_frames(request_body(additional_information={"a": ref("float32", [4], 16, 0)}), t), "frame index 0"
+    )
     check_rejected([], "no frames")
 
 
@@ -207,7 +211,9 @@ def test_limits_name_the_field_the_value_and_the_limit() -> None:
         "StageRequest.additional_information: 5 entries > max_info_entries=4",
         limits=limits,
     )
-    check_rejected(raw_frames(request_body(prompt_token_ids=list(range(11)))), "11 items > max_list_length=10", limits=limits)
+    check_rejected(
+        raw_frames(request_body(prompt_token_ids=list(range(11)))), "11 items > max_list_length=10", limits=limits
+    )
     check_rejected(
         raw_frames({"t": "Abort", "request_id": "r", "reason": "x" * 21}),
         "Abort.reason: string of 21 chars > max_string_length=20",
@@ -226,11 +232,15 @@ def test_size_limits_apply_before_decoding() -> None:
     check_rejected(raw_frames(request_body(prompt_token_ids=list(range(100)))), "max_body_bytes=64", limits=limits)
     check_rejected([b"\x80", bytes(1001)], "1002 bytes > max_message_bytes=1000", limits=limits)
     body = request_body(additional_information={"h": ref("uint8", [200], 200)})
-    check_rejected(raw_frames(body, bytes(200)), "['h']: 200 bytes > max_tensor_bytes=100", limits=Limits(max_tensor_bytes=100))
+    check_rejected(
+        raw_frames(body, bytes(200)), "['h']: 200 bytes > max_tensor_bytes=100", limits=Limits(max_tensor_bytes=100)
+    )
 
 
 def test_error_carries_the_request_id_when_it_can_be_recovered() -> None:
-    err = check_rejected(raw_frames(request_body(request_id="req-7", additional_information={"h": ref("uint8", [2], 1)}), b"x"))
+    err = check_rejected(
+        raw_frames(request_body(request_id="req-7", additional_information={"h": ref("uint8", [2], 1)}), b"x")
+    )
     assert err.request_id == "req-7"
     err = check_rejected(raw_frames(request_body(request_id="req-8", stage_id="x")))
     assert err.request_id == "req-8"
@@ -245,15 +255,20 @@ def test_encode_validates_on_the_sender() -> None:
 
     chunk = StageOutputChunk
     rejected(chunk(request_id="r", stage_id=0, additional_information={"x": torch.zeros(2, device="meta")}), "only CPU")
-    rejected(chunk(request_id="r", stage_id=0, additional_information={"x": torch.zeros(2, dtype=torch.float64)}), "float64")
+    rejected(
+        chunk(request_id="r", stage_id=0, additional_information={"x": torch.zeros(2, dtype=torch.float64)}), "float64"
+    )
     rejected(chunk(request_id="r", stage_id=0, additional_information={"x": torch.zeros(2).to_sparse()}), "layout")
     rejected(chunk(request_id="r", stage_id=0, prompt_embeds=PromptEmbeds(torch.zeros(2))), "must be 2-D")
     rejected(chunk(request_id="r", stage_id=0, additional_information={"x": [torch.zeros(1)]}), "tensors may only be")
     rejected(chunk(request_id="r", stage_id=0, additional_information={"x": object()}), "object cannot be sent")
     rejected(chunk(request_id="no spaces", stage_id=0), "request_id")
     rejected(chunk(request_id="r", stage_id=0, token_ids=list(range(1 << 21))), "max_list_length")
-    rejected(chunk(request_id="r", stage_id=0, additional_information={"x": torch.zeros(100)}), "max_message_bytes=300",
-             Limits(max_message_bytes=300))
+    rejected(
+        chunk(request_id="r", stage_id=0, additional_information={"x": torch.zeros(100)}),
+        "max_message_bytes=300",
+        Limits(max_message_bytes=300),
+    )
     validate(chunk(request_id="r", stage_id=0, additional_information={"x": torch.zeros(2)}))
 
 

@@ -85,7 +85,7 @@ def test_concurrent_requests_each_get_their_own_result(pipeline: ServedPipeline)
             return await asyncio.gather(
                 *(
                     ac.generate(p, sampling={1: SamplingParamsMsg(max_tokens=n, ignore_eos=True)}, timeout_s=180)
-                    for p, n in zip(prompts, lengths)
+                    for p, n in zip(prompts, lengths, strict=True)
                 )
             )
 
@@ -112,7 +112,9 @@ def test_stream_yields_each_step_as_it_is_produced(client: OmniClient) -> None:
 def test_stream_arrival_is_incremental(client: OmniClient) -> None:
     """Chunks arrive over time, not in one burst at the end."""
     arrivals = []
-    for ev in client.stream("The quick brown fox", sampling={1: SamplingParamsMsg(max_tokens=64, ignore_eos=True)}, timeout_s=120):
+    for ev in client.stream(
+        "The quick brown fox", sampling={1: SamplingParamsMsg(max_tokens=64, ignore_eos=True)}, timeout_s=120
+    ):
         arrivals.append(time.monotonic())
         if isinstance(ev, Finished):
             break
@@ -185,7 +187,9 @@ def test_bad_input_fails_that_request_only(client: OmniClient) -> None:
     assert_same_tokens(good[0].outputs[0].token_ids, want, margins, "concurrent good request")
 
 
-def test_garbage_frames_get_an_error_and_the_pipeline_keeps_serving(pipeline: ServedPipeline, client: OmniClient) -> None:
+def test_garbage_frames_get_an_error_and_the_pipeline_keeps_serving(
+    pipeline: ServedPipeline, client: OmniClient
+) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.connect(pipeline.endpoint)

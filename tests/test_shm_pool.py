@@ -146,7 +146,9 @@ def test_forged_and_stale_descriptors_are_rejected(pool: ShmPool) -> None:
 
 def test_rejected_message_returns_its_credits(pool: ShmPool) -> None:
     reader = ShmReader()
-    msg = StageOutputChunk(request_id="r", stage_id=0, additional_information={"a": torch.ones(64), "b": torch.ones(64)})
+    msg = StageOutputChunk(
+        request_id="r", stage_id=0, additional_information={"a": torch.ones(64), "b": torch.ones(64)}
+    )
     frames = encode(msg, place=pool.put)
     with pytest.raises(PayloadError, match="not referenced"):
         decode_with_regions([*frames, b"extra"], shm=reader)
@@ -208,7 +210,9 @@ def test_no_leak_when_either_side_is_killed(tmp_path: Path) -> None:
     children = [spawn("sender", ep[0], 1), spawn("sender", ep[1], 2), spawn("receiver", ep[2], 2)]
     try:
         for i in range(2):
-            sender.send(StageOutputChunk(request_id=f"s{i}", stage_id=0, additional_information={"t": torch.ones(4096)}))
+            sender.send(
+                StageOutputChunk(request_id=f"s{i}", stage_id=0, additional_information={"t": torch.ones(4096)})
+            )
         for child in children:
             wait_ready(child)
         first = late.recv(timeout=10)  # maps the late sender's pool

@@ -64,7 +64,10 @@ def test_decode_waits_for_its_step_embedding_and_resumes_exactly(engine: object)
     n = 14  # longer than the extras: the last steps use the zero fill
     tokens: dict[str, list[int]] = {}
     engine.add_request(  # type: ignore[attr-defined]
-        "talk", SamplingParamsMsg(max_tokens=n, ignore_eos=True), prompt_embeds=prompt, step_embeds=StepEmbeds(fill=torch.zeros(128))
+        "talk",
+        SamplingParamsMsg(max_tokens=n, ignore_eos=True),
+        prompt_embeds=prompt,
+        step_embeds=StepEmbeds(fill=torch.zeros(128)),
     )
     # Prefill runs (and samples code 0); decode step 0 needs extra row 0: nothing more happens.
     assert run_until_quiet(engine, tokens) == 1

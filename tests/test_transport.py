@@ -48,13 +48,17 @@ def chunk(i: int = 0, **info: object) -> StageOutputChunk:
     return StageOutputChunk(request_id=f"r{i}", stage_id=1, token_ids=[i], additional_information=info or None)
 
 
-@pytest.mark.parametrize("shm", [None, ShmPoolConfig(capacity_bytes=1 << 20, threshold_bytes=KIB)], ids=["frames", "shm"])
+@pytest.mark.parametrize(
+    "shm", [None, ShmPoolConfig(capacity_bytes=1 << 20, threshold_bytes=KIB)], ids=["frames", "shm"]
+)
 def test_link_round_trip(ctx: zmq.Context, ipc: str, shm: ShmPoolConfig | None) -> None:
     hidden = torch.randn(64, 32).to(torch.bfloat16)  # 4 KiB: in the pool when there is one
     small = torch.arange(8)
     with MessageReceiver(ctx, ipc) as receiver, MessageSender(ctx, ipc, shm=shm) as sender:
         sender.send(
-            StageOutputChunk(request_id="r", stage_id=1, prompt_embeds=PromptEmbeds(hidden), additional_information={"s": small}),
+            StageOutputChunk(
+                request_id="r", stage_id=1, prompt_embeds=PromptEmbeds(hidden), additional_information={"s": small}
+            ),
             timeout=5,
         )
         msg = receiver.recv(timeout=5)
@@ -125,7 +129,10 @@ def test_timeouts(ctx: zmq.Context, ipc: str) -> None:
 
 def test_sender_rejects_what_the_receiver_would(ctx: zmq.Context, ipc: str) -> None:
     limits = Limits(max_tensor_bytes=1024)
-    with MessageSender(ctx, ipc, limits, linger_ms=0) as sender, pytest.raises(PayloadError, match="max_tensor_bytes=1024"):
+    with (
+        MessageSender(ctx, ipc, limits, linger_ms=0) as sender,
+        pytest.raises(PayloadError, match="max_tensor_bytes=1024"),
+    ):
         sender.send(chunk(0, t=torch.zeros(512)), timeout=1)
 
 

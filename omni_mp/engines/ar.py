@@ -113,7 +113,9 @@ class AREngine:
     def _check_embeds(self, what: str, embeds: torch.Tensor) -> torch.Tensor:
         # vLLM checks only ndim on this path; a wrong width would be copied into its buffers.
         if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size:
-            raise EngineInputError(f"{what}: expected [n, {self.hidden_size}] (the model's hidden size), got {list(embeds.shape)}")
+            raise EngineInputError(
+                f"{what}: expected [n, {self.hidden_size}] (the model's hidden size), got {list(embeds.shape)}"
+            )
         if not embeds.dtype.is_floating_point:
             raise EngineInputError(f"{what}: expected a floating-point tensor, got {embeds.dtype}")
         return embeds.to(self.dtype)

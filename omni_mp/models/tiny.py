@@ -18,8 +18,8 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import msgspec
 

@@ -54,12 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     import zmq
 
     from omni_mp.config import config_from_json
+    from omni_mp.endpoints import CONTROL_HWM
     from omni_mp.engines.ar import AREngine, EngineFeatures
     from omni_mp.models.tiny import resolve_model
     from omni_mp.payload import Ready
     from omni_mp.processors import PROCESSORS
     from omni_mp.stage.loop import StageLoop
-    from omni_mp.endpoints import CONTROL_HWM
     from omni_mp.transport import MessageReceiver, MessageSender
 
     cfg = config_from_json(os.environ["OMNI_MP_PIPELINE_CONFIG"])

@@ -17,8 +17,9 @@ import torch
 import zmq
 
 from omni_mp.config import PipelineConfig, StageConfig
-from omni_mp.engines.ar import AREngine, EngineInputError
 from omni_mp.endpoints import CONTROL_HWM
+from omni_mp.engines.ar import AREngine, EngineInputError
+from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds
 from omni_mp.payload import (
     Abort,
     AdditionalInformation,
@@ -34,10 +35,9 @@ from omni_mp.payload import (
     StageOutputChunk,
     StageRequest,
 )
-from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds
 from omni_mp.processors import PROCESSORS, ProcessorError, StageInput
-from omni_mp.stage.requests import OrphanChunks, StageRequestState
 from omni_mp.shm_pool import ShmPoolConfig
+from omni_mp.stage.requests import OrphanChunks, StageRequestState
 from omni_mp.transport import MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.stage")
@@ -145,7 +145,9 @@ class StageLoop:
                 log.warning("dropping chunk of unknown request %s: orphan buffer full", chunk.request_id)
             return
         if chunk.stage_id not in state.inputs:
-            self._fail(chunk.request_id, "invalid_input", f"stage {chunk.stage_id} is not an input of stage {self.stage.id}")
+            self._fail(
+                chunk.request_id, "invalid_input", f"stage {chunk.stage_id} is not an input of stage {self.stage.id}"
+            )
             return
         try:
             state.add_upstream(chunk)
