@@ -40,6 +40,7 @@ from omni_mp.payload import (
     Shutdown,
     StageDone,
     StageEndpoint,
+    StageOutputBatch,
     StageOutputChunk,
     StageRequest,
     StageResult,
@@ -209,8 +210,9 @@ class Coordinator:
             self._on_event(msg)
 
     def _on_event(self, msg: Message) -> None:
-        if isinstance(msg, StageOutputChunk):
-            self._on_final_chunk(msg)
+        if isinstance(msg, StageOutputBatch):
+            for chunk in msg.chunks:
+                self._on_final_chunk(chunk)
         elif isinstance(msg, StageDone):
             self._on_stage_done(msg)
         elif isinstance(msg, ErrorEvent):

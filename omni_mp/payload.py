@@ -60,6 +60,7 @@ __all__ = [
     "Shutdown",
     "StageDone",
     "StageEndpoint",
+    "StageOutputBatch",
     "StageOutputChunk",
     "StageRequest",
     "StageResult",
@@ -154,6 +155,13 @@ class StageOutputChunk(MessageBase):
     finished: bool = False
     finish_reason: str | None = None
     text: str | None = None  # the decoded output, on the last chunk of a final stage
+
+
+class StageOutputBatch(MessageBase):
+    """The chunks of one engine step, for every request that produced output: one message per
+    step and destination, whatever the batch size (per-message costs do not grow with it)."""
+
+    chunks: list[StageOutputChunk]
 
 
 class ErrorEvent(MessageBase):
@@ -279,7 +287,7 @@ class StatusReply(MessageBase):
 
 
 Message = (
-    StageRequest | StageOutputChunk | ErrorEvent | Abort | Ready | Heartbeat | Shutdown
+    StageRequest | StageOutputChunk | StageOutputBatch | ErrorEvent | Abort | Ready | Heartbeat | Shutdown
     | Connect | Connected | StageDone | Submit | Finished | StatusRequest | StatusReply
 )  # fmt: skip
 MESSAGE_TYPES: tuple[type[MessageBase], ...] = get_args(Message)

@@ -28,6 +28,7 @@ from omni_mp.payload import (
     Ready,
     SamplingParamsMsg,
     Shutdown,
+    StageOutputBatch,
     StageOutputChunk,
     StageRequest,
     StageResult,
@@ -86,6 +87,28 @@ def test_tensor_round_trip_is_bit_exact(t: torch.Tensor, tokens: int) -> None:
     assert same_bits(out.prompt_embeds.data, embeds)
 
 
+def test_batch_of_chunks_carries_and_checks_each_items_tensors() -> None:
+    rows = [torch.randn(n, 8, dtype=torch.bfloat16) for n in (5, 1, 1)]
+    batch = StageOutputBatch(
+        chunks=[
+            StageOutputChunk(
+                request_id=f"q{i}",
+                stage_id=0,
+                token_ids=[i],
+                additional_information={"hidden_start": i, "hidden_states": r},
+            )
+            for i, r in enumerate(rows)
+        ]
+    )
+    out = decode(encode(batch))
+    assert [c.request_id for c in out.chunks] == ["q0", "q1", "q2"]
+    for chunk, r in zip(out.chunks, rows, strict=True):
+        assert same_bits(chunk.additional_information["hidden_states"], r)
+    batch.chunks[1].additional_information["hidden_states"] = torch.zeros([1] * 9)
+    with pytest.raises(PayloadError, match=r"chunks\[1\]\.additional_information\['hidden_states'\].*max_ndim"):
+        encode(batch)
+
+
 def test_every_message_type_round_trips() -> None:
     info = {"hidden": torch.randn(3, 8), "ids": [1, -2, 3], "n": 7, "scale": 0.5, "flag": True, "speaker": "Chelsie"}
     msgs = [
@@ -99,6 +122,7 @@ def test_every_message_type_round_trips() -> None:
             deadline=1.7e9,
         ),
         StageOutputChunk(request_id="r", stage_id=0, token_ids=[5], finished=True, finish_reason="stop"),
+        StageOutputBatch(chunks=[StageOutputChunk(request_id="r", stage_id=0, token_ids=[5])]),
         ErrorEvent(request_id="r", stage_id=0, code="bad_input", message="x" * 1000),
         Abort(request_id="r", reason="client gone"),
         Ready(stage_id=3, pid=1234, info={"model": "tiny"}),

@@ -32,6 +32,7 @@ from omni_mp.payload import (
     PayloadError,
     Shutdown,
     StageDone,
+    StageOutputBatch,
     StageOutputChunk,
     StageRequest,
 )
@@ -202,8 +203,9 @@ class StageLoop:
         self._error(request_id, code, message)
 
     def _handle(self, msg: Message) -> None:
-        if isinstance(msg, StageOutputChunk):
-            self._on_chunk(msg)
+        if isinstance(msg, StageOutputBatch):
+            for chunk in msg.chunks:
+                self._on_chunk(chunk)
         elif isinstance(msg, StageRequest):
             self._on_request(msg)
         elif isinstance(msg, Abort):
@@ -264,6 +266,8 @@ class StageLoop:
         now = time.time()
         by_request = {out.request_id: out for out in outputs}
         with_hidden = [rid for rid in self.engine.io.captured if rid in self.requests]
+        chunks: list[StageOutputChunk] = []
+        done: list[StageDone] = []
         for rid in dict.fromkeys([*by_request, *with_hidden]):
             state = self.requests.get(rid)
             if state is None:  # aborted while the step ran
@@ -288,13 +292,10 @@ class StageLoop:
                 finish_reason=out.finish_reason if out is not None else None,
                 text=self.engine.decode(state.output_token_ids) if finished and self.stage.final_output else None,
             )
-            for link in self.downstream.values():
-                link.send(chunk, timeout=SEND_TIMEOUT_S)
-            if self.stage.final_output:
-                self._emit(chunk)
+            chunks.append(chunk)
             if finished:
                 del self.requests[rid]
-                self._emit(
+                done.append(
                     StageDone(
                         request_id=rid,
                         stage_id=self.stage.id,
@@ -307,6 +308,14 @@ class StageLoop:
                         finish_reason=out.finish_reason if out is not None else None,
                     )
                 )
+        if chunks:
+            batch = StageOutputBatch(chunks=chunks)
+            for link in self.downstream.values():
+                link.send(batch, timeout=SEND_TIMEOUT_S)
+            if self.stage.final_output:
+                self._emit(batch)
+        for msg in done:  # after the chunks: the coordinator reads them in this order
+            self._emit(msg)
         return executed
 
     def _expire(self, now: float) -> None:
