@@ -409,7 +409,7 @@ class Coordinator:
         # Register with downstream stages first, so their upstream data rarely has to wait.
         for stage in sorted(self.cfg.stages, key=lambda s: not s.inputs):
             entry = not stage.inputs
-            self._to_stage(
+            sent = self._to_stage(
                 stage.id,
                 StageRequest(
                     request_id=internal,
@@ -421,6 +421,9 @@ class Coordinator:
                     deadline=req.deadline,
                 ),
             )
+            if not sent:  # a registration lost would leave the request waiting forever
+                self._finish_with_error(internal, "stage_unavailable", f"stage {stage.id} is not accepting work", None)
+                return
 
     # ---- failures -----------------------------------------------------------------------------
     def _finish_with_error(self, internal_id: str, code: str, message: str, stage_id: int | None) -> None:
@@ -436,14 +439,10 @@ class Coordinator:
         )
 
     def _expire(self, now: float) -> None:
-        for rid in [r for r, q in self.inflight.items() if q.deadline is not None and now >= q.deadline]:
-            req = self.inflight[rid]
-            self._finish_with_error(
-                rid,
-                "deadline_exceeded",
-                f"deadline of {req.deadline - req.t_submit:.3f}s exceeded",
-                None,  # type: ignore[operator]
-            )
+        for rid, req in list(self.inflight.items()):
+            if req.deadline is not None and now >= req.deadline:
+                allowed = req.deadline - req.t_submit
+                self._finish_with_error(rid, "deadline_exceeded", f"deadline of {allowed:.3f}s exceeded", None)
 
     def _watch_stages(self, now: float) -> None:
         for sid, h in self.stages.items():
