@@ -211,7 +211,13 @@ class Coordinator:
 
     def _on_event(self, msg: Message) -> None:
         if isinstance(msg, StageOutputBatch):
-            for chunk in msg.chunks:
+            try:
+                chunks = msg.unpacked()
+            except PayloadError as err:  # the requests it names end with the reason
+                for chunk in msg.chunks:
+                    self._finish_with_error(chunk.request_id, "invalid_payload", str(err), msg.chunks[0].stage_id)
+                return
+            for chunk in chunks:
                 self._on_final_chunk(chunk)
         elif isinstance(msg, StageDone):
             self._on_stage_done(msg)

@@ -38,6 +38,7 @@ from omni_mp.tensor_codec import (
 )
 
 __all__ = [
+    "PACKED_ROWS",
     "DEFAULT_LIMITS",
     "MESSAGE_TYPES",
     "SUPPORTED_DTYPES",
@@ -101,6 +102,9 @@ InfoValue = Tensor | list[int] | int | float | bool | str
 # Named tensors and scalars for the next stage (e.g. per-step hidden states, speaker).
 AdditionalInformation = dict[str, InfoValue]
 
+# The AdditionalInformation key through which a chunk refers to rows of StageOutputBatch.packed.
+PACKED_ROWS = "packed_rows"
+
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
 
 
@@ -159,9 +163,53 @@ class StageOutputChunk(MessageBase):
 
 class StageOutputBatch(MessageBase):
     """The chunks of one engine step, for every request that produced output: one message per
-    step and destination, whatever the batch size (per-message costs do not grow with it)."""
+    step and destination, whatever the batch size (per-message costs do not grow with it).
+
+    `packed` holds tensors whose rows the chunks share out (one header and one buffer per
+    step instead of one per request): a chunk whose additional_information has
+    `PACKED_ROWS: [start, stop]` owns rows [start, stop) of every packed tensor, under the
+    packed tensor's name. `pack()` builds this; `unpacked()` restores per-chunk views."""
 
     chunks: list[StageOutputChunk]
+    packed: AdditionalInformation | None = None
+
+    @classmethod
+    def pack(cls, chunks: list[StageOutputChunk], keys: Sequence[str]) -> StageOutputBatch:
+        """Move the tensors named `keys` out of the chunks into `packed` (rows concatenated)."""
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+        row = 0
+        for chunk in chunks:
+            info = chunk.additional_information
+            if not info or keys[0] not in info:
+                continue
+            n = info[keys[0]].shape[0]
+            for k in keys:
+                parts[k].append(info.pop(k))
+            info[PACKED_ROWS] = [row, row + n]
+            row += n
+        if not row:
+            return cls(chunks=chunks)
+        return cls(chunks=chunks, packed={k: torch.cat(v) if len(v) > 1 else v[0] for k, v in parts.items()})
+
+    def unpacked(self) -> list[StageOutputChunk]:
+        """The chunks with their packed rows restored as views; PayloadError on bad row ranges."""
+        packed = self.packed or {}
+        tensors = {k: v for k, v in packed.items() if isinstance(v, torch.Tensor)}
+        if len(tensors) != len(packed) or any(t.ndim == 0 for t in tensors.values()):
+            raise PayloadError("StageOutputBatch.packed: every entry must be a tensor of at least 1 dimension")
+        for i, chunk in enumerate(self.chunks):
+            info = chunk.additional_information
+            if not info or PACKED_ROWS not in info:
+                continue
+            rows = info.pop(PACKED_ROWS)
+            for k, t in tensors.items():
+                if not (isinstance(rows, list) and len(rows) == 2 and 0 <= rows[0] <= rows[1] <= t.shape[0]):
+                    raise PayloadError(
+                        f"StageOutputBatch.chunks[{i}].additional_information['{PACKED_ROWS}']: {shown(rows)} "
+                        f"is not a row range of packed[{shown(k)}] ({t.shape[0]} rows)"
+                    )
+                info[k] = t[rows[0] : rows[1]]
+        return self.chunks
 
 
 class ErrorEvent(MessageBase):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from omni_mp.payload import (
     DEFAULT_LIMITS,
     MESSAGE_TYPES,
+    PACKED_ROWS,
     SUPPORTED_DTYPES,
     Abort,
     ErrorEvent,
@@ -107,6 +108,46 @@ def test_batch_of_chunks_carries_and_checks_each_items_tensors() -> None:
     batch.chunks[1].additional_information["hidden_states"] = torch.zeros([1] * 9)
     with pytest.raises(PayloadError, match=r"chunks\[1\]\.additional_information\['hidden_states'\].*max_ndim"):
         encode(batch)
+
+
+def test_packed_batch_restores_each_chunks_rows_and_rejects_bad_ranges() -> None:
+    keys = ["hidden_states", "hidden_states.layer1"]
+    chunks = [
+        StageOutputChunk(
+            request_id=f"q{i}",
+            stage_id=0,
+            token_ids=[i],
+            additional_information={"hidden_start": i, **{k: torch.randn(n, 8) for k in keys}},
+        )
+        for i, n in enumerate([5, 1, 0, 2])
+    ] + [StageOutputChunk(request_id="plain", stage_id=0, token_ids=[9])]
+    want = [{k: c.additional_information[k].clone() for k in keys} for c in chunks[:4]]
+    batch = StageOutputBatch.pack(chunks, keys)
+    frames = encode(batch)
+    assert len(frames) == 1 + len(keys)  # one buffer per key for the whole step
+    out = decode(frames).unpacked()
+    for chunk, expected in zip(out[:4], want, strict=True):
+        assert PACKED_ROWS not in chunk.additional_information
+        for k in keys:
+            assert same_bits(chunk.additional_information[k], expected[k])
+    assert out[4].additional_information is None and out[4].token_ids == [9]
+    bad = decode(
+        encode(
+            StageOutputBatch.pack(
+                [
+                    StageOutputChunk(
+                        request_id="q", stage_id=0, additional_information={"hidden_states": torch.ones(2, 8)}
+                    )
+                ],
+                ["hidden_states"],
+            )
+        )
+    )
+    bad.chunks[0].additional_information[PACKED_ROWS] = [1, 5]
+    with pytest.raises(
+        PayloadError, match=r"chunks\[0\].*\[1, 5\] is not a row range of packed\['hidden_states'\] \(2 rows\)"
+    ):
+        bad.unpacked()
 
 
 def test_every_message_type_round_trips() -> None:

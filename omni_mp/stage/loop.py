@@ -76,6 +76,10 @@ class StageLoop:
         self.processor = PROCESSORS[stage.processor] if stage.processor else None
         # None: this stage emits no hidden states; else the intermediate layers it adds.
         self.hidden_layers: list[int] | None = None if stage.hidden_states is None else list(stage.hidden_states.layers)
+        # The chunk tensors that travel packed: one tensor per key and step, not per request.
+        self.hidden_keys: list[str] = []
+        if self.hidden_layers is not None:
+            self.hidden_keys = ["hidden_states", *(f"hidden_states.layer{k}" for k in self.hidden_layers)]
         self.requests: dict[str, StageRequestState] = {}
         self.orphans = OrphanChunks()
         self.running = True
@@ -204,7 +208,14 @@ class StageLoop:
 
     def _handle(self, msg: Message) -> None:
         if isinstance(msg, StageOutputBatch):
-            for chunk in msg.chunks:
+            try:
+                chunks = msg.unpacked()
+            except PayloadError as err:  # the requests it names end with the reason
+                for chunk in msg.chunks:
+                    if chunk.request_id in self.requests:
+                        self._fail(chunk.request_id, "invalid_payload", str(err))
+                return
+            for chunk in chunks:
                 self._on_chunk(chunk)
         elif isinstance(msg, StageRequest):
             self._on_request(msg)
@@ -309,7 +320,7 @@ class StageLoop:
                     )
                 )
         if chunks:
-            batch = StageOutputBatch(chunks=chunks)
+            batch = StageOutputBatch.pack(chunks, self.hidden_keys) if self.hidden_keys else StageOutputBatch(chunks)
             for link in self.downstream.values():
                 link.send(batch, timeout=SEND_TIMEOUT_S)
             if self.stage.final_output:
