@@ -56,7 +56,6 @@ class StageHandle:
         self.info: dict[str, str] = {}  # from its Ready: init time, devices it sees
         self.connected: dict[int, str] = {}  # downstream stage -> the endpoint its link is open to
         self.last_heartbeat = 0.0
-        self.spawned_at = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -85,8 +84,7 @@ class StageHandle:
         self.ready = False
         self.bound_endpoint = None
         self.connected = {}
-        self.spawned_at = time.monotonic()
-        self.last_heartbeat = self.spawned_at
+        self.last_heartbeat = time.monotonic()
 
     def exit_code(self) -> int | None:
         """None while running (or never spawned); the exit code once it has exited."""

@@ -52,7 +52,8 @@ class AREngine:
         from vllm.v1.executor import Executor
 
         self.features = features
-        self.io = StepIO(capture_last=features.hidden_states, capture_layers=list(features.hidden_layers))
+        self.io = StepIO(capturing=features.hidden_states, capture_layers=list(features.hidden_layers))
+        hooked = self.io.capturing or features.step_embeds  # needs vllm_hooks in the model runner
         args = dict(engine_args)
         if self.io.capturing:
             # A prefix-cache hit skips computing the cached tokens: their hidden states would be missing.
@@ -63,22 +64,20 @@ class AREngine:
             # Synchronous scheduling: the gate decides from the inputs of the step it schedules.
             args["scheduler_cls"] = gated_scheduler_cls(Scheduler, self.io)
             args["async_scheduling"] = False
-        if self.io.capturing or features.step_embeds:
+        if hooked:
             # The hooks override the V1 runner's `_model_forward`; vLLM 0.25.0 picks its V2
             # runner on CUDA by default, which has no such override point.
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         vllm_config = EngineArgs(model=model, **args).create_engine_config()
-        if features.step_embeds or self.io.capturing:
-            if vllm_config.parallel_config.world_size != 1:
-                raise ValueError("hidden-state output and step embeddings need a single-worker stage (no TP/PP)")
+        if hooked and vllm_config.parallel_config.world_size != 1:
+            raise ValueError("hidden-state output and step embeddings need a single-worker stage (no TP/PP)")
         self.vllm_config = vllm_config
         self.core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self._inputs = InputProcessor(vllm_config)
         self._tasks = self.core.get_supported_tasks()
-        self.max_model_len = vllm_config.model_config.max_model_len
         self.hidden_size = vllm_config.model_config.get_hidden_size()
         self.dtype: torch.dtype = vllm_config.model_config.dtype
-        if self.io.capturing or features.step_embeds:
+        if hooked:
             self.core.model_executor.collective_rpc(install_runner_hooks, args=(self.io,))
 
     @property

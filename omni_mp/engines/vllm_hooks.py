@@ -61,17 +61,13 @@ class StepIO:
     readiness) and the model runner (reads extras, writes captures). One thread uses it at a
     time (the stage loop calls into the engine), the lock only guards against misuse."""
 
-    def __init__(self, capture_last: bool, capture_layers: list[int]) -> None:
-        self.capture_last = capture_last
-        self.capture_layers = sorted(set(capture_layers))
+    def __init__(self, capturing: bool, capture_layers: list[int]) -> None:
+        self.capturing = capturing  # the last layer always; intermediate layers when listed
+        self.capture_layers = sorted(set(capture_layers)) if capturing else []
         self.captured: dict[str, list[CapturedRows]] = {}
         self.step_embeds: dict[str, StepEmbeds] = {}
         self.prompt_lens: dict[str, int] = {}
         self._lock = threading.Lock()
-
-    @property
-    def capturing(self) -> bool:
-        return self.capture_last or bool(self.capture_layers)
 
     def take(self, request_id: str) -> list[CapturedRows]:
         with self._lock:
@@ -168,7 +164,7 @@ class OmniRunnerMixin:
     def _omni_capture(self, req_ids: list[str], qsl: list[int], starts: list[int], hidden: torch.Tensor) -> None:
         io = self.omni_io
         n = qsl[-1]
-        last = hidden[:n].to("cpu", copy=True) if io.capture_last else None
+        last = hidden[:n].to("cpu", copy=True)
         layers = {k: v[:n].to("cpu", copy=True) for k, v in self._omni_layer_out.items()}
         with io._lock:
             for i, rid in enumerate(req_ids):
@@ -178,7 +174,7 @@ class OmniRunnerMixin:
                 io.captured.setdefault(rid, []).append(
                     CapturedRows(
                         start=starts[i],
-                        last=last[a:b] if last is not None else torch.empty(0),
+                        last=last[a:b],
                         layers={k: v[a:b] for k, v in layers.items()},
                     )
                 )
