@@ -52,15 +52,15 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omni_mp.payload import (
+from omni_mp.wire.payload import (
     Heartbeat,
     PayloadError,
     PromptEmbeds,
     Shutdown,
     StageOutputChunk,
 )
-from omni_mp.shm_pool import ShmPoolConfig
-from omni_mp.transport import MessageReceiver, MessageSender, make_socket
+from omni_mp.wire.shm_pool import ShmPoolConfig
+from omni_mp.wire.transport import MessageReceiver, MessageSender, make_socket
 
 HIDDEN = 3584
 MIB = 2**20

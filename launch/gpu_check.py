@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_mp.client import OmniClient  # noqa: E402
 from omni_mp.config import load_config  # noqa: E402
-from omni_mp.coordinator import Coordinator  # noqa: E402
+from omni_mp.control.coordinator import Coordinator  # noqa: E402
 
 
 def nvidia_smi(query: str, kind: str) -> list[list[str]]:

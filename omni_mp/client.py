@@ -24,7 +24,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from omni_mp.payload import (
+from omni_mp.wire.payload import (
     Abort,
     ErrorEvent,
     Finished,

@@ -14,9 +14,9 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from omni_mp.payload import Limits, SamplingParamsMsg
 from omni_mp.processors import PROCESSORS
-from omni_mp.shm_pool import ShmPoolConfig
+from omni_mp.wire.payload import Limits, SamplingParamsMsg
+from omni_mp.wire.shm_pool import ShmPoolConfig
 
 
 class ConfigError(ValueError):

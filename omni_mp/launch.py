@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from omni_mp.client import OmniClient
-    from omni_mp.coordinator import Coordinator, StartupError
+    from omni_mp.control.coordinator import Coordinator, StartupError
 
     coord = Coordinator(cfg, client_bind=args.bind, log_dir=args.log_dir, progress=_say)
     stop = threading.Event()

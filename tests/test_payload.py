@@ -1,4 +1,4 @@
-"""Codec round trips (hypothesis, bit-exact) and adversarial inputs for omni_mp.payload."""
+"""Codec round trips (hypothesis, bit-exact) and adversarial inputs for omni_mp.wire.payload."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_mp.payload import (
+from omni_mp.wire.payload import (
     DEFAULT_LIMITS,
     MESSAGE_TYPES,
     PACKED_ROWS,
@@ -357,7 +357,7 @@ def test_huge_tensor_header_allocates_nothing() -> None:
     script = textwrap.dedent(
         """
         import resource, msgspec
-        from omni_mp.payload import Limits, PayloadError, decode
+        from omni_mp.wire.payload import Limits, PayloadError, decode
         huge = {"dtype": "float32", "shape": [10**6, 10**6], "nbytes": 4 * 10**12, "loc": 1}
         body = msgspec.msgpack.encode({"t": "StageRequest", "request_id": "r", "stage_id": 0,
                                        "additional_information": {"h": huge}})

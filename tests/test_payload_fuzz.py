@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from omni_mp.payload import (
+from omni_mp.wire.payload import (
     Abort,
     Limits,
     PayloadError,
@@ -19,7 +19,7 @@ from omni_mp.payload import (
     decode,
     encode,
 )
-from omni_mp.shm_pool import ShmPool, ShmPoolConfig, ShmReader, ShmRef
+from omni_mp.wire.shm_pool import ShmPool, ShmPoolConfig, ShmReader, ShmRef
 
 ITERATIONS = 10_000
 # Small limits make mutated sizes hit them often, not only the frame-length checks.

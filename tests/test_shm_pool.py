@@ -19,15 +19,15 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_mp.payload import (
+from omni_mp.wire.payload import (
     PayloadError,
     PromptEmbeds,
     StageOutputChunk,
     decode_with_regions,
     encode,
 )
-from omni_mp.shm_pool import ALIGN, ShmPool, ShmPoolConfig, ShmReader, ShmRef
-from omni_mp.transport import MessageReceiver, MessageSender
+from omni_mp.wire.shm_pool import ALIGN, ShmPool, ShmPoolConfig, ShmReader, ShmRef
+from omni_mp.wire.transport import MessageReceiver, MessageSender
 
 REPO = Path(__file__).resolve().parents[1]
 KIB = 1024
@@ -161,9 +161,9 @@ def test_rejected_message_returns_its_credits(pool: ShmPool) -> None:
 CHILD = textwrap.dedent(
     """
     import sys, time, torch, zmq
-    from omni_mp.payload import StageOutputChunk
-    from omni_mp.shm_pool import ShmPoolConfig
-    from omni_mp.transport import MessageReceiver, MessageSender
+    from omni_mp.wire.payload import StageOutputChunk
+    from omni_mp.wire.shm_pool import ShmPoolConfig
+    from omni_mp.wire.transport import MessageReceiver, MessageSender
     role, endpoint, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     ctx = zmq.Context()
     if role == "sender":

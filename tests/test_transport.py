@@ -11,7 +11,7 @@ import pytest
 import torch
 import zmq
 
-from omni_mp.payload import (
+from omni_mp.wire.payload import (
     Heartbeat,
     Limits,
     PayloadError,
@@ -19,8 +19,8 @@ from omni_mp.payload import (
     StageOutputChunk,
     encode,
 )
-from omni_mp.shm_pool import ShmPoolConfig
-from omni_mp.transport import (
+from omni_mp.wire.shm_pool import ShmPoolConfig
+from omni_mp.wire.transport import (
     MessageReceiver,
     MessageSender,
     make_socket,

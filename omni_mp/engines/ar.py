@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds, StepIO, gated_scheduler_cls, install_runner_hooks
-from omni_mp.payload import SamplingParamsMsg
+from omni_mp.wire.payload import SamplingParamsMsg
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
 
-    from omni_mp.procutil import die_with_parent
+    from omni_mp.control.procutil import die_with_parent
 
     die_with_parent(args.parent_pid)
     cores = os.environ.get("OMNI_MP_CPU_CORES")
@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     import zmq
 
     from omni_mp.config import config_from_json
-    from omni_mp.endpoints import CONTROL_HWM
+    from omni_mp.control.endpoints import CONTROL_HWM
     from omni_mp.engines.ar import AREngine, EngineFeatures
     from omni_mp.models.tiny import resolve_model
-    from omni_mp.payload import Ready
     from omni_mp.processors import PROCESSORS
     from omni_mp.stage.loop import StageLoop
-    from omni_mp.transport import MessageReceiver, MessageSender
+    from omni_mp.wire.payload import Ready
+    from omni_mp.wire.transport import MessageReceiver, MessageSender
 
     cfg = config_from_json(os.environ["OMNI_MP_PIPELINE_CONFIG"])
     stage = cfg.stage(args.stage_id)

@@ -17,10 +17,12 @@ import torch
 import zmq
 
 from omni_mp.config import PipelineConfig, StageConfig
-from omni_mp.endpoints import CONTROL_HWM
+from omni_mp.control.endpoints import CONTROL_HWM
 from omni_mp.engines.ar import AREngine, EngineInputError
 from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds
-from omni_mp.payload import (
+from omni_mp.processors import PROCESSORS, ProcessorError, StageInput
+from omni_mp.stage.requests import OrphanChunks, StageRequestState
+from omni_mp.wire.payload import (
     Abort,
     AdditionalInformation,
     Connect,
@@ -36,10 +38,8 @@ from omni_mp.payload import (
     StageOutputChunk,
     StageRequest,
 )
-from omni_mp.processors import PROCESSORS, ProcessorError, StageInput
-from omni_mp.shm_pool import ShmPoolConfig
-from omni_mp.stage.requests import OrphanChunks, StageRequestState
-from omni_mp.transport import MessageReceiver, MessageSender
+from omni_mp.wire.shm_pool import ShmPoolConfig
+from omni_mp.wire.transport import MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.stage")
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omni_mp.payload import SamplingParamsMsg, StageOutputChunk
 from omni_mp.processors import ProcessorError, UpstreamResult
+from omni_mp.wire.payload import SamplingParamsMsg, StageOutputChunk
 
 
 @dataclass

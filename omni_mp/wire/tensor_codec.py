@@ -1,6 +1,6 @@
 """Tensor <-> wire primitives: the dtype table, header checks, limits and the one error type.
 
-Import these from `omni_mp.payload`, which re-exports them; this module exists so that
+Import these from `omni_mp.wire.payload`, which re-exports them; this module exists so that
 `shm_pool` can use them without depending on the message types.
 """
 

@@ -42,7 +42,7 @@ from typing import NamedTuple, Self, TypeVar
 import msgspec
 import torch
 
-from omni_mp.tensor_codec import PayloadError
+from omni_mp.wire.tensor_codec import PayloadError
 
 _MAGIC = b"OMNIPOOL"
 _VERSION = 1

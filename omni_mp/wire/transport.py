@@ -21,9 +21,9 @@ from typing import Self
 import torch
 import zmq
 
-from omni_mp.payload import BufferPlacer, Message, decode_with_regions, encode
-from omni_mp.shm_pool import ShmPool, ShmPoolConfig, ShmReader, ShmRef, ShmRegion
-from omni_mp.tensor_codec import DEFAULT_LIMITS, Limits
+from omni_mp.wire.payload import BufferPlacer, Message, decode_with_regions, encode
+from omni_mp.wire.shm_pool import ShmPool, ShmPoolConfig, ShmReader, ShmRef, ShmRegion
+from omni_mp.wire.tensor_codec import DEFAULT_LIMITS, Limits
 
 # Messages queued per direction before a sender blocks. Stage links carry per-step chunks:
 # enough to absorb jitter, few enough that a stalled consumer pushes back within a few

@@ -26,8 +26,9 @@ import msgspec
 import zmq
 
 from omni_mp.config import PipelineConfig
-from omni_mp.endpoints import CONTROL_HWM, RunEndpoints, new_run_id
-from omni_mp.payload import (
+from omni_mp.control.endpoints import CONTROL_HWM, RunEndpoints, new_run_id
+from omni_mp.control.stage_handle import StageHandle
+from omni_mp.wire.payload import (
     Abort,
     Connect,
     Connected,
@@ -50,10 +51,9 @@ from omni_mp.payload import (
     Submit,
     decode,
 )
-from omni_mp.stage_handle import StageHandle
-from omni_mp.transport import MessageReceiver, MessageSender, make_socket, send_message
+from omni_mp.wire.transport import MessageReceiver, MessageSender, make_socket, send_message
 
-log = logging.getLogger("omni_mp.coordinator")
+log = logging.getLogger("omni_mp.control.coordinator")
 
 POLL_MS = 100  # loop tick: bounds how late a death, deadline or heartbeat loss is noticed
 # Sends to a stage wait at most this long for queue space; a stage that stays full this long

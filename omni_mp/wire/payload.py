@@ -24,8 +24,8 @@ import msgspec
 import torch
 from msgspec import Meta
 
-from omni_mp.shm_pool import ShmReader, ShmRef, ShmRegion
-from omni_mp.tensor_codec import (
+from omni_mp.wire.shm_pool import ShmReader, ShmRef, ShmRegion
+from omni_mp.wire.tensor_codec import (
     DEFAULT_LIMITS,
     SUPPORTED_DTYPES,
     Limits,
