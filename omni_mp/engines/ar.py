@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds, StepIO, gated_scheduler_cls, install_runner_hooks
+from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds, StepIO, engine_core_cls, gated_scheduler_cls
 from omni_mp.wire.payload import SamplingParamsMsg
 
 
@@ -52,13 +52,19 @@ class AREngine:
         from vllm.v1.executor import Executor
 
         self.features = features
-        self.io = StepIO(capturing=features.hidden_states, capture_layers=list(features.hidden_layers))
+        self.io = StepIO(
+            capturing=features.hidden_states,
+            capture_layers=list(features.hidden_layers),
+            step_embeds=features.step_embeds,
+        )
         hooked = self.io.capturing or features.step_embeds  # needs vllm_hooks in the model runner
         args = dict(engine_args)
         if self.io.capturing:
             # A prefix-cache hit skips computing the cached tokens: their hidden states would be missing.
             args["enable_prefix_caching"] = False
-        if features.prompt_embeds:
+        if features.prompt_embeds or features.step_embeds:
+            # Step embeddings are added into the persistent inputs_embeds buffer (vllm_hooks),
+            # which the model reads only when prompt embeddings are enabled.
             args["enable_prompt_embeds"] = True
         if features.step_embeds:
             # Synchronous scheduling: the gate decides from the inputs of the step it schedules.
@@ -72,13 +78,12 @@ class AREngine:
         if hooked and vllm_config.parallel_config.world_size != 1:
             raise ValueError("hidden-state output and step embeddings need a single-worker stage (no TP/PP)")
         self.vllm_config = vllm_config
-        self.core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        core_cls = engine_core_cls(self.io) if hooked else EngineCore
+        self.core = core_cls(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self._inputs = InputProcessor(vllm_config)
         self._tasks = self.core.get_supported_tasks()
         self.hidden_size = vllm_config.model_config.get_hidden_size()
         self.dtype: torch.dtype = vllm_config.model_config.dtype
-        if hooked:
-            self.core.model_executor.collective_rpc(install_runner_hooks, args=(self.io,))
 
     @property
     def tokenizer(self) -> Any | None:
@@ -168,8 +173,15 @@ class AREngine:
         if se is not None:
             se.closed = True
 
-    def take_hidden(self, request_id: str) -> list[CapturedRows]:
-        return self.io.take(request_id)
+    def collect_hidden(self, finishing: set[str]) -> dict[str, list[CapturedRows]]:
+        """Hidden-state rows whose copies to the host are complete; waits for those of
+        `finishing` requests (their last rows must go out with their last chunk)."""
+        return self.io.collect(finishing)
+
+    def take_failed(self) -> dict[str, str]:
+        """Requests the runner could not serve as asked, with the reason (each reported once)."""
+        failed, self.io.failed = self.io.failed, {}
+        return failed
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -178,11 +190,13 @@ class AREngine:
             self.io.forget(rid)
 
     def has_work(self) -> bool:
-        return self.core.scheduler.has_requests()
+        return self.core.scheduler.has_requests() or bool(self.core.batch_queue)
 
     def can_step(self) -> bool:
         """Work that a step can advance now (not only requests waiting for step embeddings)."""
         sched = self.core.scheduler
+        if self.core.batch_queue:  # a batch in flight (async scheduling): its outputs are due
+            return True
         if not sched.has_requests():
             return False
         if not self.io.step_embeds or sched.get_num_unfinished_requests() > len(sched.running):
@@ -190,11 +204,13 @@ class AREngine:
         return any(self.io.decode_ready(r.request_id, r.num_computed_tokens) for r in sched.running)
 
     def step(self) -> tuple[list[StepOutput], bool]:
-        """One engine step over the whole batch; also says whether any token was computed."""
-        outputs, executed = self.core.step()
+        """One engine step over the whole batch; also says whether any token was computed.
+        With async scheduling (vLLM's default on CUDA) a step launches the next batch before
+        taking the outputs of the previous one, so the GPU never waits for the host."""
+        outputs, executed = self.core.step_fn()
         self.core.post_step(executed)
         result: list[StepOutput] = []
-        for per_client in outputs.values():
+        for per_client in (outputs or {}).values():
             for out in per_client.outputs:
                 reason = None if out.finish_reason is None else str(out.finish_reason)
                 result.append(StepOutput(out.request_id, list(out.new_token_ids), out.finished, reason))

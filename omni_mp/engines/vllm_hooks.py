@@ -1,17 +1,31 @@
 """The one place omni_mp reaches into vLLM 0.25.0 internals: per-step hidden states out,
 per-step extra input embeddings in, and holding back requests whose extras have not arrived.
 
-Why here and how small:
-- vLLM 0.25.0 has no per-step hidden-state output (`extract_hidden_states` is CUDA-only,
-  disk-based and runs at request end) and no per-step input-embedding hook.
-- `GPUModelRunner._model_forward` is vLLM's own override point ("can be overridden by
-  subclasses for model execution"); `CPUModelRunner` inherits it. `OmniRunnerMixin`
-  overrides only that method. The platform builds its runner class inside
-  `Worker.init_device`; `install_runner_hooks` gives that instance a subclass of its own
-  class with the mixin (so CPU and GPU share one code path, and no vLLM method is copied).
+Why here, and why it works with CUDA graphs and torch.compile on (vLLM's GPU default):
+- vLLM compiles the model's forward and replays captured CUDA graphs: a Python forward hook
+  inside the model never runs under a graph, and a tensor passed in place of the runner's
+  persistent input buffer is never read by one (the graph reads the captured addresses).
+  So nothing here hooks modules or replaces inputs:
+  * intermediate layers come out of the model itself, through vLLM's EAGLE-3 aux-hidden-state
+    outputs (`SupportsEagle3.set_aux_hidden_state_layers`; its layer numbering is HF's:
+    0 = embeddings, i = output of layer i-1). They are set before the first forward, so the
+    compiled graph and every captured CUDA graph return them;
+  * per-step extra embeddings are added in place into the runner's persistent `inputs_embeds`
+    buffer (the one the graphs read), after vLLM has written the step's embeddings into it;
+  * the last layer is the model's own output; rows are gathered on the GPU (one small
+    device copy, since graph outputs are reused by the next replay) and copied to pinned
+    host memory on a side stream, so the host never waits for the GPU to take them.
+  What cannot work is refused when the engine loads, with the reason.
+- `GPUModelRunner._model_forward` is vLLM's documented override point ("can be overridden by
+  subclasses for model execution"); `CPUModelRunner` inherits it. `OmniRunnerMixin` overrides
+  only that method, on a per-instance subclass of whatever runner the platform built (CPU and
+  GPU share one code path, no vLLM method is copied). The V2 runner (CUDA's default in
+  0.25.0) has no such point: the engine selects the V1 runner for hooked stages.
+- `OmniEngineCore` installs the runner hooks between model loading and vLLM's first forward
+  (the memory profile, which compiles), by overriding `EngineCore._initialize_kv_caches`.
 - The scheduler must not schedule a decode step whose extra embedding has not arrived yet;
   `gated_scheduler_cls` subclasses the configured scheduler and hides such requests from
-  one `schedule()` call (they keep their KV cache and stay running).
+  one `schedule()` call (they keep their KV cache, their slot and stay running).
 - Everything runs in the stage process (UniProcExecutor), so the stage loop, scheduler and
   runner share `StepIO` directly: no serialization of hidden states inside vLLM.
 """
@@ -19,11 +33,16 @@ Why here and how small:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+# Captured steps not yet collected by the stage loop. The loop collects after every engine
+# step and at most two batches are in flight, so reaching this means the loop stopped
+# collecting: fail loudly rather than hold GPU-sized host buffers without bound.
+MAX_PENDING_CAPTURES = 64
 
 
 @dataclass
@@ -33,6 +52,24 @@ class CapturedRows:
     start: int  # position of the first row in the request's sequence
     last: torch.Tensor  # [n, hidden]: last layer after the final norm (what lm_head sees)
     layers: dict[int, torch.Tensor]  # HF-numbered intermediate layers (0 = embeddings)
+
+
+@dataclass
+class CapturedStep:
+    """The rows one forward pass computed, all captured tensors in one host buffer
+    [1 + len(layers), num_tokens, hidden] (pinned on CUDA, filled asynchronously)."""
+
+    host: torch.Tensor
+    done: Any  # a torch.cuda.Event recorded after the copy, or None when already complete
+    spans: dict[str, tuple[int, int, int]]  # request id -> (first row, end row, start position)
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.query()
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+            self.done = None
 
 
 @dataclass
@@ -58,26 +95,52 @@ class StepEmbeds:
 
 class StepIO:
     """Shared by the stage loop (writer of extras, reader of captures), the scheduler (reads
-    readiness) and the model runner (reads extras, writes captures). One thread uses it at a
-    time (the stage loop calls into the engine), the lock only guards against misuse."""
+    readiness) and the model runner (reads extras, writes captures). All of them run on the
+    engine thread; the lock only guards against misuse from another thread."""
 
-    def __init__(self, capturing: bool, capture_layers: list[int]) -> None:
+    def __init__(self, capturing: bool, capture_layers: list[int], step_embeds: bool = False) -> None:
         self.capturing = capturing  # the last layer always; intermediate layers when listed
         self.capture_layers = sorted(set(capture_layers)) if capturing else []
-        self.captured: dict[str, list[CapturedRows]] = {}
+        self.takes_step_embeds = step_embeds
+        self.pending: deque[CapturedStep] = deque()
         self.step_embeds: dict[str, StepEmbeds] = {}
         self.prompt_lens: dict[str, int] = {}
+        # Requests the runner could not serve as asked (request id -> reason): the stage
+        # loop fails exactly these requests; the engine keeps running.
+        self.failed: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def take(self, request_id: str) -> list[CapturedRows]:
+    def add_capture(self, step: CapturedStep) -> None:
         with self._lock:
-            return self.captured.pop(request_id, [])
+            if len(self.pending) >= MAX_PENDING_CAPTURES:
+                raise RuntimeError(f"{MAX_PENDING_CAPTURES} captured steps were never collected")
+            self.pending.append(step)
+
+    def collect(self, wait_for: set[str] = frozenset()) -> dict[str, list[CapturedRows]]:
+        """The captured rows whose copies are complete, per request, in step order. Steps that
+        hold rows of a request in `wait_for` (about to finish) are waited for."""
+        out: dict[str, list[CapturedRows]] = {}
+        with self._lock:
+            must = 0  # collect at least the steps up to the last one holding a waited-for request
+            if wait_for:
+                for i, step in enumerate(self.pending):
+                    if not wait_for.isdisjoint(step.spans):
+                        must = i + 1
+            n = 0
+            while self.pending and (n < must or self.pending[0].ready()):
+                step = self.pending.popleft()
+                step.wait()
+                n += 1
+                for rid, (a, b, start) in step.spans.items():
+                    layers = {k: step.host[1 + i, a:b] for i, k in enumerate(self.capture_layers)}
+                    out.setdefault(rid, []).append(CapturedRows(start=start, last=step.host[0, a:b], layers=layers))
+        return out
 
     def forget(self, request_id: str) -> None:
         with self._lock:
-            self.captured.pop(request_id, None)
             self.step_embeds.pop(request_id, None)
             self.prompt_lens.pop(request_id, None)
+            self.failed.pop(request_id, None)
 
     def decode_ready(self, request_id: str, num_computed_tokens: int) -> bool:
         """May the next step of this request run? Prefill always may; a decode step needs its
@@ -93,7 +156,7 @@ class OmniRunnerMixin:
     """Overrides `_model_forward` of whatever model runner the platform built."""
 
     omni_io: StepIO
-    _omni_layer_out: dict[int, torch.Tensor]
+    _omni_copy_stream: Any
 
     def _model_forward(
         self,
@@ -109,9 +172,8 @@ class OmniRunnerMixin:
         req_ids: list[str] = batch.req_ids[:num_reqs]
         qsl = self.query_start_loc.np[: num_reqs + 1].tolist()  # type: ignore[attr-defined]
         starts = batch.num_computed_tokens_cpu[:num_reqs].tolist()
-        if io.step_embeds:
-            input_ids, inputs_embeds = self._omni_add_step_embeds(req_ids, qsl, starts, input_ids, inputs_embeds)
-        self._omni_layer_out = {}
+        if io.step_embeds and num_reqs:
+            self._omni_add_step_embeds(req_ids, qsl, starts, inputs_embeds)
         out = super()._model_forward(  # type: ignore[misc]
             input_ids=input_ids,
             positions=positions,
@@ -119,19 +181,14 @@ class OmniRunnerMixin:
             inputs_embeds=inputs_embeds,
             **model_kwargs,
         )
-        if io.capturing:
-            hidden = out[0] if isinstance(out, tuple) else out
-            self._omni_capture(req_ids, qsl, starts, hidden)
+        if io.capturing and num_reqs:
+            hidden, aux = out if io.capture_layers else (out, [])
+            self._omni_capture(req_ids, qsl, starts, hidden, aux)
         return out
 
     def _omni_add_step_embeds(
-        self,
-        req_ids: list[str],
-        qsl: list[int],
-        starts: list[int],
-        input_ids: torch.Tensor | None,
-        inputs_embeds: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        self, req_ids: list[str], qsl: list[int], starts: list[int], inputs_embeds: torch.Tensor | None
+    ) -> None:
         io = self.omni_io
         rows: list[int] = []
         extras: list[torch.Tensor] = []
@@ -146,93 +203,94 @@ class OmniRunnerMixin:
                     continue  # prompt positions carry their own embeddings
                 extra = se.row(k)
                 if extra is None:  # the gated scheduler does not schedule such steps
-                    raise RuntimeError(f"request {rid}: decode step {k} scheduled before its extra embedding arrived")
+                    io.failed.setdefault(rid, f"decode step {k} was scheduled before its extra embedding arrived")
+                    continue
                 rows.append(qsl[i] + j)
                 extras.append(extra)
         if not rows:
-            return input_ids, inputs_embeds
-        if inputs_embeds is None:
-            assert input_ids is not None
-            inputs_embeds = self.model.embed_input_ids(input_ids)  # type: ignore[attr-defined]
-        else:
-            inputs_embeds = inputs_embeds.clone()  # the runner's persistent buffer stays untouched
-        index = torch.tensor(rows, device=inputs_embeds.device)
-        add = torch.stack(extras).to(device=inputs_embeds.device, dtype=inputs_embeds.dtype)
+            return
+        # The runner's persistent buffer (checked at install): the one captured graphs read.
+        assert inputs_embeds is not None
+        index = torch.tensor(rows, dtype=torch.long).to(inputs_embeds.device, non_blocking=True)
+        add = torch.stack(extras).to(device=inputs_embeds.device, dtype=inputs_embeds.dtype, non_blocking=True)
         inputs_embeds.index_add_(0, index, add)
-        return None, inputs_embeds
 
-    def _omni_capture(self, req_ids: list[str], qsl: list[int], starts: list[int], hidden: torch.Tensor) -> None:
-        io = self.omni_io
+    def _omni_capture(
+        self, req_ids: list[str], qsl: list[int], starts: list[int], hidden: torch.Tensor, aux: list[torch.Tensor]
+    ) -> None:
         n = qsl[-1]
-        last = hidden[:n].to("cpu", copy=True)
-        layers = {k: v[:n].to("cpu", copy=True) for k, v in self._omni_layer_out.items()}
-        with io._lock:
-            for i, rid in enumerate(req_ids):
-                a, b = qsl[i], qsl[i + 1]
-                if a == b:
-                    continue
-                io.captured.setdefault(rid, []).append(
-                    CapturedRows(
-                        start=starts[i],
-                        last=last[a:b],
-                        layers={k: v[a:b] for k, v in layers.items()},
-                    )
-                )
-
-
-def _layer_hook(runner: Any, hf_index: int) -> Callable[..., None]:
-    """A forward hook storing the residual stream after a decoder layer: vLLM's layers return
-    (hidden, residual) with the stream = hidden + residual, which is HF's hidden_states[i+1]."""
-
-    def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-        if isinstance(output, tuple) and len(output) == 2 and output[1] is not None:
-            runner._omni_layer_out[hf_index] = output[0] + output[1]
-        else:
-            runner._omni_layer_out[hf_index] = output[0] if isinstance(output, tuple) else output
-
-    return hook
-
-
-def _embedding_hook(runner: Any) -> Callable[..., None]:
-    def hook(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
-        runner._omni_layer_out[0] = output
-
-    return hook
+        parts = [hidden[:n], *(a[:n] for a in aux)]
+        spans = {rid: (qsl[i], qsl[i + 1], starts[i]) for i, rid in enumerate(req_ids) if qsl[i + 1] > qsl[i]}
+        if hidden.device.type != "cuda":
+            self.omni_io.add_capture(CapturedStep(host=torch.stack(parts), done=None, spans=spans))
+            return
+        # One gather on the compute stream (graph outputs are overwritten by the next replay),
+        # then one device-to-host copy on a side stream into pinned memory.
+        gathered = torch.stack(parts)
+        copy_stream = self._omni_copy_stream
+        copy_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(copy_stream):
+            host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+            host.copy_(gathered, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(copy_stream)
+        gathered.record_stream(copy_stream)  # not reused by the allocator before the copy ends
+        self.omni_io.add_capture(CapturedStep(host=host, done=done, spans=spans))
 
 
 def install_runner_hooks(worker: Any, io: StepIO) -> None:
-    """Called in the worker (via collective_rpc): give its runner the mixin and the layer hooks."""
-    runner = worker.model_runner
-    base = type(runner)
+    """Called in the worker (via collective_rpc) after the model is loaded and before its
+    first forward: give the runner the mixin; route intermediate layers out of the model."""
+    from vllm.model_executor.models.interfaces import supports_eagle3
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    runner = worker.model_runner
+    base = type(runner)
     if not isinstance(runner, GPUModelRunner):  # e.g. the V2 runner: no `_model_forward`
         raise RuntimeError(f"omni_mp's runner hooks need vLLM's V1 model runner, got {base.__qualname__}")
+    if io.takes_step_embeds and not (runner.enable_prompt_embeds or runner.supports_mm_inputs):
+        # Only then does the model read the persistent inputs_embeds buffer we add into.
+        raise ValueError("per-step embeddings need a model that takes inputs_embeds (enable_prompt_embeds)")
+    model = runner.get_model()
+    if io.capture_layers:
+        if runner.use_aux_hidden_state_outputs:
+            raise ValueError("hidden_states.layers cannot be combined with EAGLE-3 speculative decoding")
+        if not supports_eagle3(model):
+            raise ValueError(
+                f"hidden_states.layers: {type(model).__name__} does not expose intermediate layers "
+                "(vLLM's SupportsEagle3 aux hidden states); stream the last layer only"
+            )
+        num_layers = int(runner.model_config.hf_text_config.num_hidden_layers)
+        bad = [k for k in io.capture_layers if not 0 <= k < num_layers]
+        if bad:
+            raise ValueError(
+                f"hidden_states.layers: {bad} not intermediate layers (0..{num_layers - 1}; "
+                f"{num_layers} = the last layer, always included)"
+            )
+        model.set_aux_hidden_state_layers(tuple(io.capture_layers))
+        runner.use_aux_hidden_state_outputs = True  # the runner and its dummy runs unpack (hidden, aux)
     runner.__class__ = type(f"Omni{base.__name__}", (OmniRunnerMixin, base), {})
     runner.omni_io = io
-    runner._omni_layer_out = {}
-    if not io.capture_layers:
-        return
-    model = runner.get_model()
-    decoder = getattr(model, "model", None)
-    layers = getattr(decoder, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no `.model.layers`: intermediate hidden states are unsupported")
-    for hf_index in io.capture_layers:
-        if hf_index == 0:
-            decoder.embed_tokens.register_forward_hook(_embedding_hook(runner))
-        elif 1 <= hf_index <= len(layers) - 1:
-            layers[hf_index - 1].register_forward_hook(_layer_hook(runner, hf_index))
-        else:
-            raise ValueError(
-                f"hidden_states.layers: {hf_index} is not an intermediate layer (0..{len(layers) - 1}; "
-                f"{len(layers)} = the last layer, always included)"
-            )
+    runner._omni_copy_stream = torch.cuda.Stream() if torch.cuda.is_available() and io.capturing else None
+
+
+def engine_core_cls(io: StepIO) -> type:
+    """vLLM's EngineCore, installing the runner hooks right after the model loads: before the
+    memory profile's first forward compiles the model and before CUDA graphs are captured."""
+    from vllm.v1.engine.core import EngineCore
+
+    def _initialize_kv_caches(self: Any, vllm_config: Any) -> Any:
+        self.model_executor.collective_rpc(install_runner_hooks, args=(io,))
+        return EngineCore._initialize_kv_caches(self, vllm_config)
+
+    return type("OmniEngineCore", (EngineCore,), {"_initialize_kv_caches": _initialize_kv_caches})
 
 
 def gated_scheduler_cls(base: type, io: StepIO) -> type:
     """A subclass of the configured scheduler that skips, for one `schedule()`, every running
-    request whose next decode step's extra embedding has not arrived (it stays running)."""
+    request whose next decode step's extra embedding has not arrived. Held requests stay
+    running and keep their slot: the running-request limit (`max_num_seqs`) counts them, so
+    no more requests are admitted than the runner has room for."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         held = [r for r in self.running if not io.decode_ready(r.request_id, r.num_computed_tokens)]
@@ -241,9 +299,12 @@ def gated_scheduler_cls(base: type, io: StepIO) -> type:
         order = {id(r): i for i, r in enumerate(self.running)}
         held_ids = {id(r) for r in held}
         self.running = [r for r in self.running if id(r) not in held_ids]
+        limit = self.max_num_running_reqs
+        self.max_num_running_reqs = limit - len(held)
         try:
             return base.schedule(self, *args, **kwargs)
         finally:
+            self.max_num_running_reqs = limit
             kept = [r for r in self.running if id(r) in order]
             new = [r for r in self.running if id(r) not in order]
             self.running = sorted(kept + held, key=lambda r: order[id(r)]) + new

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     stage = cfg.stage(args.stage_id)
     ctx = zmq.Context()
     events = MessageSender(ctx, args.events, cfg.limits, hwm=CONTROL_HWM)
+    heartbeats = MessageSender(ctx, args.events, cfg.limits, hwm=CONTROL_HWM)  # its own socket: never behind data
     input_link = MessageReceiver(ctx, args.input, cfg.limits, hwm=CONTROL_HWM)
     endpoint = input_link.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -90,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine = AREngine(resolve_model(stage.model), stage.engine_args, features)
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
-    loop = StageLoop(cfg, stage, engine, ctx, input_link, events)
+    loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
     try:
         loop.run()
     finally:
         engine.shutdown()
-        for link in [input_link, *loop.downstream.values(), events]:
+        for link in [input_link, heartbeats, events]:
             link.close()  # senders linger briefly so the last events reach their peer
         ctx.term()
     log.info("stage %d: exited cleanly", stage.id)

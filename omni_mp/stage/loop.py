@@ -1,34 +1,36 @@
-"""The stage process main loop: receive, add to the engine, step, stream each step's outputs.
+"""The stage process main loop: the engine thread receives, adds to the engine, steps, and
+hands each step's outputs to the output thread.
 
-One thread owns the engine and every socket. Each iteration drains the input socket
-(requests from the coordinator, chunks from upstream stages, aborts), runs one engine step
-over the whole batch when there is work, and forwards the new tokens of every request at
-once: downstream stages get every chunk, the coordinator gets the chunks of final stages
-and a `StageDone` per finished request. Bad input for one request becomes an `ErrorEvent`
-for that request; the loop keeps serving the others.
+The engine thread owns the engine and the request table, and touches no socket: decoded
+messages arrive through the `Inbox` (control first), outgoing messages leave through the
+`OutputPump`, heartbeats come from the `Heartbeater` (see io_threads). Each iteration takes
+what has arrived, runs one engine step over the whole batch when there is work, and queues
+the step's outputs at once: downstream stages get every chunk, the coordinator gets the
+chunks of final stages and a `StageDone` per finished request. Bad input for one request
+becomes an `ErrorEvent` for that request; the loop keeps serving the others.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import torch
 import zmq
 
 from omni_mp.config import PipelineConfig, StageConfig
-from omni_mp.control.endpoints import CONTROL_HWM
 from omni_mp.engines.ar import AREngine, EngineInputError
 from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds
 from omni_mp.processors import PROCESSORS, ProcessorError, StageInput
-from omni_mp.stage.requests import OrphanChunks, StageRequestState
+from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
+from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
+from omni_mp.stage.timeline import StepRecord, StepTimeline
 from omni_mp.wire.payload import (
     Abort,
     AdditionalInformation,
     Connect,
-    Connected,
     ErrorEvent,
-    Heartbeat,
     Limits,
     Message,
     PayloadError,
@@ -43,10 +45,7 @@ from omni_mp.wire.transport import MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.stage")
 
-IDLE_POLL_MS = 50  # how long an idle stage blocks waiting for input
-# Sends to the coordinator and downstream stages wait at most this long for queue space (a
-# consumer that stays full this long is hung; the coordinator then restarts or fails it).
-SEND_TIMEOUT_S = 30.0
+IDLE_WAIT_S = 0.05  # how long an idle engine thread waits for input before re-checking deadlines
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -62,17 +61,12 @@ class StageLoop:
         ctx: zmq.Context,
         input_link: MessageReceiver,
         events: MessageSender,
+        heartbeat_link: MessageSender,
     ) -> None:
         self.cfg = cfg
         self.stage = stage
         self.engine = engine
-        self.ctx = ctx
         self.limits: Limits = cfg.limits
-        self.input = input_link
-        self.events = events
-        self.downstream: dict[int, MessageSender] = {}
-        # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
-        self.shm: ShmPoolConfig | None = cfg.endpoints.shm if cfg.endpoints.transport == "ipc" else None
         self.processor = PROCESSORS[stage.processor] if stage.processor else None
         # None: this stage emits no hidden states; else the intermediate layers it adds.
         self.hidden_layers: list[int] | None = None if stage.hidden_states is None else list(stage.hidden_states.layers)
@@ -82,37 +76,41 @@ class StageLoop:
             self.hidden_keys = ["hidden_states", *(f"hidden_states.layer{k}" for k in self.hidden_layers)]
         self.requests: dict[str, StageRequestState] = {}
         self.orphans = OrphanChunks()
+        self.ended = EndedRequests()
         self.running = True
-        self._hb_seq = 0
-        self._next_hb = 0.0
+        self.timeline = StepTimeline(stage.id)
+        self._alive_at = time.monotonic()
+        self._stop = threading.Event()
+        self.inbox = Inbox(self._stop)
+        # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
+        shm: ShmPoolConfig | None = cfg.endpoints.shm if cfg.endpoints.transport == "ipc" else None
+        self.input = InputPump(input_link, self.inbox, self._stop, stage.id)
+        self.output = OutputPump(ctx, events, self.limits, shm, self._stop, stage.id, self.timeline.sent)
+        timeouts = cfg.timeouts
+        self.heart = Heartbeater(
+            heartbeat_link,
+            stage.id,
+            timeouts.heartbeat_interval_s,
+            timeouts.heartbeat_timeout_s / 2,
+            lambda: self._alive_at,
+            self._stop,
+        )
 
     # ---- outgoing -------------------------------------------------------------------------
+    def _alive(self) -> None:
+        self._alive_at = time.monotonic()
+
+    def _queue(self, item: Outgoing | Connect | None) -> None:
+        self.output.put(item, self._alive)
+
     def _emit(self, msg: Message) -> None:
-        self.events.send(msg, timeout=SEND_TIMEOUT_S)
+        self._queue(Outgoing(msg, to_events=True, downstream=False))
 
     def _error(self, request_id: str, code: str, message: str) -> None:
         log.warning("request %s: %s: %s", request_id, code, message)
         self._emit(ErrorEvent(request_id=request_id, stage_id=self.stage.id, code=code, message=message))
 
-    def _heartbeat(self, now: float) -> None:
-        if now >= self._next_hb:
-            self._hb_seq += 1
-            self._emit(Heartbeat(stage_id=self.stage.id, seq=self._hb_seq, time=now))
-            self._next_hb = now + self.cfg.timeouts.heartbeat_interval_s
-
     # ---- incoming -------------------------------------------------------------------------
-    def _on_connect(self, msg: Connect) -> None:
-        for target in msg.downstream:
-            old = self.downstream.pop(target.stage_id, None)
-            if old is not None:
-                old.close()
-            self.downstream[target.stage_id] = MessageSender(
-                self.ctx, target.endpoint, self.limits, shm=self.shm, hwm=CONTROL_HWM
-            )
-        # The coordinator admits requests only once every link is open (a pool is prefaulted
-        # when it is created: doing that under the first request would delay it).
-        self._emit(Connected(stage_id=self.stage.id, downstream=list(msg.downstream)))
-
     def _on_request(self, msg: StageRequest) -> None:
         rid = msg.request_id
         if rid in self.requests:
@@ -144,15 +142,18 @@ class StageLoop:
             self._on_chunk(chunk)
 
     def _on_chunk(self, chunk: StageOutputChunk) -> None:
-        state = self.requests.get(chunk.request_id)
+        rid = chunk.request_id
+        state = self.requests.get(rid)
         if state is None:
-            if not self.orphans.add(chunk):
-                log.warning("dropping chunk of unknown request %s: orphan buffer full", chunk.request_id)
+            if rid in self.ended:
+                return  # a late chunk of a request that ended here: drop it, and its buffers with it
+            reason = self.orphans.add(chunk)
+            if reason is not None:  # it cannot wait for its registration: end it rather than lose it
+                self.ended.add(rid)
+                self._error(rid, "overloaded", f"stage {self.stage.id}: {reason}")
             return
         if chunk.stage_id not in state.inputs:
-            self._fail(
-                chunk.request_id, "invalid_input", f"stage {chunk.stage_id} is not an input of stage {self.stage.id}"
-            )
+            self._fail(rid, "invalid_input", f"stage {chunk.stage_id} is not an input of stage {self.stage.id}")
             return
         try:
             state.add_upstream(chunk)
@@ -165,7 +166,7 @@ class StageLoop:
             if state.started and self.processor.step_embeds_enabled:
                 self._push_step_embeds(state)
         except (ProcessorError, EngineInputError) as err:
-            self._fail(state.request_id, "invalid_input", f"from stage {chunk.stage_id}: {err}")
+            self._fail(rid, "invalid_input", f"from stage {chunk.stage_id}: {err}")
 
     def _push_step_embeds(self, state: StageRequestState) -> None:
         assert self.processor is not None
@@ -193,21 +194,30 @@ class StageLoop:
         state.prompt_len = prompt_len
         state.prompt_token_ids = stage_input.prompt_token_ids
 
-    def _on_abort(self, msg: Abort) -> None:
-        state = self.requests.pop(msg.request_id, None)
-        self.orphans.take(msg.request_id)
+    def _end(self, request_id: str) -> StageRequestState | None:
+        """Forget a request here (its late upstream chunks are dropped from now on)."""
+        state = self.requests.pop(request_id, None)
+        self.orphans.take(request_id)
+        self.ended.add(request_id)
         if state is not None and state.started:
-            self.engine.abort([msg.request_id])
+            self.engine.abort([request_id])
+        return state
+
+    def _on_abort(self, msg: Abort) -> None:
+        self._end(msg.request_id)
 
     def _fail(self, request_id: str, code: str, message: str) -> None:
         """End a request here with an error; the coordinator aborts it in every other stage."""
-        state = self.requests.pop(request_id, None)
-        if state is not None and state.started:
-            self.engine.abort([request_id])
+        self._end(request_id)
         self._error(request_id, code, message)
 
-    def _handle(self, msg: Message) -> None:
-        if isinstance(msg, StageOutputBatch):
+    def _handle(self, msg: Message | InputError) -> None:
+        if isinstance(msg, InputError):
+            # Dropped; if it names a request, that request (only) ends with the reason.
+            rid = msg.error.request_id
+            if rid is not None and rid in self.requests:
+                self._fail(rid, "invalid_payload", str(msg.error))
+        elif isinstance(msg, StageOutputBatch):
             try:
                 chunks = msg.unpacked()
             except PayloadError as err:  # the requests it names end with the reason
@@ -222,112 +232,135 @@ class StageLoop:
         elif isinstance(msg, Abort):
             self._on_abort(msg)
         elif isinstance(msg, Connect):
-            self._on_connect(msg)
+            self._queue(msg)  # the output thread owns the downstream links
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested: %s", msg.reason)
             self.running = False
         else:
             log.warning("stage %d ignores unexpected %s", self.stage.id, type(msg).__name__)
 
-    def _drain_input(self, timeout_ms: int) -> None:
-        if not self.input.socket.poll(timeout_ms):
-            return
-        while True:
-            try:
-                msg = self.input.recv(timeout=0)
-            except TimeoutError:
-                return
-            except PayloadError as err:
-                # Dropped; if it names a request, that request (only) ends with the reason.
-                log.error("stage %d dropped an invalid message: %s", self.stage.id, err)
-                if err.request_id is not None and err.request_id in self.requests:
-                    self._fail(err.request_id, "invalid_payload", str(err))
-                continue
+    def _drain_input(self, timeout_s: float) -> None:
+        for msg in self.inbox.take(timeout_s):
             self._handle(msg)
             if not self.running:
                 return
 
     # ---- engine -----------------------------------------------------------------------------
-    def _hidden_info(self, state: StageRequestState, captured: list[CapturedRows]) -> AdditionalInformation | None:
-        """The step's new hidden-state rows of a request, in position order. Rows a request
-        recomputes after preemption were sent already and are skipped."""
-        last, layers = [], {k: [] for k in self.hidden_layers}
+    def _hidden_info(
+        self, state: StageRequestState, captured: list[CapturedRows], limit: int | None
+    ) -> AdditionalInformation | None:
+        """The new hidden-state rows of a request, in position order, below `limit` (a finished
+        request has none for its last token). Rows recomputed after preemption were sent
+        already and are skipped; a gap raises ProcessorError (that request fails)."""
+        last: list[torch.Tensor] = []
+        layers: dict[int, list[torch.Tensor]] = {k: [] for k in self.hidden_layers or []}
+        start = state.hidden_next
         for rows in captured:
+            end = rows.start + rows.last.shape[0] if limit is None else min(limit, rows.start + rows.last.shape[0])
             skip = max(0, state.hidden_next - rows.start)
-            if skip >= rows.last.shape[0]:
+            if rows.start + skip >= end:
                 continue
             if rows.start + skip != state.hidden_next:
-                raise RuntimeError(f"hidden states of {state.request_id}: gap at position {state.hidden_next}")
-            last.append(rows.last[skip:])
-            for k in self.hidden_layers:
-                layers[k].append(rows.layers[k][skip:])
-            state.hidden_next = rows.start + rows.last.shape[0]
+                raise ProcessorError(f"hidden states: rows from {rows.start} after {state.hidden_next} rows (a gap)")
+            last.append(rows.last[skip : end - rows.start])
+            for k in layers:
+                layers[k].append(rows.layers[k][skip : end - rows.start])
+            state.hidden_next = end
         if not last:
             return None
-        start = state.hidden_next - sum(t.shape[0] for t in last)
         info: AdditionalInformation = {"hidden_start": start, "hidden_states": _cat(last)}
         for k, parts in layers.items():
             info[f"hidden_states.layer{k}"] = _cat(parts)
         return info
 
-    def _step(self) -> bool:
-        """One engine step; forwards every request's new tokens (and hidden states). Returns
+    def _step(self, wait_s: float) -> bool:
+        """One engine step; queues every request's new tokens (and hidden states). Returns
         whether the step computed anything."""
+        t0 = time.perf_counter()
         outputs, executed = self.engine.step()
+        t1 = time.perf_counter()
         now = time.time()
+        for rid, reason in self.engine.take_failed().items():
+            if rid in self.requests:
+                self._fail(rid, "internal_error", f"stage {self.stage.id}: {reason}")
         by_request = {out.request_id: out for out in outputs}
-        with_hidden = [rid for rid in self.engine.io.captured if rid in self.requests]
+        captured: dict[str, list[CapturedRows]] = {}
+        if self.hidden_layers is not None:
+            captured = self.engine.collect_hidden({o.request_id for o in outputs if o.finished})
         chunks: list[StageOutputChunk] = []
         done: list[StageDone] = []
-        for rid in dict.fromkeys([*by_request, *with_hidden]):
+        rows = 0
+        for rid in dict.fromkeys([*by_request, *captured]):
             state = self.requests.get(rid)
-            if state is None:  # aborted while the step ran
-                self.engine.io.forget(rid)
+            if state is None:  # ended while the step ran
                 continue
             out = by_request.get(rid)
-            info = self._hidden_info(state, self.engine.take_hidden(rid)) if self.hidden_layers is not None else None
+            new_ids = out.new_token_ids if out is not None else []
+            finished = out is not None and out.finished
+            info = None
+            if rid in captured:
+                # A finished request has states for its prompt and all generated tokens but the last.
+                limit = state.prompt_len + len(state.output_token_ids) + len(new_ids) - 1 if finished else None
+                try:
+                    info = self._hidden_info(state, captured[rid], limit)
+                except ProcessorError as err:
+                    self._fail(rid, "internal_error", f"stage {self.stage.id}: {err}")
+                    continue
+                rows += 0 if info is None else info["hidden_states"].shape[0]
             first = not state.sent_first
             state.sent_first = True
-            new_ids = out.new_token_ids if out is not None else []
             if new_ids and state.t_first_token is None:
                 state.t_first_token = now
             state.output_token_ids.extend(new_ids)
-            finished = out is not None and out.finished
-            chunk = StageOutputChunk(
-                request_id=rid,
-                stage_id=self.stage.id,
-                token_ids=new_ids,
-                prompt_token_ids=state.prompt_token_ids if first else None,
-                additional_information=info,
-                finished=finished,
-                finish_reason=out.finish_reason if out is not None else None,
-                text=self.engine.decode(state.output_token_ids) if finished and self.stage.final_output else None,
+            chunks.append(
+                StageOutputChunk(
+                    request_id=rid,
+                    stage_id=self.stage.id,
+                    token_ids=new_ids,
+                    prompt_token_ids=state.prompt_token_ids if first else None,
+                    additional_information=info,
+                    finished=finished,
+                    finish_reason=out.finish_reason if out is not None else None,
+                    text=self.engine.decode(state.output_token_ids) if finished and self.stage.final_output else None,
+                )
             )
-            chunks.append(chunk)
             if finished:
                 del self.requests[rid]
-                done.append(
-                    StageDone(
-                        request_id=rid,
-                        stage_id=self.stage.id,
-                        num_prompt_tokens=state.prompt_len,
-                        num_output_tokens=len(state.output_token_ids),
-                        t_registered=state.t_registered,
-                        t_started=state.t_started or now,
-                        t_first_token=state.t_first_token,
-                        t_finished=now,
-                        finish_reason=out.finish_reason if out is not None else None,
-                    )
-                )
+                self.ended.add(rid)
+                done.append(self._done(state, out.finish_reason if out is not None else None, now))
+        step = self.timeline.steps
+        self.timeline.steps += 1
         if chunks:
             batch = StageOutputBatch.pack(chunks, self.hidden_keys) if self.hidden_keys else StageOutputBatch(chunks)
-            for link in self.downstream.values():
-                link.send(batch, timeout=SEND_TIMEOUT_S)
-            if self.stage.final_output:
-                self._emit(batch)
+            self._queue(Outgoing(batch, to_events=self.stage.final_output, downstream=True, step=step))
         for msg in done:  # after the chunks: the coordinator reads them in this order
             self._emit(msg)
+        if executed or chunks:
+            self.timeline.add(
+                StepRecord(
+                    step=step,
+                    t=now - (t1 - t0),
+                    step_ms=(t1 - t0) * 1000,
+                    wait_ms=wait_s * 1000,
+                    reqs=len(chunks),
+                    rows=rows,
+                    build_ms=(time.perf_counter() - t1) * 1000,
+                )
+            )
         return executed
+
+    def _done(self, state: StageRequestState, finish_reason: str | None, now: float) -> StageDone:
+        return StageDone(
+            request_id=state.request_id,
+            stage_id=self.stage.id,
+            num_prompt_tokens=state.prompt_len,
+            num_output_tokens=len(state.output_token_ids),
+            t_registered=state.t_registered,
+            t_started=state.t_started or now,
+            t_first_token=state.t_first_token,
+            t_finished=now,
+            finish_reason=finish_reason,
+        )
 
     def _expire(self, now: float) -> None:
         for rid in [r for r, s in self.requests.items() if s.expired(now)]:
@@ -335,13 +368,30 @@ class StageLoop:
         self.orphans.expire()
 
     def run(self) -> None:
-        idle_step = False  # the last step computed nothing (every request waits on upstream)
-        while self.running:
-            busy = self.engine.can_step() and not idle_step
-            self._drain_input(0 if busy else IDLE_POLL_MS)
-            if not self.running:
-                break
-            now = time.time()
-            self._heartbeat(now)
-            self._expire(now)
-            idle_step = not self._step() if self.engine.can_step() else False
+        """The engine thread; returns on Shutdown or when an I/O thread fails."""
+        for thread in (self.input, self.output, self.heart):
+            thread.start()
+        try:
+            idle_step = False  # the last step computed nothing (every request waits on upstream)
+            while self.running and not self._stop.is_set():
+                self._alive()
+                busy = self.engine.can_step() and not idle_step
+                t_wait = time.perf_counter()
+                self._drain_input(0 if busy else IDLE_WAIT_S)
+                waited = time.perf_counter() - t_wait
+                if not self.running:
+                    break
+                self._expire(time.time())
+                idle_step = not self._step(waited) if self.engine.can_step() else False
+        finally:
+            self._stop.set()
+            if self.output.is_alive():
+                self.output.put(None, self._alive)  # flush what is queued, then stop
+                self.output.join(timeout=10)
+            self.input.join(timeout=2)
+            self.heart.join(timeout=2)
+            self.output.close_links()
+            self.timeline.write()
+        for thread in (self.input, self.output):
+            if thread.error is not None:
+                raise RuntimeError(f"stage {self.stage.id}: {thread.name} failed") from thread.error

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 
 from omni_mp.processors import ProcessorError, UpstreamResult
@@ -54,32 +55,76 @@ class StageRequestState:
         return self.deadline is not None and now >= self.deadline
 
 
+def _private_copy(chunk: StageOutputChunk) -> StageOutputChunk:
+    """The chunk with its tensors copied out of the received buffers (shared-memory slots
+    go back to the sender at once instead of when the chunk is used)."""
+    info = chunk.additional_information
+    if not info:
+        return chunk
+    copied = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in info.items()}
+    return msgspec.structs.replace(chunk, additional_information=copied)
+
+
+def _nbytes(chunk: StageOutputChunk) -> int:
+    info = chunk.additional_information or {}
+    return sum(v.numel() * v.element_size() for v in info.values() if isinstance(v, torch.Tensor))
+
+
 @dataclass
 class OrphanChunks:
     """Upstream chunks that arrived before the coordinator's registration of their request.
 
     Registration and data come over different pipes, so a chunk may overtake it; such chunks
-    wait here, bounded in count and age (a restarted stage must not act on stale data).
+    wait here (copied out of shared memory, so the upstream's pool never waits on them),
+    bounded in count, bytes and age (a restarted stage must not act on stale data).
     """
 
     max_chunks: int = 4096
+    max_bytes: int = 256 << 20
     ttl_s: float = 10.0
     chunks: dict[str, list[tuple[float, StageOutputChunk]]] = field(default_factory=dict)
     count: int = 0
+    nbytes: int = 0
 
-    def add(self, chunk: StageOutputChunk) -> bool:
-        if self.count >= self.max_chunks:
-            return False
-        self.chunks.setdefault(chunk.request_id, []).append((time.monotonic(), chunk))
+    def add(self, chunk: StageOutputChunk) -> str | None:
+        """Keep the chunk; or say why it cannot be kept (then its request cannot complete)."""
+        size = _nbytes(chunk)
+        if self.count >= self.max_chunks or self.nbytes + size > self.max_bytes:
+            return (
+                f"{self.count} chunks ({self.nbytes} bytes) already wait for their registration "
+                f"(limits {self.max_chunks} chunks, {self.max_bytes} bytes)"
+            )
+        self.chunks.setdefault(chunk.request_id, []).append((time.monotonic(), _private_copy(chunk)))
         self.count += 1
-        return True
+        self.nbytes += size
+        return None
 
     def take(self, request_id: str) -> list[StageOutputChunk]:
         items = self.chunks.pop(request_id, [])
         self.count -= len(items)
+        self.nbytes -= sum(_nbytes(c) for _, c in items)
         return [c for _, c in items]
 
     def expire(self) -> None:
         cutoff = time.monotonic() - self.ttl_s
         for rid in [r for r, items in self.chunks.items() if items[0][0] < cutoff]:
             self.take(rid)
+
+
+@dataclass
+class EndedRequests:
+    """Ids of requests that ended in this stage (finished, failed or aborted), so that their
+    late upstream chunks are dropped at once instead of waiting as orphans. Bounded: the
+    oldest ids are forgotten first (by then no chunk of theirs is in flight)."""
+
+    max_ids: int = 65536
+    ids: dict[str, None] = field(default_factory=dict)  # insertion-ordered
+
+    def add(self, request_id: str) -> None:
+        self.ids.pop(request_id, None)
+        self.ids[request_id] = None
+        while len(self.ids) > self.max_ids:
+            del self.ids[next(iter(self.ids))]
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self.ids

@@ -1,0 +1,247 @@
+"""The threads beside a stage's engine thread: socket I/O, encoding and heartbeats.
+
+The engine thread only schedules and steps (as vLLM's `EngineCoreProc` keeps its busy loop
+free of socket work). Each socket belongs to exactly one thread (ZMQ sockets are not
+thread-safe):
+- `InputPump` receives and decodes (validating before any tensor exists) into the `Inbox`:
+  control messages (aborts, registrations, shutdown, link changes) on a path of their own,
+  so they never queue behind bulk upstream data;
+- `OutputPump` encodes and sends what the engine thread queued: events to the coordinator,
+  step batches downstream (it owns the downstream links, so it also applies `Connect`);
+- `Heartbeater` sends heartbeats on a socket of its own, so a send blocked on a slow
+  consumer never starves them; it beats only while the engine thread shows progress, so
+  a wedged engine is still detected as hung.
+Every queue is bounded: a full one blocks its producer, which is backpressure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+from omni_mp.control.endpoints import CONTROL_HWM
+from omni_mp.wire.payload import (
+    Abort,
+    Connect,
+    Connected,
+    Heartbeat,
+    Limits,
+    Message,
+    PayloadError,
+    Shutdown,
+    StageRequest,
+)
+from omni_mp.wire.shm_pool import ShmPoolConfig
+from omni_mp.wire.transport import MessageReceiver, MessageSender
+
+log = logging.getLogger("omni_mp.stage")
+
+POLL_MS = 50  # how often a blocked thread re-checks that the stage is still running
+INBOX_DATA_MAX = 1024  # decoded upstream batches waiting for the engine thread
+INBOX_CONTROL_MAX = 65536  # control messages (small) waiting for the engine thread
+OUTBOX_MAX = 256  # messages waiting to be encoded and sent
+# Sends wait at most this long for queue space (a consumer that stays full this long is hung;
+# the coordinator then restarts or fails it).
+SEND_TIMEOUT_S = 30.0
+# Small messages that must not wait behind bulk data (a registration too: chunks of a request
+# that arrive before it wait as orphans).
+CONTROL_TYPES = (Abort, Shutdown, Connect, StageRequest)
+
+
+@dataclass(frozen=True, slots=True)
+class InputError:
+    """A message the input thread could not decode (the engine thread fails what it names)."""
+
+    error: PayloadError
+
+
+class Stopped(Exception):
+    """The stage is shutting down."""
+
+
+class Inbox:
+    """Decoded messages for the engine thread: control first, then data, both bounded."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._control: deque[Message | InputError] = deque()
+        self._data: deque[Message] = deque()
+        self._cond = threading.Condition()
+        self._stop = stop
+
+    def put(self, item: Message | InputError) -> None:
+        control = isinstance(item, (InputError, *CONTROL_TYPES))
+        queue, limit = (self._control, INBOX_CONTROL_MAX) if control else (self._data, INBOX_DATA_MAX)
+        with self._cond:
+            while len(queue) >= limit:  # backpressure: the input socket fills, then the senders wait
+                if self._stop.is_set():
+                    raise Stopped
+                self._cond.wait(POLL_MS / 1000)
+            queue.append(item)
+            self._cond.notify_all()
+
+    def take(self, timeout_s: float, max_data: int = 64) -> list[Message | InputError]:
+        """Everything of the control path and up to `max_data` data messages; waits up to
+        `timeout_s` for the first one."""
+        with self._cond:
+            if not self._control and not self._data and timeout_s > 0:
+                self._cond.wait(timeout_s)
+            items: list[Message | InputError] = list(self._control)
+            self._control.clear()
+            for _ in range(min(max_data, len(self._data))):
+                items.append(self._data.popleft())
+            if items:
+                self._cond.notify_all()
+            return items
+
+
+class InputPump(threading.Thread):
+    def __init__(self, link: MessageReceiver, inbox: Inbox, stop: threading.Event, stage_id: int) -> None:
+        super().__init__(name=f"stage{stage_id}-input", daemon=True)
+        self.link, self.inbox, self.stop, self.stage_id = link, inbox, stop, stage_id
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                if not self.link.socket.poll(POLL_MS):
+                    continue
+                while not self.stop.is_set():
+                    try:
+                        msg: Message | InputError = self.link.recv(timeout=0)
+                    except TimeoutError:
+                        break
+                    except PayloadError as err:
+                        log.error("stage %d dropped an invalid message: %s", self.stage_id, err)
+                        msg = InputError(err)
+                    self.inbox.put(msg)
+        except Stopped:
+            pass
+        except BaseException as err:  # noqa: BLE001 - reported by the engine thread, which exits
+            self.error = err
+            self.stop.set()
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    msg: Message
+    to_events: bool  # to the coordinator
+    downstream: bool  # to every downstream stage
+    step: int = -1  # the engine step it belongs to (for the timeline), -1 for none
+
+
+class OutputPump(threading.Thread):
+    """Encodes and sends; owns the events link and the downstream links."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        events: MessageSender,
+        limits: Limits,
+        shm: ShmPoolConfig | None,
+        stop: threading.Event,
+        stage_id: int,
+        on_sent: Callable[[int, float], None],
+    ) -> None:
+        super().__init__(name=f"stage{stage_id}-output", daemon=True)
+        self.ctx, self.events, self.limits, self.shm = ctx, events, limits, shm
+        self.stop, self.stage_id, self.on_sent = stop, stage_id, on_sent
+        self.downstream: dict[int, MessageSender] = {}
+        self._queue: deque[Outgoing | Connect | None] = deque()
+        self._cond = threading.Condition()
+        self.error: BaseException | None = None
+
+    # ---- engine thread side ------------------------------------------------------------------
+    def put(self, item: Outgoing | Connect | None, alive: Callable[[], None]) -> None:
+        """Queue for sending; waits while the queue is full (calling `alive` meanwhile: waiting
+        on a slow consumer is backpressure, not a hang). None: flush and stop."""
+        with self._cond:
+            while len(self._queue) >= OUTBOX_MAX and item is not None:
+                if self.error is not None or not self.is_alive():
+                    raise RuntimeError(f"stage {self.stage_id}: the output thread stopped: {self.error!r}")
+                alive()
+                self._cond.wait(POLL_MS / 1000)
+            self._queue.append(item)
+            self._cond.notify_all()
+
+    # ---- output thread ---------------------------------------------------------------------
+    def _connect(self, msg: Connect) -> None:
+        for target in msg.downstream:
+            old = self.downstream.pop(target.stage_id, None)
+            if old is not None:
+                old.close()
+            self.downstream[target.stage_id] = MessageSender(
+                self.ctx, target.endpoint, self.limits, shm=self.shm, hwm=CONTROL_HWM
+            )
+        # The coordinator admits requests only once every link is open (a pool is prefaulted
+        # when it is created: doing that under the first request would delay it).
+        self.events.send(Connected(stage_id=self.stage_id, downstream=list(msg.downstream)), timeout=SEND_TIMEOUT_S)
+
+    def _send(self, item: Outgoing) -> None:
+        t0 = time.perf_counter()
+        if item.downstream:
+            for link in self.downstream.values():
+                link.send(item.msg, timeout=SEND_TIMEOUT_S)
+        if item.to_events:
+            self.events.send(item.msg, timeout=SEND_TIMEOUT_S)
+        if item.step >= 0:
+            self.on_sent(item.step, time.perf_counter() - t0)
+
+    def run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._queue:
+                        self._cond.wait(POLL_MS / 1000)
+                    item = self._queue.popleft()
+                    self._cond.notify_all()
+                if item is None:
+                    return
+                if isinstance(item, Connect):
+                    self._connect(item)
+                else:
+                    self._send(item)
+        except BaseException as err:  # noqa: BLE001 - reported by the engine thread, which exits
+            log.error("stage %d: output thread failed: %r", self.stage_id, err)
+            self.error = err
+            self.stop.set()
+
+    def close_links(self) -> None:
+        for link in self.downstream.values():
+            link.close()  # senders linger briefly so the last messages reach their peer
+        self.downstream.clear()
+
+
+class Heartbeater(threading.Thread):
+    """Beats every `interval_s` while the engine thread reported progress within `stale_s`."""
+
+    def __init__(
+        self,
+        link: MessageSender,
+        stage_id: int,
+        interval_s: float,
+        stale_s: float,
+        last_alive: Callable[[], float],
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name=f"stage{stage_id}-heartbeat", daemon=True)
+        self.link, self.stage_id, self.interval_s, self.stale_s = link, stage_id, interval_s, stale_s
+        self.last_alive, self.stop = last_alive, stop
+
+    def run(self) -> None:
+        seq = 0
+        while not self.stop.is_set():
+            if time.monotonic() - self.last_alive() < self.stale_s:
+                seq += 1
+                try:
+                    self.link.send(
+                        Heartbeat(stage_id=self.stage_id, seq=seq, time=time.time()), timeout=self.interval_s
+                    )
+                except TimeoutError:
+                    pass  # the coordinator is not reading: nothing to tell it
+            self.stop.wait(self.interval_s)

@@ -1,0 +1,72 @@
+"""A per-step timeline of one stage, for profiling pipelines (`OMNI_MP_PROFILE_DIR`).
+
+One record per engine step: when it started, how long the step took, how long the engine
+thread waited for input before it, how many requests produced output, how many hidden-state
+or step-embedding rows moved, how long the engine thread spent building outputs, and (filled
+in by the output thread) how long encoding and sending them took. Bounded: the newest
+`MAX_STEPS` steps are kept. Written as JSON when the stage exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import msgspec
+
+MAX_STEPS = 200_000
+PROFILE_DIR_ENV = "OMNI_MP_PROFILE_DIR"
+
+
+class StepRecord(msgspec.Struct, array_like=True):
+    step: int
+    t: float  # time.time() at the step's start
+    step_ms: float  # engine.step()
+    wait_ms: float  # idle wait for input since the previous step
+    reqs: int  # requests with output in this step
+    rows: int  # hidden-state rows emitted (or step-embedding rows taken) in this step
+    build_ms: float  # engine thread: outputs -> messages queued
+    send_ms: float = 0.0  # output thread: encode + send of this step's messages
+
+
+class StepTimeline:
+    def __init__(self, stage_id: int) -> None:
+        self.stage_id = stage_id
+        self.enabled = bool(os.environ.get(PROFILE_DIR_ENV))
+        self.records: deque[StepRecord] = deque(maxlen=MAX_STEPS)
+        self._by_step: dict[int, StepRecord] = {}
+        self._lock = threading.Lock()
+        self.steps = 0
+
+    def add(self, record: StepRecord) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            if len(self.records) == self.records.maxlen:
+                self._by_step.pop(self.records[0].step, None)
+            self.records.append(record)
+            self._by_step[record.step] = record
+
+    def sent(self, step: int, seconds: float) -> None:
+        with self._lock:
+            rec = self._by_step.get(step)
+            if rec is not None:
+                rec.send_ms += seconds * 1000
+
+    def write(self) -> Path | None:
+        directory = os.environ.get(PROFILE_DIR_ENV)
+        if not self.enabled or not directory:
+            return None
+        path = Path(directory) / f"stage{self.stage_id}-{os.getpid()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            fields = list(StepRecord.__struct_fields__)
+            rows = [msgspec.to_builtins(r) for r in self.records]
+        path.write_text(
+            json.dumps({"stage_id": self.stage_id, "written": time.time(), "fields": fields, "steps": rows})
+        )
+        return path
