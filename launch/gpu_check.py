@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from omni_mp.client import OmniClient  # noqa: E402
 from omni_mp.config import load_config  # noqa: E402
-from omni_mp.control.coordinator import Coordinator  # noqa: E402
+from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
 
 
 def nvidia_smi(query: str, kind: str) -> list[list[str]]:
@@ -33,11 +32,8 @@ def main() -> int:
     p.add_argument("--log-dir", type=Path, help="keep stage logs here")
     args = p.parse_args()
     cfg = load_config(args.config)
-    coord = Coordinator(cfg, log_dir=args.log_dir, progress=lambda m: print(f"[omni_mp] {m}", flush=True))
-    coord.start()
-    server = threading.Thread(target=coord.run)
-    server.start()
-    try:
+    progress = lambda m: print(f"[omni_mp] {m}", flush=True)  # noqa: E731
+    with embedded_pipeline(cfg, log_dir=args.log_dir, progress=progress) as coord:
         with OmniClient(coord.client_endpoint) as client:
             for prompt in args.prompt:
                 done = client.generate(prompt, timeout_s=300)
@@ -57,9 +53,6 @@ def main() -> int:
             print("\nnvidia-smi --query-compute-apps:")
             for row in apps:
                 print("  " + ", ".join(row))
-    finally:
-        coord.stop()
-        server.join()
     return 0
 
 

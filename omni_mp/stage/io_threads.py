@@ -30,11 +30,13 @@ from omni_mp.wire.payload import (
     Abort,
     Connect,
     Connected,
+    ErrorEvent,
     Heartbeat,
     Limits,
     Message,
     PayloadError,
     Shutdown,
+    StageOutputBatch,
     StageRequest,
 )
 from omni_mp.wire.shm_pool import ShmPoolConfig
@@ -180,17 +182,51 @@ class OutputPump(threading.Thread):
             )
         # The coordinator admits requests only once every link is open (a pool is prefaulted
         # when it is created: doing that under the first request would delay it).
-        self.events.send(Connected(stage_id=self.stage_id, downstream=list(msg.downstream)), timeout=SEND_TIMEOUT_S)
+        self._send_one(self.events, Connected(stage_id=self.stage_id, downstream=list(msg.downstream)))
+
+    def _send_one(self, link: MessageSender, msg: Message) -> None:
+        """Send within SEND_TIMEOUT_S, in short waits so that a shutdown is not held up by a
+        consumer that stopped reading (a timed-out attempt sends nothing and frees its slots)."""
+        deadline = time.monotonic() + SEND_TIMEOUT_S
+        while True:
+            try:
+                link.send(msg, timeout=POLL_MS / 1000)
+                return
+            except TimeoutError:
+                if self.stop.is_set() or time.monotonic() > deadline:
+                    raise
 
     def _send(self, item: Outgoing) -> None:
         t0 = time.perf_counter()
         if item.downstream:
-            for link in self.downstream.values():
-                link.send(item.msg, timeout=SEND_TIMEOUT_S)
+            for stage_id, link in self.downstream.items():
+                try:
+                    self._send_one(link, item.msg)
+                except TimeoutError:
+                    if self.stop.is_set():
+                        return
+                    self._fail_undelivered(stage_id, item.msg)
         if item.to_events:
-            self.events.send(item.msg, timeout=SEND_TIMEOUT_S)
+            self._send_one(self.events, item.msg)
         if item.step >= 0:
             self.on_sent(item.step, time.perf_counter() - t0)
+
+    def _fail_undelivered(self, stage_id: int, msg: Message) -> None:
+        """A downstream stage took nothing for SEND_TIMEOUT_S (it is hung; the coordinator
+        restarts it): the requests of the dropped message end with the reason, nothing else."""
+        ids = [c.request_id for c in msg.chunks] if isinstance(msg, StageOutputBatch) else []
+        log.error(
+            "stage %d: stage %d took nothing for %.0fs; failing %d request(s)",
+            self.stage_id,
+            stage_id,
+            SEND_TIMEOUT_S,
+            len(ids),
+        )
+        for rid in dict.fromkeys(ids):
+            text = f"stage {self.stage_id} could not deliver to stage {stage_id} for {SEND_TIMEOUT_S:.0f}s"
+            self._send_one(
+                self.events, ErrorEvent(request_id=rid, stage_id=self.stage_id, code="stage_unavailable", message=text)
+            )
 
     def run(self) -> None:
         try:

@@ -1,0 +1,302 @@
+"""The stage loop on a real in-process vLLM engine and real ZMQ sockets, with the test in the
+roles around it: the coordinator (it binds the events link and registers requests), the
+upstream stage (it sends StageOutputBatch chunks) and, where a test needs one, a downstream
+stage that stops reading. Covers the defects review found in the stage's data path:
+heartbeats starved by a blocked send, late chunks of ended requests held as orphans, a
+full orphan buffer losing a live request, and a hidden-row gap killing the whole stage."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from omni_mp.config import PipelineConfig, parse_config
+from omni_mp.control.endpoints import new_run_id
+from omni_mp.models.tiny import resolve_model
+from omni_mp.stage.loop import StageLoop
+from omni_mp.wire.payload import (
+    Abort,
+    Connect,
+    ErrorEvent,
+    Heartbeat,
+    Message,
+    SamplingParamsMsg,
+    Shutdown,
+    StageDone,
+    StageEndpoint,
+    StageOutputBatch,
+    StageOutputChunk,
+    StageRequest,
+)
+from omni_mp.wire.transport import MessageReceiver, MessageSender
+from tests.hf_oracle import greedy, tokenize
+
+pytestmark = pytest.mark.engine
+
+ENGINE_ARGS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 8}
+
+
+def config(**top: Any) -> PipelineConfig:
+    """Stage 1 continues stage 0's tokens and streams its hidden states; the test plays stage 0."""
+    stage = {"model": "tiny-qwen2", "engine_args": ENGINE_ARGS, "sampling": {"max_tokens": 8, "ignore_eos": True}}
+    return parse_config(
+        {
+            "name": "loop_harness",
+            "stages": [
+                {"id": 0, **stage},
+                {
+                    "id": 1,
+                    **stage,
+                    "inputs": [0],
+                    "processor": "continue_tokens",
+                    "hidden_states": {},
+                    "final_output": True,
+                },
+            ],
+            **top,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Any]:
+    from omni_mp.engines.ar import AREngine, EngineFeatures
+
+    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the stage process setting
+    eng = AREngine(resolve_model("tiny-qwen2"), ENGINE_ARGS, EngineFeatures(hidden_states=True))
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+        if old is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+
+
+class Harness:
+    def __init__(self, engine: Any, cfg: PipelineConfig, tweak: Callable[[StageLoop], None] | None = None) -> None:
+        run = new_run_id()
+        self.ctx = zmq.Context()
+        self.limits = cfg.limits
+        self.events = MessageReceiver(self.ctx, f"ipc://@{run}-events", cfg.limits)
+        self.input_endpoint = f"ipc://@{run}-stage1"
+        self._links = [
+            MessageReceiver(self.ctx, self.input_endpoint, cfg.limits),
+            MessageSender(self.ctx, f"ipc://@{run}-events", cfg.limits),
+            MessageSender(self.ctx, f"ipc://@{run}-events", cfg.limits),
+        ]
+        self.loop = StageLoop(cfg, cfg.stage(1), engine, self.ctx, *self._links)
+        if tweak is not None:
+            tweak(self.loop)
+        self.upstream = MessageSender(self.ctx, self.input_endpoint, cfg.limits)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.seen: list[Message] = []
+        self.closed = False
+
+    def _run(self) -> None:
+        try:
+            self.loop.run()
+        except BaseException as err:  # noqa: BLE001 - the test asserts on it
+            self.error = err
+
+    def send(self, msg: Message) -> None:
+        self.upstream.send(msg, timeout=5)
+
+    def register(self, rid: str, max_tokens: int = 8) -> None:
+        self.send(
+            StageRequest(
+                request_id=rid, stage_id=1, sampling_params=SamplingParamsMsg(max_tokens=max_tokens, ignore_eos=True)
+            )
+        )
+
+    def feed(self, rid: str, prompt_ids: list[int]) -> None:
+        """Stage 0's only chunk for `rid`: continue_tokens starts stage 1 on it."""
+        chunk = StageOutputChunk(request_id=rid, stage_id=0, token_ids=[], prompt_token_ids=prompt_ids, finished=True)
+        self.send(StageOutputBatch([chunk]))
+
+    def wait_for(self, pred: Callable[[Message], bool], timeout_s: float = 60) -> Message:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for msg in self.seen:
+                if pred(msg):
+                    return msg
+            try:
+                self.seen.append(self.events.recv(timeout=0.1))
+            except TimeoutError:
+                assert self.thread.is_alive(), f"the stage loop died: {self.error!r}"
+        raise AssertionError(f"no such event within {timeout_s}s; seen: {[type(m).__name__ for m in self.seen]}")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.thread.is_alive():
+            self.send(Shutdown(reason="test done"))
+            self.thread.join(30)
+        assert not self.thread.is_alive()
+        engine = self.loop.engine
+        engine.abort(list(self.loop.requests))
+        while engine.has_work():  # leave the shared engine empty for the next test
+            engine.step()
+        for link in [self.upstream, self.events, *self._links]:
+            link.close()
+        self.ctx.term()
+
+
+def done_of(rid: str) -> Callable[[Message], bool]:
+    return lambda m: isinstance(m, StageDone) and m.request_id == rid
+
+
+def error_of(rid: str) -> Callable[[Message], bool]:
+    return lambda m: isinstance(m, ErrorEvent) and m.request_id == rid
+
+
+@pytest.fixture()
+def harness(engine: Any, request: pytest.FixtureRequest) -> Iterator[Harness]:
+    marker = request.node.get_closest_marker("harness")
+    h = Harness(
+        engine, marker.kwargs.get("cfg", config()) if marker else config(), marker and marker.kwargs.get("tweak")
+    )
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def prompt_ids() -> list[int]:
+    return tokenize(resolve_model("tiny-qwen2"), "Hello world, how are you?")
+
+
+def test_the_harness_stage_is_exact(harness: Harness) -> None:
+    ids = prompt_ids()
+    harness.register("r")
+    harness.feed("r", ids)
+    harness.wait_for(done_of("r"))
+    tokens = [
+        t
+        for m in harness.seen
+        if isinstance(m, StageOutputBatch)
+        for c in m.chunks
+        if c.request_id == "r"
+        for t in c.token_ids
+    ]
+    assert tokens == greedy(resolve_model("tiny-qwen2"), ids, 8)[0]
+
+
+def test_late_chunks_of_an_ended_request_are_dropped_at_once(harness: Harness) -> None:
+    harness.register("ended", max_tokens=200)
+    harness.feed("ended", prompt_ids())
+    harness.send(Abort(request_id="ended", reason="test"))
+    harness.feed("ended", prompt_ids())  # a chunk still in flight from upstream
+    harness.register("after")  # processed after both (one input pipe, control first)
+    harness.feed("after", prompt_ids())
+    harness.wait_for(done_of("after"))
+    # Before: the late chunk waited 10 s as an orphan, holding its buffers.
+    assert harness.loop.orphans.count == 0
+    # A chunk that overtakes its registration still waits for it, and then runs.
+    harness.feed("early", prompt_ids())
+    deadline = time.monotonic() + 10
+    while harness.loop.orphans.count == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert harness.loop.orphans.count == 1
+    harness.register("early")
+    harness.wait_for(done_of("early"))
+    assert harness.loop.orphans.count == 0
+
+
+def _two_orphans(loop: StageLoop) -> None:
+    loop.orphans.max_chunks = 2
+
+
+@pytest.mark.harness(tweak=_two_orphans)
+def test_a_full_orphan_buffer_fails_the_request_it_cannot_keep(harness: Harness) -> None:
+    for rid in ("a", "b", "c"):
+        harness.feed(rid, prompt_ids())
+    err = harness.wait_for(error_of("c"))
+    assert isinstance(err, ErrorEvent) and err.code == "overloaded" and "wait for their registration" in err.message
+    harness.register("a")  # the kept ones still run
+    harness.wait_for(done_of("a"))
+
+
+def _drop_rows_of(loop: StageLoop, rid: str, at_call: int) -> None:
+    """Fault injection: lose one step's captured rows of `rid` (a gap in its hidden states)."""
+    collect, calls = loop.engine.collect_hidden, {"n": 0}
+
+    def lossy(finishing: set[str]) -> dict[str, Any]:
+        out = collect(finishing)
+        if rid in out:
+            calls["n"] += 1
+            if calls["n"] == at_call:
+                del out[rid]
+        return out
+
+    loop.engine.collect_hidden = lossy
+
+
+@pytest.mark.harness(tweak=lambda loop: _drop_rows_of(loop, "gap", 3))
+def test_a_hidden_row_gap_fails_that_request_only(harness: Harness) -> None:
+    harness.register("gap", max_tokens=12)
+    harness.register("ok", max_tokens=12)
+    harness.feed("gap", prompt_ids())
+    harness.feed("ok", prompt_ids())
+    err = harness.wait_for(error_of("gap"))
+    assert isinstance(err, ErrorEvent) and "gap" in err.message
+    harness.wait_for(done_of("ok"))  # before: a RuntimeError ended the whole stage here
+    harness.register("next")
+    harness.feed("next", prompt_ids())
+    harness.wait_for(done_of("next"))
+    try:
+        del harness.loop.engine.collect_hidden  # back to the engine's own method
+    except AttributeError:
+        pass
+
+
+STALL = config(
+    timeouts={"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 1.0},
+    endpoints={"shm": {"num_slots": 2, "threshold_bytes": 1, "capacity_bytes": 1 << 20, "prefault": False}},
+)
+
+
+@pytest.mark.harness(cfg=STALL)
+def test_heartbeats_go_on_while_a_send_waits_on_a_stalled_consumer(harness: Harness) -> None:
+    stalled = MessageReceiver(harness.ctx, f"ipc://@{new_run_id()}-stalled", harness.limits)  # never reads
+    try:
+        endpoint = stalled.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        harness.send(Connect(downstream=[StageEndpoint(stage_id=2, endpoint=endpoint)]))
+        harness.register("r", max_tokens=40)
+        harness.feed("r", prompt_ids())
+        time.sleep(0.5)  # by now two batches fill the pool and the third send waits for credits
+        assert harness.loop.output.downstream, "the stage did not connect to the stalled consumer"
+        harness.seen.clear()
+        t0 = time.monotonic()
+        beats: list[float] = []
+        while time.monotonic() - t0 < 3.0:  # three heartbeat timeouts
+            try:
+                msg = harness.events.recv(timeout=0.1)
+            except TimeoutError:
+                continue
+            if isinstance(msg, Heartbeat):
+                beats.append(time.monotonic() - t0)
+        gaps = [b - a for a, b in zip([0.0, *beats], [*beats, 3.0], strict=True)]
+        assert max(gaps) < 0.5, f"heartbeat gaps while a send was blocked: max {max(gaps):.2f}s"
+        assert harness.loop.output.is_alive() and harness.loop.output._queue, "the send was not blocked"
+    finally:
+        # Release the stalled consumer so the stage can flush and stop.
+        drain_until = time.monotonic() + 5
+        while time.monotonic() < drain_until:
+            try:
+                stalled.recv(timeout=0.1)
+            except TimeoutError:
+                if not harness.loop.output._queue:
+                    break
+        stalled.close()
