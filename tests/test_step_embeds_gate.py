@@ -13,7 +13,7 @@ import torch
 from omni_mp.engines.vllm_hooks import StepEmbeds
 from omni_mp.models.tiny import resolve_model
 from omni_mp.wire.payload import SamplingParamsMsg
-from tests.hf_oracle import assert_same_tokens, embed_rows, talker_greedy, tokenize
+from tests.hf_oracle import assert_same_tokens, embed_rows, greedy, talker_greedy, tokenize
 
 pytestmark = pytest.mark.engine
 
@@ -101,3 +101,32 @@ def test_wrong_width_step_embeddings_are_rejected(engine: object) -> None:
     engine.step()  # type: ignore[attr-defined]  # the scheduler drops finished requests on its next pass
     assert not engine.has_work()  # type: ignore[attr-defined]
     assert "w" not in engine.io.step_embeds  # type: ignore[attr-defined]
+
+
+def test_held_requests_keep_their_slots_under_max_num_seqs(engine: object) -> None:
+    """Requests held back by the gate stay running: vLLM's max_num_seqs (4 here) counts them,
+    so a fifth request waits for a free slot instead of overflowing the model runner."""
+    talker = resolve_model("tiny-qwen2-b")
+    ids = tokenize(talker, "Hi there")
+    prompt = embed_rows(talker, ids)
+    tokens: dict[str, list[int]] = {}
+    held = [f"held{i}" for i in range(4)]
+    for rid in held:
+        engine.add_request(  # type: ignore[attr-defined]
+            rid,
+            SamplingParamsMsg(max_tokens=3, ignore_eos=True),
+            prompt_embeds=prompt,
+            step_embeds=StepEmbeds(fill=torch.zeros(128)),
+        )
+    run_until_quiet(engine, tokens)  # four prefills, then all four wait for their rows
+    engine.add_request("plain", SamplingParamsMsg(max_tokens=5, ignore_eos=True), prompt_token_ids=ids)  # type: ignore[attr-defined]
+    run_until_quiet(engine, tokens)
+    assert "plain" not in tokens
+    assert len(engine.core.scheduler.running) == 4  # type: ignore[attr-defined]
+    for rid in held:
+        engine.close_step_embeds(rid)  # type: ignore[attr-defined]
+    run_until_quiet(engine, tokens)
+    assert [len(tokens[r]) for r in held] == [3, 3, 3, 3]
+    want, margins = greedy(talker, ids, 5)
+    assert_same_tokens(tokens["plain"], want, margins, "plain request after the held ones")
+    assert not engine.has_work()  # type: ignore[attr-defined]
