@@ -72,6 +72,8 @@ def engine_args(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "max_model_len": args.prompt_len + args.tokens + 64,
         "max_num_seqs": max(args.concurrency),
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        # A fixed KV budget per engine: two engines profiling one GPU at once cannot size it.
+        "kv_cache_memory_bytes": int(args.kv_cache_gib * 2**30),
         "enable_prefix_caching": False,  # hidden-state stages turn it off: the same for all
         "seed": 0,
     }
@@ -320,6 +322,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--gpus", type=int, default=1, choices=[1, 2], help="2: the chain's talker on GPU 1")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.42)
+    p.add_argument("--kv-cache-gib", type=float, default=8.0, help="KV cache of every engine (GPU)")
     p.add_argument("--cpu", action="store_true", help="dry run on the CPU")
     p.add_argument("--model", default="qwen2-7b-shapes", help="qwen2-7b-shapes (built) or a tiny model name / dir")
     p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "omni_mp-gpu-bench")

@@ -28,9 +28,14 @@ from omni_mp.config import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
 from omni_mp.models.tiny import resolve_model  # noqa: E402
 from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk  # noqa: E402
-from tests.hf_oracle import greedy_hidden, talker_greedy, tokenize  # noqa: E402
+from tests.hf_oracle import greedy, greedy_hidden, talker_greedy, tokenize  # noqa: E402
 
-ATOL = 1e-3  # fp32; compiled kernels may fuse and reorder float sums
+# Hidden states, eager vs graphs: max |difference| / max |value|. fp32, but compiled kernels
+# fuse and reorder float sums (and GPU matmuls may use TF32), so not bit-exact.
+RTOL = 2e-3
+# A token that differs from transformers (CPU, fp32) is accepted only at a near tie: the
+# transformers top-2 logit margin at the first differing step is below this.
+NEAR_TIE = 0.05
 PROMPTS = [
     "Hello world, how are you?",
     "The quick brown fox",
@@ -113,15 +118,40 @@ def oracle(i: int) -> dict[str, Any]:
     ids = tokenize(thinker, PROMPTS[i])
     n0, n1 = lengths(i)
     t_tokens, layers = greedy_hidden(thinker, ids, n0)
+    _, t_margins = greedy(thinker, ids, n0)
     last = layers[-1]
-    codes, _ = talker_greedy(talker, last[: len(ids)], last[len(ids) :], n1)
-    return {"tokens": {0: t_tokens, 1: codes}, "hidden": {"hidden_states": last, "hidden_states.layer1": layers[1]}}
+    codes, c_margins = talker_greedy(talker, last[: len(ids)], last[len(ids) :], n1)
+    return {
+        "prompt_len": len(ids),
+        "tokens": {0: t_tokens, 1: codes},
+        "margins": {0: t_margins, 1: c_margins},
+        "hidden": {"hidden_states": last, "hidden_states.layer1": layers[1]},
+    }
 
 
-def max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
-    if a is None or b is None or a.shape != b.shape:
+def rel_diff(a: torch.Tensor | None, b: torch.Tensor | None, rows: int | None = None) -> float:
+    """max |a - b| / max |b| over the first `rows` rows (all by default)."""
+    if a is None or b is None or a.shape[1:] != b.shape[1:]:
         return float("inf")
-    return float((a.float() - b.float()).abs().max())
+    n = min(a.shape[0], b.shape[0], a.shape[0] if rows is None else rows)
+    if n == 0:
+        return float("inf")
+    a, b = a[:n].float(), b[:n].float()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def vs_transformers(got: list[int], want: list[int], margins: list[float]) -> tuple[bool, str, int]:
+    """(acceptable, description, first differing step or len)."""
+    first = next((k for k, (x, y) in enumerate(zip(got, want, strict=False)) if x != y), None)
+    if first is None and len(got) == len(want):
+        return True, "==HF", len(got)
+    k = first if first is not None else min(len(got), len(want))
+    near = k < len(margins) and margins[k] < NEAR_TIE
+    return (
+        near,
+        f"differs from HF at step {k} (HF top-2 margin {margins[k] if k < len(margins) else float('nan'):.3f})",
+        k,
+    )
 
 
 def main() -> int:
@@ -142,21 +172,24 @@ def main() -> int:
     ref = [oracle(i) for i in range(len(PROMPTS))]
     ok = True
     print(
-        f"\nreq | thinker tokens | talker tokens | hidden last: max|eager-graphs|, max|graphs-HF| | layer 1 ({ATOL=})"
+        f"\nreq | thinker tokens | talker tokens | hidden last: rel. diff eager-graphs, graphs-HF | layer 1 ({RTOL=})"
     )
     for i in range(len(PROMPTS)):
         e, g, h = results["eager"][i], results["graphs"][i], ref[i]
         cells = []
+        agree_rows = None
         for stage in (0, 1):
             same = e["tokens"][stage] == g["tokens"][stage]
-            hf = g["tokens"][stage] == h["tokens"][stage]
-            cells.append(f"eager==graphs {same}, ==HF {hf} ({len(g['tokens'][stage])})")
-            ok &= same and hf
+            hf_ok, hf_text, first = vs_transformers(g["tokens"][stage], h["tokens"][stage], h["margins"][stage])
+            cells.append(f"eager==graphs {same}, {hf_text} ({len(g['tokens'][stage])} tokens)")
+            ok &= same and hf_ok
+            if stage == 0:  # states of the prompt and of the tokens before the first difference
+                agree_rows = h["prompt_len"] + first
         for key in ("hidden_states", "hidden_states.layer1"):
-            d_eg = max_diff(e["hidden"].get(key), g["hidden"].get(key))
-            d_hf = max_diff(g["hidden"].get(key), h["hidden"][key])
+            d_eg = rel_diff(e["hidden"].get(key), g["hidden"].get(key))
+            d_hf = rel_diff(g["hidden"].get(key), h["hidden"][key], agree_rows)
             cells.append(f"{d_eg:.1e}, {d_hf:.1e}")
-            ok &= d_eg <= ATOL and d_hf <= ATOL
+            ok &= d_eg <= RTOL and d_hf <= 10 * RTOL
         print(f"{i} | " + " | ".join(cells))
     device = "CPU" if args.cpu else torch.cuda.get_device_name(0) if torch.cuda.is_available() else "?"
     print(f"\n[check] {device}: {'ALL AGREE' if ok else 'MISMATCH'}")

@@ -1,4 +1,5 @@
-"""Start `python -m omni_mp.launch` as a real subprocess for tests, and check it leaves nothing behind."""
+"""How tests run things: `python -m omni_mp.launch` as a real subprocess (checking it leaves
+nothing behind), and an AR engine in the test process as a stage process runs it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
+
+from omni_mp.models.tiny import resolve_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -83,3 +87,21 @@ def abstract_sockets_of(pattern: str) -> list[str]:
     """Linux abstract unix sockets whose name contains `pattern` (they show in /proc/net/unix with '@')."""
     with open("/proc/net/unix") as fh:
         return [line.split()[-1] for line in fh if "@" in line and pattern in line]
+
+
+@contextmanager
+def in_process_engine(model: str, engine_args: dict[str, Any], features: Any) -> Iterator[Any]:
+    """An AREngine in this process, as a stage process runs it: vLLM's worker in-process too."""
+    from omni_mp.engines.ar import AREngine
+
+    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    eng = AREngine(resolve_model(model), engine_args, features)
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+        if old is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old

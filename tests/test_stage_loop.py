@@ -7,7 +7,6 @@ full orphan buffer losing a live request, and a hidden-row gap killing the whole
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +35,7 @@ from omni_mp.wire.payload import (
 )
 from omni_mp.wire.transport import MessageReceiver, MessageSender
 from tests.hf_oracle import greedy, tokenize
+from tests.launcher import in_process_engine
 
 pytestmark = pytest.mark.engine
 
@@ -66,19 +66,10 @@ def config(**top: Any) -> PipelineConfig:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
-    from omni_mp.engines.ar import AREngine, EngineFeatures
+    from omni_mp.engines.ar import EngineFeatures
 
-    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the stage process setting
-    eng = AREngine(resolve_model("tiny-qwen2"), ENGINE_ARGS, EngineFeatures(hidden_states=True))
-    try:
+    with in_process_engine("tiny-qwen2", ENGINE_ARGS, EngineFeatures(hidden_states=True)) as eng:
         yield eng
-    finally:
-        eng.shutdown()
-        if old is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
 
 
 class Harness:

@@ -4,7 +4,6 @@ resumes, exactly as transformers computes it, once the rows arrive."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -14,30 +13,18 @@ from omni_mp.engines.vllm_hooks import StepEmbeds
 from omni_mp.models.tiny import resolve_model
 from omni_mp.wire.payload import SamplingParamsMsg
 from tests.hf_oracle import assert_same_tokens, embed_rows, greedy, talker_greedy, tokenize
+from tests.launcher import in_process_engine
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[object]:
-    from omni_mp.engines.ar import AREngine, EngineFeatures
+    from omni_mp.engines.ar import EngineFeatures
 
-    # The stage process setting: the vLLM worker runs in this process (no engine children).
-    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    eng = AREngine(
-        resolve_model("tiny-qwen2-b"),
-        {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 4},
-        EngineFeatures(prompt_embeds=True, step_embeds=True),
-    )
-    try:
+    args = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 4}
+    with in_process_engine("tiny-qwen2-b", args, EngineFeatures(prompt_embeds=True, step_embeds=True)) as eng:
         yield eng
-    finally:
-        eng.shutdown()
-        if old is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
 
 
 def run_until_quiet(engine: object, tokens: dict[str, list[int]], max_steps: int = 50) -> int:

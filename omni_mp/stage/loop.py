@@ -80,6 +80,7 @@ class StageLoop:
         self.running = True
         self.timeline = StepTimeline(stage.id)
         self._alive_at = time.monotonic()
+        self._rows_in = 0  # step-embedding rows taken since the last step (for the timeline)
         self._stop = threading.Event()
         self.inbox = Inbox(self._stop)
         # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
@@ -174,6 +175,7 @@ class StageLoop:
         if rows is not None and rows.shape[0]:
             self.engine.add_step_embeds(state.request_id, rows)
             state.step_rows_pushed += rows.shape[0]
+            self._rows_in += rows.shape[0]
         if complete:
             self.engine.close_step_embeds(state.request_id)
 
@@ -343,10 +345,11 @@ class StageLoop:
                     step_ms=(t1 - t0) * 1000,
                     wait_ms=wait_s * 1000,
                     reqs=len(chunks),
-                    rows=rows,
+                    rows=rows + self._rows_in,
                     build_ms=(time.perf_counter() - t1) * 1000,
                 )
             )
+        self._rows_in = 0
         return executed
 
     def _done(self, state: StageRequestState, finish_reason: str | None, now: float) -> StageDone:
