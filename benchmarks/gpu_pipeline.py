@@ -173,6 +173,7 @@ def run_pipeline(args: argparse.Namespace, model: str) -> dict[str, Any]:
             rounds = []
             for r in range(args.rounds + 1):
                 batch = prompts(c, args.prompt_len, args.vocab, 1000 * c + r)
+                t_round = time.time()
                 rounds.append(asyncio.run(pipeline_round(coord.client_endpoint, batch, args.tokens, stages)))
             measured = rounds[1:]
             firsts = [x["first_chunk_p50_s"] for x in measured if x["first_chunk_p50_s"] is not None]
@@ -183,22 +184,18 @@ def run_pipeline(args: argparse.Namespace, model: str) -> dict[str, Any]:
             }
             print(f"[bench] {args.phase} c={c}: {out[str(c)]['wall_s']:.3f}s", flush=True)
     if args.phase == "chain":
-        out["profile"] = summarize_profile(profile_dir, max(args.concurrency), args)
+        out["profile"] = summarize_profile(profile_dir, t_round)  # the last round (highest concurrency)
     return out
 
 
-def summarize_profile(profile_dir: Path, concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Per stage, over the last measured round at the highest concurrency: steps, step time,
-    time waiting for input, requests per step, rows moved, build and send time."""
+def summarize_profile(profile_dir: Path, since: float) -> dict[str, Any]:
+    """Per stage, over the steps that started after `since` (the last round): steps, step
+    time, time waiting for input, requests per step, rows moved, build and send time."""
     summary: dict[str, Any] = {}
     for path in sorted(profile_dir.glob("stage*.json")):
         doc = json.loads(path.read_text())
         fields = doc["fields"]
-        steps = [dict(zip(fields, s, strict=True)) for s in doc["steps"]]
-        # The last round: the steps after the largest gap in time (rounds are separated by idle).
-        gaps = [(steps[i]["t"] - steps[i - 1]["t"], i) for i in range(1, len(steps))]
-        start = max(gaps)[1] if gaps else 0
-        last = steps[start:]
+        last = [r for r in (dict(zip(fields, s, strict=True)) for s in doc["steps"]) if r["t"] >= since]
         span = last[-1]["t"] - last[0]["t"] + last[-1]["step_ms"] / 1000 if last else 0.0
 
         def mean(key: str, rows: list[dict[str, Any]] = last) -> float:
