@@ -185,7 +185,12 @@ def main() -> int:
             ok &= same and hf_ok
             if stage == 0:  # states of the prompt and of the tokens before the first difference
                 agree_rows = h["prompt_len"] + first
+        rows = h["prompt_len"] + len(h["tokens"][0]) - 1  # the prompt and every token but the last
         for key in ("hidden_states", "hidden_states.layer1"):
+            counts = [r["hidden"][key].shape[0] if key in r["hidden"] else 0 for r in (e, g)]
+            if counts != [rows, rows]:
+                cells.append(f"{key}: {counts} rows (eager, graphs), want {rows}")
+                ok = False
             d_eg = rel_diff(e["hidden"].get(key), g["hidden"].get(key))
             d_hf = rel_diff(g["hidden"].get(key), h["hidden"][key], agree_rows)
             cells.append(f"{d_eg:.1e}, {d_hf:.1e}")

@@ -117,3 +117,14 @@ def test_held_requests_keep_their_slots_under_max_num_seqs(engine: object) -> No
     want, margins = greedy(talker, ids, 5)
     assert_same_tokens(tokens["plain"], want, margins, "plain request after the held ones")
     assert not engine.has_work()  # type: ignore[attr-defined]
+
+
+def test_a_layer_the_model_cannot_output_is_refused_at_load() -> None:
+    """Intermediate layers come out of the (compiled, graph-captured) model itself; an index
+    outside it is refused when the engine loads, naming the valid range."""
+    from omni_mp.engines.ar import EngineFeatures
+
+    args = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 2}
+    with pytest.raises(Exception, match=r"hidden_states\.layers: \[7\] not intermediate layers \(0\.\.1"):
+        with in_process_engine("tiny-qwen2", args, EngineFeatures(hidden_states=True, hidden_layers=(7,))):
+            pass
