@@ -207,7 +207,11 @@ class OutputPump(threading.Thread):
                         return
                     self._fail_undelivered(stage_id, item.msg)
         if item.to_events:
-            self._send_one(self.events, item.msg)
+            try:
+                self._send_one(self.events, item.msg)
+            except TimeoutError:
+                if not self.stop.is_set():  # the coordinator took nothing for SEND_TIMEOUT_S
+                    raise
         if item.step >= 0:
             self.on_sent(item.step, time.perf_counter() - t0)
 
