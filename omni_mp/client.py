@@ -14,7 +14,7 @@ sync client is safe to call from many threads at once.
 from __future__ import annotations
 
 import asyncio
-import queue
+import itertools
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +24,7 @@ import torch
 import zmq
 import zmq.asyncio
 
+from omni_mp.keys import CurveIdentity
 from omni_mp.wire.payload import (
     Abort,
     ErrorEvent,
@@ -55,18 +56,29 @@ class RequestError(RuntimeError):
 
 _Event = StageOutputChunk | Finished | ErrorEvent
 
+# Events buffered per request before the caller reads them: a caller that stops reading a
+# stream (while others keep theirs going) ends that request with `slow_consumer` instead of
+# growing memory. Non-streaming requests get a single event.
+STREAM_QUEUE = 4096
+
 
 class AsyncOmniClient:
-    def __init__(self, endpoint: str, *, limits: Limits | None = None) -> None:
+    """`keys`: this client's CURVE identity (keys.client_identity(DIR, NAME)); required by
+    pipelines with `security.keys` (every tcp endpoint)."""
+
+    def __init__(self, endpoint: str, *, limits: Limits | None = None, keys: CurveIdentity | None = None) -> None:
         self.endpoint = endpoint
         self.limits = limits or Limits()
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
+        if keys is not None:
+            keys.client(self._sock)
         self._sock.connect(endpoint)
         self._queues: dict[str, asyncio.Queue[_Event]] = {}
-        self._status: asyncio.Queue[StatusReply] = asyncio.Queue()
+        self._status: dict[str, asyncio.Future[StatusReply]] = {}  # by the tag its request carried
+        self._status_ids = itertools.count()
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -82,11 +94,25 @@ class AsyncOmniClient:
             except PayloadError:
                 continue  # a corrupt reply cannot be routed; its request times out or gets its error
             if isinstance(msg, StatusReply):
-                self._status.put_nowait(msg)
+                fut = self._status.pop(msg.request_id or "", None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
             elif isinstance(msg, StageOutputChunk | Finished | ErrorEvent) and msg.request_id is not None:
-                q = self._queues.get(msg.request_id)
-                if q is not None:
-                    q.put_nowait(msg)
+                # (an error without a request id refused a message that could not start one)
+                self._deliver(msg.request_id, msg)
+
+    def _deliver(self, rid: str, msg: _Event) -> None:
+        q = self._queues.get(rid)
+        if q is None:
+            return
+        if q.qsize() < STREAM_QUEUE:
+            q.put_nowait(msg)
+            return
+        # The caller stopped reading: end the request here (the last slot is kept for this).
+        del self._queues[rid]
+        text = f"the caller read none of the last {STREAM_QUEUE} events of this stream"
+        q.put_nowait(ErrorEvent(request_id=rid, stage_id=None, code="slow_consumer", message=text))
+        asyncio.get_running_loop().create_task(self._send(Abort(request_id=rid, reason="slow_consumer")))
 
     async def _send(self, msg: object) -> None:
         await self._sock.send_multipart(encode(msg, self.limits), copy=False)
@@ -112,7 +138,7 @@ class AsyncOmniClient:
         rid = request_id or uuid.uuid4().hex
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in flight on this client")
-        q: asyncio.Queue[_Event] = asyncio.Queue()
+        q: asyncio.Queue[_Event] = asyncio.Queue(STREAM_QUEUE + 1)
         self._queues[rid] = q
         finished = False
         try:
@@ -140,7 +166,8 @@ class AsyncOmniClient:
                     finished = True
                     return
         finally:
-            self._queues.pop(rid, None)
+            if self._queues.get(rid) is q:
+                del self._queues[rid]
             if not finished and not self._closed:
                 await self._send(Abort(request_id=rid, reason="cancelled by the client"))
 
@@ -155,11 +182,22 @@ class AsyncOmniClient:
 
     async def status(self, timeout_s: float = 10.0) -> StatusReply:
         self._ensure_reader()
-        await self._send(StatusRequest())
-        return await asyncio.wait_for(self._status.get(), timeout_s)
+        tag = f"status-{next(self._status_ids)}"
+        fut: asyncio.Future[StatusReply] = asyncio.get_running_loop().create_future()
+        self._status[tag] = fut
+        try:
+            await self._send(StatusRequest(request_id=tag))
+            return await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._status.pop(tag, None)
 
     async def close(self) -> None:
         self._closed = True
+        for rid, q in list(self._queues.items()):  # callers still waiting get an answer
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(ErrorEvent(request_id=rid, stage_id=None, code="client_closed", message="client closed"))
+        self._queues.clear()
         if self._reader is not None:
             self._reader.cancel()
             try:
@@ -179,15 +217,15 @@ class AsyncOmniClient:
 class OmniClient:
     """Synchronous client; thread-safe (all socket work happens on one private loop thread)."""
 
-    def __init__(self, endpoint: str, *, limits: Limits | None = None) -> None:
+    def __init__(self, endpoint: str, *, limits: Limits | None = None, keys: CurveIdentity | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omni-client-loop", daemon=True)
         self._thread.start()
-        self._async: AsyncOmniClient = self._call(self._make(endpoint, limits))
+        self._async: AsyncOmniClient = self._call(self._make(endpoint, limits, keys))
 
     @staticmethod
-    async def _make(endpoint: str, limits: Limits | None) -> AsyncOmniClient:
-        return AsyncOmniClient(endpoint, limits=limits)
+    async def _make(endpoint: str, limits: Limits | None, keys: CurveIdentity | None) -> AsyncOmniClient:
+        return AsyncOmniClient(endpoint, limits=limits, keys=keys)
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -196,31 +234,19 @@ class OmniClient:
         return self._call(self._async.generate(prompt, **kwargs))
 
     def stream(self, prompt: str | None = None, **kwargs: Any) -> Iterator[StageOutputChunk | Finished]:
-        """Yield chunks as they arrive; closing the iterator early aborts the request."""
-        items: queue.Queue[tuple[str, Any]] = queue.Queue()
+        """Yield chunks as they arrive; closing the iterator early aborts the request.
+
+        Each item is pulled on demand from the async stream, so nothing is buffered here
+        beyond the async client's bounded per-request queue."""
         agen = self._async.stream(prompt, **kwargs)
-
-        async def pump() -> None:
-            try:
-                async for ev in agen:
-                    items.put(("item", ev))
-                items.put(("end", None))
-            except BaseException as err:  # handed to the consuming thread, re-raised there
-                items.put(("error", err))
-
-        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
         try:
             while True:
-                kind, value = items.get()
-                if kind == "item":
-                    yield value
-                elif kind == "error":
-                    raise value
-                else:
+                try:
+                    yield self._call(agen.__anext__())
+                except StopAsyncIteration:
                     return
         finally:
-            if not fut.done():
-                fut.cancel()  # cancels the async generator, whose finally sends the abort
+            self._call(agen.aclose())  # runs the stream's finally: the abort, if unfinished
 
     def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
         self._call(self._async.abort(request_id, reason))

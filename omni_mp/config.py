@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
+from msgspec import Meta
 
 from omni_mp.processors import PROCESSORS
 from omni_mp.wire.payload import Limits, SamplingParamsMsg
@@ -23,11 +24,16 @@ class ConfigError(ValueError):
     """A pipeline config is invalid; the message names the key path."""
 
 
+# Durations: NaN, infinities and negatives are refused while decoding (Meta checks NaN too).
+Seconds = Annotated[float, Meta(gt=0.0, le=1e7)]
+Count = Annotated[int, Meta(ge=0, le=2**31)]
+
+
 class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """What the coordinator does when a stage process dies."""
 
-    max_restarts: int = 0  # 0 = never restart: the pipeline keeps failing that stage's requests
-    backoff_s: float = 1.0  # wait before respawning, doubled per consecutive restart
+    max_restarts: Count = 0  # 0 = never restart: the pipeline keeps failing that stage's requests
+    backoff_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 1.0  # before respawning, doubled per restart
 
 
 class HiddenStatesOutput(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -71,10 +77,36 @@ class EndpointsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class TimeoutsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    stage_startup_s: float = 600.0  # engine init (model load, warm-up) must finish within this
-    heartbeat_interval_s: float = 0.5
-    heartbeat_timeout_s: float = 30.0  # a live process silent this long is considered hung
-    default_deadline_s: float | None = None  # per-request deadline when the client sets none
+    stage_startup_s: Seconds = 600.0  # engine init (model load, warm-up) must finish within this
+    heartbeat_interval_s: Seconds = 0.5
+    heartbeat_timeout_s: Seconds = 30.0  # a live process silent this long is considered hung
+    default_deadline_s: Seconds | None = None  # per-request deadline when the client sets none
+
+
+class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """How much work the coordinator takes on. Past `max_inflight` requests (or when a stage
+    has `stage_queue` registrations not yet taken), new requests get `overloaded` at once
+    rather than queueing: latency stays bounded and memory with it."""
+
+    max_inflight: Annotated[int, Meta(ge=1, le=2**20)] = 1024
+    # Messages queued for one client (ZMQ's queue to it, then the coordinator's): a client
+    # that reads slower than its streams produce gets `slow_consumer` for those streams.
+    # Terminal events are never dropped (they are bounded by max_inflight).
+    client_queue: Annotated[int, Meta(ge=1, le=2**20)] = 1024
+    # Messages queued for one stage beyond ZMQ's own queue; a stage that stays behind is hung.
+    stage_queue: Annotated[int, Meta(ge=1, le=2**20)] = 4096
+
+
+class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Who may connect, and what a YAML file may make vLLM import.
+
+    `keys`: a CURVE key directory (`omni-mp keys DIR`). Required when `endpoints.transport`
+    is tcp; with it every socket (ipc too) uses CURVE and admits only listed public keys.
+    `allow_code_import`: lets `engine_args` name code for vLLM to import or run
+    (IMPORT_CAPABLE_ENGINE_ARGS): only for YAML files you trust as much as code."""
+
+    keys: str | None = None
+    allow_code_import: bool = False
 
 
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -83,6 +115,8 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     limits: Limits = Limits()
     endpoints: EndpointsConfig = EndpointsConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    security: SecurityConfig = SecurityConfig()
 
     def stage(self, stage_id: int) -> StageConfig:
         for s in self.stages:
@@ -130,6 +164,19 @@ def _engine_arg_names() -> frozenset[str]:
 
 # Set by omni_mp from the stage config itself; writing them in engine_args would be ambiguous.
 _RESERVED_ENGINE_ARGS = {"model"}
+# engine_args through which vLLM imports or runs code named in the YAML (class paths,
+# plugins, remote model code, connector modules), or reads files / reaches hosts the YAML
+# names. Refused unless `security.allow_code_import: true`.
+IMPORT_CAPABLE_ENGINE_ARGS = frozenset(
+    {
+        "trust_remote_code", "scheduler_cls", "worker_cls", "worker_extension_cls", "logits_processors",
+        "distributed_executor_backend", "io_processor_plugin", "reasoning_parser_plugin", "model_class_overrides",
+        "hf_overrides", "compilation_config", "kv_transfer_config", "ec_transfer_config", "kv_events_config",
+        "speculative_config", "spec_model", "model_loader_extra_config", "load_format", "additional_config",
+        "tokenizer_mode", "code_revision", "allowed_local_media_path", "otlp_traces_endpoint", "profiler_config",
+        "weight_transfer_config", "structured_outputs_config", "kv_offloading_backend", "offload_backend",
+    }
+)  # fmt: skip
 
 
 def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> PipelineConfig:
@@ -180,8 +227,12 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
                 raise ConfigError(
                     f"`{where}.cpu_cores`: expected a core list like '0-3' or '0,2', got {s.cpu_cores!r}"
                 ) from None
-        if s.restart.max_restarts < 0 or s.restart.backoff_s < 0:
-            raise ConfigError(f"`{where}.restart`: max_restarts and backoff_s must be >= 0")
+        for key in s.engine_args:
+            if key in IMPORT_CAPABLE_ENGINE_ARGS and not cfg.security.allow_code_import:
+                raise ConfigError(
+                    f"`{where}.engine_args.{key}`: lets vLLM import or run code named in the YAML; refused unless "
+                    "`security.allow_code_import: true` (only for YAML you trust as much as code)"
+                )
         if check_engine_args:
             for key in s.engine_args:
                 if key in _RESERVED_ENGINE_ARGS:
@@ -189,6 +240,18 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
                 if key not in _engine_arg_names():
                     raise ConfigError(f"`{where}.engine_args.{key}`: not an argument of vLLM 0.25.0's EngineArgs")
     _check_acyclic(cfg)
+    if cfg.endpoints.transport == "tcp" and cfg.security.keys is None:
+        raise ConfigError(
+            "`security.keys`: tcp endpoints require CURVE keys; create a key directory with `omni-mp keys DIR` "
+            "and name it here"
+        )
+    if cfg.security.keys is not None:
+        from omni_mp.keys import KeyFileError, pipeline_identity
+
+        try:
+            pipeline_identity(cfg.security.keys)
+        except KeyFileError as err:
+            raise ConfigError(f"`security.keys`: {err}") from None
     if not cfg.entry_stages:
         raise ConfigError("`stages`: no entry stage (every stage has inputs)")
     if not cfg.final_stages:
@@ -231,6 +294,10 @@ def load_config(path: str | Path, *, check_engine_args: bool = True) -> Pipeline
         raise ConfigError(f"cannot read config {path}: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {err}") from None
+    security = data.get("security") if isinstance(data, dict) else None
+    keys = security.get("keys") if isinstance(security, dict) else None
+    if isinstance(keys, str) and not Path(keys).is_absolute():  # relative to the YAML file, not the cwd
+        data["security"]["keys"] = str((path.parent / keys).resolve())
     try:
         return parse_config(data, check_engine_args=check_engine_args)
     except ConfigError as err:

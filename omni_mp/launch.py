@@ -4,6 +4,10 @@ With `--prompt`/`--prompts-file`: start the pipeline, submit every prompt concur
 a progress bar, write one JSON file per request to `--output-dir`, print a per-request
 summary (stage timings, tokens) and exit (status 1 if any request failed).
 Without prompts: bind the client endpoint (`--bind`), print it, serve until SIGINT/SIGTERM.
+`omni-mp keys DIR [--client NAME ...]`: create a CURVE key directory (see omni_mp.keys).
+
+Exit codes: 0 ok, 1 a request failed, 2 bad config, 3 a stage failed to start, 4 the
+coordinator failed while serving.
 """
 
 from __future__ import annotations
@@ -40,6 +44,23 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _keys_main(argv: list[str]) -> int:
+    from omni_mp.keys import KeyFileError, generate
+
+    p = argparse.ArgumentParser(prog="omni-mp keys", description="create a CURVE key directory (files 0600)")
+    p.add_argument("dir", type=Path, help="the key directory (name it in the YAML: `security: {keys: DIR}`)")
+    p.add_argument("--client", action="append", default=[], help="also create a client keypair NAME (repeatable)")
+    args = p.parse_args(argv)
+    try:
+        written = generate(args.dir, args.client)
+    except (KeyFileError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
 def _prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompt)
     if args.prompts_file is not None:
@@ -51,7 +72,8 @@ def _say(msg: str) -> None:
     print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
 
 
-def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace) -> int:
+def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, server: threading.Thread) -> int | None:
+    """Run the prompts; None if the coordinator thread died before they all ended."""
     from tqdm import tqdm
 
     from omni_mp.client import OmniClient, RequestError
@@ -64,14 +86,19 @@ def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace) -
             pool.submit(client.generate, p, deadline_s=args.deadline, request_id=f"req{i}"): i
             for i, p in enumerate(prompts)
         }
+        pending = set(futs)
         with tqdm(total=len(prompts), desc="requests", unit="req", file=sys.stderr) as bar:
-            for fut in concurrent.futures.as_completed(futs):
-                i = futs[fut]
-                try:
-                    results[i] = fut.result()
-                except RequestError as err:
-                    results[i] = err
-                bar.update(1)
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=0.5, return_when="FIRST_COMPLETED")
+                for fut in done:
+                    try:
+                        results[futs[fut]] = fut.result()
+                    except RequestError as err:
+                        results[futs[fut]] = err
+                    bar.update(1)
+                if pending and not server.is_alive():
+                    client.close()  # ends the waiting calls (client_closed)
+                    return None
     wall = time.time() - t0
     failed = 0
     if args.output_dir is not None:
@@ -100,6 +127,9 @@ def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["keys"]:
+        return _keys_main(argv[1:])
     args = _parse(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -111,9 +141,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from omni_mp.client import OmniClient
     from omni_mp.control.coordinator import Coordinator, StartupError
+    from omni_mp.keys import INTERNAL, client_identity
 
-    coord = Coordinator(cfg, client_bind=args.bind, log_dir=args.log_dir, progress=_say)
+    try:
+        coord = Coordinator(cfg, client_bind=args.bind, log_dir=args.log_dir, progress=_say)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     stop = threading.Event()
+    crashed: list[BaseException] = []
 
     def on_signal(signum: int, frame: object) -> None:
         _say(f"got signal {signum}, shutting down")
@@ -127,19 +163,35 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as err:
         print(f"error: pipeline failed to start: {err}", file=sys.stderr)
         return 3
-    server = threading.Thread(target=coord.run, name="coordinator")
+
+    def serve() -> None:
+        try:
+            coord.run()
+        except BaseException as err:
+            crashed.append(err)
+            raise
+        finally:
+            stop.set()  # the main thread must not wait on a coordinator that is gone
+
+    server = threading.Thread(target=serve, name="coordinator")
     server.start()
     try:
         if not prompts:
             print(f"omni_mp serving pipeline {cfg.name!r} on {coord.client_endpoint}", flush=True)
             while not stop.wait(0.5):
                 pass
-            return 0
-        with OmniClient(coord.client_endpoint, limits=cfg.limits) as client:
-            return _run_prompts(client, prompts, args)
+            code: int | None = 0
+        else:
+            keys = None if cfg.security.keys is None else client_identity(cfg.security.keys, INTERNAL)
+            with OmniClient(coord.client_endpoint, limits=cfg.limits, keys=keys) as client:
+                code = _run_prompts(client, prompts, args, server)
     finally:
         coord.stop()
         server.join()
+    if crashed or code is None:
+        print(f"error: the coordinator failed: {crashed[0] if crashed else 'it stopped'!r}", file=sys.stderr)
+        return 4
+    return code
 
 
 if __name__ == "__main__":

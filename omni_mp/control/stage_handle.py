@@ -10,6 +10,8 @@ from collections import deque
 from pathlib import Path
 
 from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
+from omni_mp.control.endpoints import RunEndpoints
+from omni_mp.control.procutil import popen
 
 
 def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -42,20 +44,21 @@ def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | No
 
 class StageHandle:
     def __init__(
-        self, cfg: PipelineConfig, stage: StageConfig, events_endpoint: str, input_endpoint: str, log_dir: Path
+        self, cfg: PipelineConfig, stage: StageConfig, events_endpoint: str, endpoints: RunEndpoints, log_dir: Path
     ):
         self.cfg = cfg
         self.stage = stage
         self.events_endpoint = events_endpoint
-        self.input_endpoint = input_endpoint  # what the stage binds (tcp may use port 0)
+        self.endpoints = endpoints
         self.log_path = log_dir / f"stage{stage.id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.ready = False
         self.bound_endpoint: str | None = None  # reported by the stage once bound
         self.info: dict[str, str] = {}  # from its Ready: init time, devices it sees
-        self.connected: dict[int, str] = {}  # downstream stage -> the endpoint its link is open to
         self.last_heartbeat = 0.0
+        self.beating = False  # this incarnation has sent a heartbeat (it may, before it is ready)
+        self.spawned_at = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -71,20 +74,21 @@ class StageHandle:
             "--events",
             self.events_endpoint,
             "--input",
-            self.input_endpoint,
+            # A fresh ipc name per incarnation: nothing addressed to a dead one reaches this one.
+            self.endpoints.stage_input(self.stage.id, self.restarts),
             "--parent-pid",
             str(os.getpid()),
         ]
         with open(self.log_path, "ab") as log:
             log.write(f"==== spawn {time.strftime('%H:%M:%S')} (restart {self.restarts}) ====\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(
+            self.proc = popen(
                 cmd, env=stage_env(self.cfg, self.stage), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         self.ready = False
         self.bound_endpoint = None
-        self.connected = {}
-        self.last_heartbeat = time.monotonic()
+        self.beating = False
+        self.spawned_at = self.last_heartbeat = time.monotonic()
 
     def exit_code(self) -> int | None:
         """None while running (or never spawned); the exit code once it has exited."""

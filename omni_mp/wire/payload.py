@@ -27,6 +27,9 @@ from msgspec import Meta
 from omni_mp.wire.shm_pool import ShmReader, ShmRef, ShmRegion
 from omni_mp.wire.tensor_codec import (
     DEFAULT_LIMITS,
+    MAX_INFO_ENTRIES,
+    MAX_LIST_LENGTH,
+    MAX_NDIM,
     SUPPORTED_DTYPES,
     Limits,
     PayloadError,
@@ -38,6 +41,7 @@ from omni_mp.wire.tensor_codec import (
 )
 
 __all__ = [
+    "MAX_STAGES",
     "PACKED_ROWS",
     "DEFAULT_LIMITS",
     "MESSAGE_TYPES",
@@ -78,12 +82,18 @@ __all__ = [
 ]
 
 
+# A step's batch: at most vLLM's max_num_seqs requests (1024 is already a very large batch).
+MAX_BATCH = 8192
+# Stages of one pipeline (config.PipelineConfig checks it too): bounds every per-stage list.
+MAX_STAGES = 64
+
+
 class TensorRef(msgspec.Struct, forbid_unknown_fields=True):
     """Wire header of one tensor. `loc` is the index of the frame holding its bytes, or the
     shared-memory region holding them."""
 
-    dtype: str
-    shape: list[int]
+    dtype: Annotated[str, Meta(max_length=16)]
+    shape: Annotated[list[int], Meta(max_length=MAX_NDIM)]
     nbytes: int
     loc: int | ShmRef
 
@@ -97,10 +107,17 @@ else:
     Tensor = TensorRef
 
 TokenId = Annotated[int, Meta(ge=0)]
-StageId = Annotated[int, Meta(ge=0)]
-InfoValue = Tensor | list[int] | int | float | bool | str
+StageId = Annotated[int, Meta(ge=0, le=2**31)]
+# Every list and map is bounded in its type, so an oversized one is refused while msgspec
+# decodes it, before any of its items exist (a Submit with 100k `sampling` entries took
+# 0.6 s to decode and refuse; now it fails at the length prefix). Limits (YAML) may lower
+# the bounds of token lists, strings and maps further; they are checked after decoding.
+TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_LIST_LENGTH)]
+PerStage = Meta(max_length=MAX_STAGES)
+InfoValue = Tensor | Annotated[list[int], Meta(max_length=MAX_LIST_LENGTH)] | int | float | bool | str
 # Named tensors and scalars for the next stage (e.g. per-step hidden states, speaker).
-AdditionalInformation = dict[str, InfoValue]
+AdditionalInformation = Annotated[dict[str, InfoValue], Meta(max_length=MAX_INFO_ENTRIES)]
+StrMap = Annotated[dict[str, str], Meta(max_length=MAX_INFO_ENTRIES)]
 
 # The AdditionalInformation key through which a chunk refers to rows of StageOutputBatch.packed.
 PACKED_ROWS = "packed_rows"
@@ -122,7 +139,7 @@ class SamplingParamsMsg(msgspec.Struct, forbid_unknown_fields=True, omit_default
     top_k: Annotated[int, Meta(ge=0)] = 0  # 0 = disabled
     seed: int | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] = 1.0
-    stop_token_ids: list[TokenId] = []
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []
     ignore_eos: bool = False
 
 
@@ -140,7 +157,7 @@ class StageRequest(MessageBase):
     request_id: str
     stage_id: StageId
     prompt: str | None = None
-    prompt_token_ids: list[TokenId] | None = None
+    prompt_token_ids: TokenIds | None = None
     prompt_embeds: PromptEmbeds | None = None
     additional_information: AdditionalInformation | None = None
     sampling_params: SamplingParamsMsg | None = None
@@ -152,8 +169,8 @@ class StageOutputChunk(MessageBase):
 
     request_id: str
     stage_id: StageId
-    token_ids: list[TokenId] = []  # new tokens of this step
-    prompt_token_ids: list[TokenId] | None = None  # the stage's prompt, on its first chunk
+    token_ids: TokenIds = []  # new tokens of this step
+    prompt_token_ids: TokenIds | None = None  # the stage's prompt, on its first chunk
     prompt_embeds: PromptEmbeds | None = None
     additional_information: AdditionalInformation | None = None
     finished: bool = False
@@ -170,7 +187,7 @@ class StageOutputBatch(MessageBase):
     `PACKED_ROWS: [start, stop]` owns rows [start, stop) of every packed tensor, under the
     packed tensor's name. `pack()` builds this; `unpacked()` restores per-chunk views."""
 
-    chunks: list[StageOutputChunk]
+    chunks: Annotated[list[StageOutputChunk], Meta(max_length=MAX_BATCH)]
     packed: AdditionalInformation | None = None
 
     @classmethod
@@ -228,9 +245,11 @@ class Abort(MessageBase):
 
 
 class Ready(MessageBase):
+    """Stage -> coordinator: the engine is up; `info["input"]` is the address it bound."""
+
     stage_id: StageId
     pid: int
-    info: dict[str, str] = {}
+    info: StrMap = {}
 
 
 class Heartbeat(MessageBase):
@@ -252,14 +271,14 @@ class Connect(MessageBase):
     """Coordinator -> stage: send your outputs to these downstream stage inputs (again after
     a downstream stage restarted, possibly at a new address)."""
 
-    downstream: list[StageEndpoint]
+    downstream: Annotated[list[StageEndpoint], PerStage]
 
 
 class Connected(MessageBase):
     """Stage -> coordinator: the links to these downstream stage inputs are open (after Connect)."""
 
     stage_id: StageId
-    downstream: list[StageEndpoint]
+    downstream: Annotated[list[StageEndpoint], PerStage]
 
 
 class StageDone(MessageBase):
@@ -288,10 +307,10 @@ class Submit(MessageBase):
 
     request_id: str
     prompt: str | None = None
-    prompt_token_ids: list[TokenId] | None = None
+    prompt_token_ids: TokenIds | None = None
     prompt_embeds: PromptEmbeds | None = None  # for entry stages with `prompt_embeds: true`
-    sampling: list[StageSampling] = []
-    deadline_s: float | None = None
+    sampling: Annotated[list[StageSampling], PerStage] = []
+    deadline_s: Annotated[float, Meta(gt=0.0, le=1e7)] | None = None  # NaN and inf refused while decoding
     stream: bool = False
 
 
@@ -299,7 +318,7 @@ class StageResult(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     """What a final stage produced for a request."""
 
     stage_id: StageId
-    token_ids: list[TokenId] = []
+    token_ids: TokenIds = []
     text: str | None = None
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
@@ -309,14 +328,16 @@ class Finished(MessageBase):
     """Coordinator -> client: the request's terminal success event."""
 
     request_id: str
-    outputs: list[StageResult]
-    stage_timings: list[StageDone]
+    outputs: Annotated[list[StageResult], PerStage]
+    stage_timings: Annotated[list[StageDone], PerStage]
     t_submit: float
     t_finished: float
 
 
 class StatusRequest(MessageBase):
-    pass
+    """Client -> coordinator; the reply carries the same `request_id` (the client's tag)."""
+
+    request_id: str | None = None
 
 
 class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
@@ -325,13 +346,14 @@ class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
     alive: bool
     ready: bool  # serving: engine up and links to its downstream stages open
     restarts: int
-    info: dict[str, str] = {}
+    info: StrMap = {}
 
 
 class StatusReply(MessageBase):
     pipeline: str
-    stages: list[StageStatus]
+    stages: Annotated[list[StageStatus], PerStage]
     inflight: int
+    request_id: str | None = None  # the StatusRequest's
 
 
 Message = (

@@ -25,6 +25,12 @@ SUPPORTED_DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in SUPPORTED_DTYPES.items()}
 
+# Upper bounds of the configurable limits below: the message types carry them as
+# Meta(max_length=...) so msgspec refuses a longer list while decoding (payload.py).
+MAX_NDIM = 32
+MAX_LIST_LENGTH = 2**20
+MAX_INFO_ENTRIES = 1024
+
 # A peer can send any msgpack it likes, so messages show at most this much of a bad value.
 _MAX_SHOWN = 80
 
@@ -75,6 +81,13 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             value = getattr(self, name)
             if isinstance(value, int) and value <= 0:
                 raise ValueError(f"Limits.{name} must be > 0, got {value}")
+        for name, bound in (
+            ("max_ndim", MAX_NDIM),
+            ("max_list_length", MAX_LIST_LENGTH),
+            ("max_info_entries", MAX_INFO_ENTRIES),
+        ):
+            if getattr(self, name) > bound:
+                raise ValueError(f"Limits.{name} must be <= {bound} (the bound the message types carry)")
         unknown = [d for d in self.allowed_dtypes if d not in SUPPORTED_DTYPES]
         if unknown:
             raise ValueError(f"Limits.allowed_dtypes: unsupported {unknown}; choose from {list(SUPPORTED_DTYPES)}")

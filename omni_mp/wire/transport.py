@@ -134,7 +134,11 @@ class _LinkEnd:
     ) -> None:
         self.limits = limits
         self.socket = make_socket(ctx, socket_type, limits, hwm=hwm, linger_ms=linger_ms)
+        # A SecureContext carries the process's CURVE identity: binds serve, connects authenticate.
+        curve = getattr(ctx, "curve", None)
         try:
+            if curve is not None:
+                curve.server(self.socket) if bind else curve.client(self.socket)
             self.socket.bind(endpoint) if bind else self.socket.connect(endpoint)
         except BaseException:
             self.socket.close()

@@ -1,0 +1,155 @@
+"""The coordinator's outgoing sockets, which never block its loop.
+
+`StageLink`: coordinator -> one stage. Sends without waiting; what ZMQ cannot take yet waits
+in a bounded outbox, control messages (Abort, Connect, Shutdown) ahead of registrations, so
+an abort never queues behind bulk work the coordinator holds. A registration still in the
+outbox when its request ends is dropped instead of being sent and aborted.
+
+`ClientPort`: the client ROUTER. ROUTER_MANDATORY makes ZMQ report a full or vanished peer
+instead of silently dropping; a full peer's messages wait in a per-client outbox, where
+terminal events are always kept (there are at most max_inflight of them) and other messages
+(stream chunks, replies to invalid messages) are refused once `queue_len` are waiting.
+ROUTER_NOTIFY announces a client's disconnection as an empty message.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections import OrderedDict, deque
+
+import zmq
+
+from omni_mp.keys import CLIENT_DOMAIN, CurveIdentity
+from omni_mp.wire.payload import Buffer, Limits, Message, PayloadError, StageRequest, decode, encode
+from omni_mp.wire.transport import MessageSender, make_socket
+
+
+def _try_send(sock: zmq.Socket, frames: list[Buffer]) -> bool:
+    """Send now or say no (zmq.Again); other ZMQ errors propagate."""
+    try:
+        sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        return True
+    except zmq.Again:
+        return False
+
+
+class StageLink:
+    def __init__(self, sender: MessageSender, limits: Limits, max_queue: int) -> None:
+        self.sender = sender
+        self.limits = limits
+        self.max_queue = max_queue
+        self.control: deque[list[Buffer]] = deque()
+        self.bulk: OrderedDict[str, list[Buffer]] = OrderedDict()  # request id -> its StageRequest
+
+    @property
+    def socket(self) -> zmq.Socket:
+        return self.sender.socket
+
+    def full(self) -> bool:
+        """No room for more registrations: admission stops until the stage catches up."""
+        return len(self.bulk) >= self.max_queue
+
+    def stalled(self) -> bool:
+        """Control messages pile up: the stage has stopped reading (hung)."""
+        return len(self.control) > self.max_queue
+
+    def pending(self) -> bool:
+        return bool(self.control or self.bulk)
+
+    def register(self, msg: StageRequest) -> None:
+        self.bulk[msg.request_id] = encode(msg, self.limits)
+        self.flush()
+
+    def send_control(self, msg: Message) -> None:
+        self.control.append(encode(msg, self.limits))
+        self.flush()
+
+    def abort(self, request_id: str, msg: Message) -> None:
+        """End a request here: drop its unsent registration, else send `msg` (an Abort)."""
+        if self.bulk.pop(request_id, None) is None:
+            self.send_control(msg)
+
+    def flush(self) -> None:
+        sock = self.sender.socket
+        while self.control and _try_send(sock, self.control[0]):
+            self.control.popleft()
+        while not self.control and self.bulk:
+            rid = next(iter(self.bulk))
+            if not _try_send(sock, self.bulk[rid]):
+                return
+            del self.bulk[rid]
+
+    def close(self) -> None:
+        self.sender.socket.close(linger=0)
+
+
+class ClientPort:
+    def __init__(
+        self, ctx: zmq.Context, endpoint: str, limits: Limits, queue_len: int, curve: CurveIdentity | None
+    ) -> None:
+        self.limits = limits
+        self.queue_len = queue_len
+        self.socket = make_socket(ctx, zmq.ROUTER, limits, hwm=queue_len)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.ROUTER_NOTIFY, zmq.NOTIFY_DISCONNECT)
+        if curve is not None:
+            curve.server(self.socket, CLIENT_DOMAIN)
+        self.socket.bind(endpoint)
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.outbox: dict[bytes, deque[list[Buffer]]] = {}
+
+    def pending(self) -> bool:
+        return bool(self.outbox)
+
+    def send(self, client: bytes, msg: Message, *, droppable: bool) -> str | None:
+        """Send or queue `msg`: None, or why not: "gone" (the client left) or "full" (a
+        `droppable` message and the client's queue is full)."""
+        frames = [client, *encode(msg, self.limits)]
+        queued = self.outbox.get(client)
+        if queued is not None:
+            if droppable and len(queued) >= self.queue_len:
+                return "full"
+            queued.append(frames)
+            return None
+        try:
+            if not _try_send(self.socket, frames):
+                self.outbox[client] = deque([frames])
+        except zmq.ZMQError as err:
+            if err.errno == errno.EHOSTUNREACH:
+                return "gone"
+            raise
+        return None
+
+    def flush(self) -> list[bytes]:
+        """Send what the clients can take now; returns the clients found gone."""
+        gone = []
+        for client, queued in list(self.outbox.items()):
+            try:
+                while queued and _try_send(self.socket, queued[0]):
+                    queued.popleft()
+            except zmq.ZMQError as err:
+                if err.errno != errno.EHOSTUNREACH:
+                    raise
+                queued.clear()
+                gone.append(client)
+            if not queued:
+                del self.outbox[client]
+        return gone
+
+    def recv(self) -> tuple[bytes, Message | PayloadError | None]:
+        """One message: (client, message), (client, the reason it is invalid), or (client,
+        None) when the client disconnected (or sent an empty message, which means the same).
+        Raises zmq.Again when there is nothing to read."""
+        frames = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        client = frames[0].bytes
+        if len(frames) == 2 and len(frames[1]) == 0:
+            self.outbox.pop(client, None)
+            return client, None
+        try:
+            return client, decode(frames[1:], self.limits)
+        except PayloadError as err:
+            return client, err
+
+    def close(self, linger_ms: int) -> None:
+        self.flush()
+        self.socket.close(linger=linger_ms)

@@ -1,0 +1,120 @@
+"""The coordinator's request table: who submitted what, under which internal id, until when.
+
+Invariant: a request leaves the table exactly once (`pop`), and only the code that pops it
+sends its terminal event, so no request can end twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from omni_mp.config import PipelineConfig
+from omni_mp.wire.payload import SamplingParamsMsg, StageDone, StageResult, Submit
+
+
+@dataclass
+class Inflight:
+    client: bytes
+    request_id: str  # the client's id
+    internal_id: str  # unique per submission: a reused client id never meets stale stage state
+    stream: bool
+    deadline: float | None
+    t_submit: float
+    pending_final: set[int]
+    results: dict[int, StageResult] = field(default_factory=dict)
+    done: dict[int, StageDone] = field(default_factory=dict)
+
+
+class Rejected(Exception):
+    """A submission refused before admission: `code` and a message naming what was wrong."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMsg]:
+    """Validate a Submit against the pipeline; returns its per-stage sampling overrides."""
+    if sum(x is not None for x in (msg.prompt, msg.prompt_token_ids, msg.prompt_embeds)) != 1:
+        raise Rejected("invalid_input", "give exactly one of `prompt`, `prompt_token_ids` and `prompt_embeds`")
+    if msg.prompt is not None and not msg.prompt.strip():
+        raise Rejected("invalid_input", "`prompt` is empty")
+    if msg.prompt_token_ids is not None and not msg.prompt_token_ids:
+        raise Rejected("invalid_input", "`prompt_token_ids` is empty")
+    if msg.prompt_embeds is not None and not all(s.prompt_embeds for s in cfg.entry_stages):
+        raise Rejected(
+            "invalid_input", "`prompt_embeds`: the entry stage does not take embeddings (set `prompt_embeds: true`)"
+        )
+    sampling: dict[int, SamplingParamsMsg] = {}
+    ids = {s.id for s in cfg.stages}
+    for s in msg.sampling:
+        if s.stage_id not in ids:
+            raise Rejected("invalid_input", f"`sampling`: unknown stage id {s.stage_id} (stages: {sorted(ids)})")
+        if s.stage_id in sampling:
+            raise Rejected("invalid_input", f"`sampling`: stage id {s.stage_id} given twice")
+        sampling[s.stage_id] = s.params
+    deadline_s = msg.deadline_s
+    if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
+        raise Rejected("invalid_input", f"`deadline_s` must be a finite number > 0, got {deadline_s}")
+    return sampling
+
+
+class RequestTable:
+    def __init__(self, max_inflight: int) -> None:
+        self.max_inflight = max_inflight
+        self._by_internal: dict[str, Inflight] = {}
+        self._by_client: dict[tuple[bytes, str], str] = {}
+        self._ids = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._by_internal)
+
+    def __contains__(self, internal_id: str) -> bool:
+        return internal_id in self._by_internal
+
+    def get(self, internal_id: str) -> Inflight | None:
+        return self._by_internal.get(internal_id)
+
+    def lookup(self, client: bytes, request_id: str) -> Inflight | None:
+        """The client's own request of that id: a client can reach only what it submitted."""
+        internal = self._by_client.get((client, request_id))
+        return None if internal is None else self._by_internal[internal]
+
+    def ids(self) -> list[str]:
+        return list(self._by_internal)
+
+    def of_client(self, client: bytes) -> list[str]:
+        return [r.internal_id for r in self._by_internal.values() if r.client == client]
+
+    def admit(
+        self, client: bytes, msg: Submit, now: float, deadline_s: float | None, final_stages: set[int]
+    ) -> Inflight:
+        """Add a request; Rejected if the id is in flight for this client or the table is full."""
+        if (client, msg.request_id) in self._by_client:
+            raise Rejected("duplicate_request", f"request id {msg.request_id!r} is already in flight")
+        if len(self._by_internal) >= self.max_inflight:
+            raise Rejected("overloaded", f"{len(self._by_internal)} requests in flight (max_inflight); retry later")
+        req = Inflight(
+            client=client,
+            request_id=msg.request_id,
+            internal_id=f"q{next(self._ids)}",  # stages see only this id
+            stream=msg.stream,
+            deadline=None if deadline_s is None else now + deadline_s,
+            t_submit=now,
+            pending_final=set(final_stages),
+        )
+        self._by_internal[req.internal_id] = req
+        self._by_client[(client, msg.request_id)] = req.internal_id
+        return req
+
+    def pop(self, internal_id: str) -> Inflight | None:
+        """Remove a request (it is ending); None if it already ended."""
+        req = self._by_internal.pop(internal_id, None)
+        if req is not None:
+            del self._by_client[(req.client, req.request_id)]
+        return req
+
+    def expired(self, now: float) -> list[Inflight]:
+        return [r for r in self._by_internal.values() if r.deadline is not None and now >= r.deadline]

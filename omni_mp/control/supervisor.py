@@ -1,0 +1,85 @@
+"""Stage process supervision: notice deaths and hangs, kill the hung, restart with back-off.
+
+A stage is hung when it is alive but silent: no heartbeat for `heartbeat_timeout_s` (once it
+is ready, or once it has sent one: a stage may beat while its engine starts), not ready
+`stage_startup_s` after it was (re)started (a restart that hangs in engine start-up is caught
+too), or not reading its input while the coordinator's messages to it pile up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from omni_mp.config import PipelineConfig
+from omni_mp.control.stage_handle import StageHandle
+
+log = logging.getLogger("omni_mp.control.supervisor")
+
+
+class Supervisor:
+    def __init__(self, cfg: PipelineConfig, handles: dict[int, StageHandle], progress: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.handles = handles
+        self.progress = progress
+        self.restart_at: dict[int, float] = {}
+
+    def heartbeat(self, stage_id: int, now: float) -> None:
+        h = self.handles.get(stage_id)
+        if h is not None and h.proc is not None:
+            h.last_heartbeat = now
+            h.beating = True
+
+    def _hang(self, h: StageHandle, now: float, stalled: bool) -> str | None:
+        t = self.cfg.timeouts
+        if (h.ready or h.beating) and now - h.last_heartbeat > t.heartbeat_timeout_s:
+            return f"no heartbeat for {now - h.last_heartbeat:.1f}s"
+        if not h.ready and now - h.spawned_at > t.stage_startup_s:
+            return f"not ready {t.stage_startup_s:.0f}s after it started"
+        if stalled:
+            return "not reading its input"
+        return None
+
+    def check(self, now: float, stalled: set[int]) -> list[tuple[int, str]]:
+        """Respawn stages whose back-off is over; kill hung ones; return (stage, reason) for
+        each stage found dead since the last check."""
+        deaths = []
+        for sid, h in self.handles.items():
+            if sid in self.restart_at:
+                if now >= self.restart_at[sid]:
+                    del self.restart_at[sid]
+                    h.restarts += 1
+                    h.spawn()
+                    self.progress(f"stage {sid}: restarting (restart {h.restarts}), pid {h.pid}")
+                continue
+            if h.proc is None:
+                continue  # failed for good
+            code = h.exit_code()
+            why = ""
+            if code is None:
+                hang = self._hang(h, now, sid in stalled)
+                if hang is None:
+                    continue
+                log.error("stage %d (pid %s): %s; killing it", sid, h.pid, hang)
+                h.kill()
+                code = h.exit_code()
+                why = f" after it hung ({hang})"
+            deaths.append((sid, self._on_death(h, code, why, now)))
+        return deaths
+
+    def _on_death(self, h: StageHandle, code: int | None, why: str, now: float) -> str:
+        sid = h.stage.id
+        tail = h.last_log_lines(5).strip().splitlines()
+        reason = f"stage {sid} (pid {h.pid}) died with exit code {code}{why}" + (
+            f"; last log line: {tail[-1]}" if tail else ""
+        )
+        log.error("%s", reason)
+        h.proc = None
+        h.ready = False
+        h.bound_endpoint = None
+        policy = h.stage.restart
+        if h.restarts < policy.max_restarts:
+            self.restart_at[sid] = now + policy.backoff_s * (2 ** min(h.restarts, 6))
+        else:
+            self.progress(f"stage {sid}: died and will not be restarted (max_restarts {policy.max_restarts})")
+        return reason
