@@ -152,6 +152,7 @@ class Coordinator:
         poller = zmq.Poller()
         poller.register(self.events.socket, zmq.POLLIN)
         poller.register(self.clients.socket, zmq.POLLIN)
+        poller.register(self.clients.monitor, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 busy = self.clients.pending() or any(link.pending() for link in self.links.values())
@@ -160,6 +161,8 @@ class Coordinator:
                     self._drain_events()
                 if self.clients.socket in ready:
                     self._drain_clients()
+                for client in self.clients.disconnected():
+                    self._client_gone(client)
                 self._flush()
                 self._supervise(time.monotonic())
                 self._expire(time.time())
@@ -339,11 +342,8 @@ class Coordinator:
             except Exception:  # one bad message must not take the pipeline down
                 log.exception("could not handle a %s from a client", type(msg).__name__)
 
-    def _on_client_message(self, client: bytes, msg: Message | PayloadError | None) -> None:
-        if msg is None:
-            self._client_gone(client)
-            self._reject(client, None, "invalid_message", "empty message (taken as the client leaving)")
-        elif isinstance(msg, PayloadError):
+    def _on_client_message(self, client: bytes, msg: Message | PayloadError) -> None:
+        if isinstance(msg, PayloadError):
             self._reject(client, msg.request_id, "invalid_message", str(msg))
         elif isinstance(msg, Submit):
             self._on_submit(client, msg)

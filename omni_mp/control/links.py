@@ -9,7 +9,9 @@ outbox when its request ends is dropped instead of being sent and aborted.
 instead of silently dropping; a full peer's messages wait in a per-client outbox, where
 terminal events are always kept (there are at most max_inflight of them) and other messages
 (stream chunks, replies to invalid messages) are refused once `queue_len` are waiting.
-ROUTER_NOTIFY announces a client's disconnection as an empty message.
+A client's disconnection is seen on the socket's monitor (the connection's fd, which the
+client's messages also carry as SRCFD), so the requests of a client that vanished can be
+aborted at once instead of running to their end for no one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import errno
 from collections import OrderedDict, deque
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from omni_mp.keys import CLIENT_DOMAIN, CurveIdentity
 from omni_mp.wire.payload import Buffer, Limits, Message, PayloadError, StageRequest, decode, encode
@@ -91,12 +94,14 @@ class ClientPort:
         self.queue_len = queue_len
         self.socket = make_socket(ctx, zmq.ROUTER, limits, hwm=queue_len)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.socket.setsockopt(zmq.ROUTER_NOTIFY, zmq.NOTIFY_DISCONNECT)
         if curve is not None:
             curve.server(self.socket, CLIENT_DOMAIN)
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.outbox: dict[bytes, deque[list[Buffer]]] = {}
+        self._client_at: dict[int, bytes] = {}  # connection fd -> the client that last wrote on it
+        self._gone: list[bytes] = []
 
     def pending(self) -> bool:
         return bool(self.outbox)
@@ -136,15 +141,27 @@ class ClientPort:
                 del self.outbox[client]
         return gone
 
-    def recv(self) -> tuple[bytes, Message | PayloadError | None]:
-        """One message: (client, message), (client, the reason it is invalid), or (client,
-        None) when the client disconnected (or sent an empty message, which means the same).
-        Raises zmq.Again when there is nothing to read."""
+    def _read_monitor(self) -> None:
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            client = self._client_at.pop(event["value"], None)  # ACCEPTED: the fd is reused, a new peer
+            if client is not None and event["event"] == zmq.EVENT_DISCONNECTED:
+                self.outbox.pop(client, None)
+                self._gone.append(client)
+
+    def disconnected(self) -> list[bytes]:
+        """The clients whose connection closed since the last call."""
+        self._read_monitor()
+        gone, self._gone = self._gone, []
+        return gone
+
+    def recv(self) -> tuple[bytes, Message | PayloadError]:
+        """One message: (client, message) or (client, the reason it is invalid). Raises
+        zmq.Again when there is nothing to read."""
         frames = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
         client = frames[0].bytes
-        if len(frames) == 2 and len(frames[1]) == 0:
-            self.outbox.pop(client, None)
-            return client, None
+        self._read_monitor()  # (a connection's ACCEPTED comes before its messages)
+        self._client_at[frames[0].get(zmq.SRCFD)] = client
         try:
             return client, decode(frames[1:], self.limits)
         except PayloadError as err:
@@ -152,4 +169,6 @@ class ClientPort:
 
     def close(self, linger_ms: int) -> None:
         self.flush()
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
         self.socket.close(linger=linger_ms)

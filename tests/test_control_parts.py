@@ -1,0 +1,229 @@
+"""The coordinator's parts on their own: wiring, the request table, admission checks, and the
+non-blocking links (real ZMQ sockets, no stage processes)."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from omni_mp.config import parse_config
+from omni_mp.control.links import ClientPort, StageLink
+from omni_mp.control.requests import Rejected, RequestTable, check_submit
+from omni_mp.control.wiring import Wiring
+from omni_mp.wire.payload import (
+    Abort,
+    Connect,
+    ErrorEvent,
+    Finished,
+    Limits,
+    SamplingParamsMsg,
+    Shutdown,
+    StageEndpoint,
+    StageOutputChunk,
+    StageRequest,
+    StageSampling,
+    Submit,
+    decode,
+    encode,
+)
+from omni_mp.wire.transport import MessageSender
+
+LIMITS = Limits()
+
+
+def chain_cfg(**extra: object):
+    stages = [
+        {"id": 0, "model": "tiny-qwen2"},
+        {"id": 1, "model": "tiny-qwen2", "inputs": [0], "processor": "continue_tokens"},
+        {"id": 2, "model": "tiny-qwen2", "inputs": [1], "processor": "continue_tokens", "final_output": True},
+    ]
+    return parse_config({"name": "t", "stages": stages, **extra}, check_engine_args=False)
+
+
+# ---- wiring -------------------------------------------------------------------------------------
+def bring_up(w: Wiring, sid: int, endpoint: str) -> None:
+    for target, connect in w.on_ready(sid, endpoint):
+        w.on_connected(target, connect.downstream)
+
+
+def test_a_restarted_stage_is_not_wired_before_its_upstream_acknowledges_the_new_connect() -> None:
+    w = Wiring(chain_cfg())
+    for sid in (2, 1, 0):
+        bring_up(w, sid, f"ipc://@s{sid}-0")
+    assert w.not_wired() == []
+    # Stage 1 dies and comes back: stage 0's old link acknowledgement must not count any more,
+    # even if the new incarnation reported the very same address.
+    w.on_down(1)
+    assert w.not_wired() == [0, 1]
+    connects = dict(w.on_ready(1, "ipc://@s1-0"))
+    assert set(connects) == {0, 1}
+    assert w.not_wired() == [0, 1], "wired before the new Connect was handled"
+    w.on_connected(1, connects[1].downstream)
+    assert w.not_wired() == [0]
+    # A late acknowledgement of a Connect to an older address does not count either.
+    w.on_down(1)
+    connects = dict(w.on_ready(1, "ipc://@s1-1"))
+    w.on_connected(1, connects[1].downstream)
+    w.on_connected(0, [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")])
+    assert w.not_wired() == [0]
+    w.on_connected(0, connects[0].downstream)
+    assert w.not_wired() == []
+
+
+def test_acknowledgements_from_a_dead_incarnation_are_ignored() -> None:
+    w = Wiring(chain_cfg())
+    for sid in (2, 1, 0):
+        bring_up(w, sid, f"ipc://@s{sid}-0")
+    w.on_down(0)
+    w.on_connected(0, [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")])
+    assert not w.wired(0)
+    w.on_connected(9, [StageEndpoint(stage_id=77, endpoint="x")])  # unknown ids: ignored, no crash
+
+
+# ---- request table and admission -----------------------------------------------------------------
+def submit(rid: str, **kw: object) -> Submit:
+    return Submit(request_id=rid, prompt=kw.pop("prompt", "hello"), **kw)  # type: ignore[arg-type]
+
+
+def test_request_table_ends_each_request_once_and_keeps_clients_apart() -> None:
+    table = RequestTable(max_inflight=2)
+    a = table.admit(b"A", submit("r"), time.time(), None, {1})
+    b = table.admit(b"B", submit("r"), time.time(), 5.0, {1})  # same id, other client: independent
+    assert a.internal_id != b.internal_id
+    with pytest.raises(Rejected) as err:
+        table.admit(b"A", submit("r"), time.time(), None, {1})
+    assert err.value.code == "duplicate_request"
+    with pytest.raises(Rejected) as err:
+        table.admit(b"C", submit("x"), time.time(), None, {1})
+    assert err.value.code == "overloaded"
+    assert table.lookup(b"C", "r") is None  # a client reaches only its own requests
+    assert table.lookup(b"B", "r") is b
+    assert table.pop(a.internal_id) is a and table.pop(a.internal_id) is None
+    assert table.of_client(b"B") == [b.internal_id]
+    assert table.expired(time.time() + 10) == [b]
+
+
+@pytest.mark.parametrize(
+    ("msg", "code", "needle"),
+    [
+        (submit("r", prompt=" "), "invalid_input", "`prompt` is empty"),
+        (Submit(request_id="r", prompt_token_ids=[]), "invalid_input", "`prompt_token_ids` is empty"),
+        (Submit(request_id="r"), "invalid_input", "exactly one of"),
+        (submit("r", sampling=[StageSampling(stage_id=7, params=SamplingParamsMsg())]), "invalid_input", "unknown stage id 7"),
+        (
+            submit("r", sampling=[StageSampling(stage_id=0, params=SamplingParamsMsg())] * 2),
+            "invalid_input",
+            "stage id 0 given twice",
+        ),
+    ],
+)
+def test_check_submit_names_what_is_wrong(msg: Submit, code: str, needle: str) -> None:
+    with pytest.raises(Rejected) as err:
+        check_submit(chain_cfg(), msg)
+    assert err.value.code == code and needle in str(err.value)
+
+
+@pytest.mark.parametrize("deadline", [float("nan"), float("inf"), -1.0, 0.0])
+def test_bad_deadlines_are_refused_while_decoding(deadline: float) -> None:
+    body = msgspec.msgpack.encode({"t": "Submit", "request_id": "r", "prompt": "x", "deadline_s": deadline})
+    with pytest.raises(ValueError, match="deadline_s"):
+        decode([body])
+
+
+# ---- links ---------------------------------------------------------------------------------------
+def test_stage_link_never_blocks_and_sends_control_first() -> None:
+    ctx = zmq.Context()
+    try:
+        endpoint = "ipc://@omni_mp-test-link"
+        link = StageLink(MessageSender(ctx, endpoint, LIMITS, hwm=2), LIMITS, max_queue=50)
+        t0 = time.monotonic()
+        for i in range(100):  # no peer yet: ZMQ takes a few, the rest waits in the outbox, nothing blocks
+            link.register(StageRequest(request_id=f"q{i}", stage_id=0, prompt="x"))
+        assert time.monotonic() - t0 < 1.0 and link.full()
+        in_zmq = 100 - len(link.bulk)
+        assert in_zmq < 10
+        link.abort("q50", Abort(request_id="q50", reason="x"))  # never sent: dropped, no Abort needed
+        link.abort("q1", Abort(request_id="q1", reason="x"))  # sent already: an Abort follows it
+        link.send_control(Shutdown(reason="bye"))
+        pull = ctx.socket(zmq.PULL)
+        pull.bind(endpoint)
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 101 and time.monotonic() < deadline:
+            link.flush()
+            if pull.poll(10):
+                got.append(decode(pull.recv_multipart()))
+        names = [m.request_id if isinstance(m, StageRequest) else type(m).__name__ for m in got]
+        # What ZMQ held goes first; then the control messages, ahead of the outbox's registrations.
+        assert names == [f"q{i}" for i in range(in_zmq)] + ["Abort", "Shutdown"] + [
+            f"q{i}" for i in range(in_zmq, 100) if i != 50
+        ]
+        assert not link.pending()
+        link.close()
+        pull.close(linger=0)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def finished(rid: str) -> Finished:
+    return Finished(request_id=rid, outputs=[], stage_timings=[], t_submit=0.0, t_finished=0.0)
+
+
+def test_client_port_keeps_terminal_events_for_a_slow_client_and_bounds_the_rest() -> None:
+    ctx = zmq.Context()
+    try:
+        port = ClientPort(ctx, "ipc://@omni_mp-test-port", LIMITS, queue_len=8, curve=None)
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.RCVHWM, 1)
+        dealer.connect(port.endpoint)
+        dealer.send_multipart(encode(Abort(request_id="hello", reason="")))
+        client, _ = next(iter(_recv_all(port)))
+        chunk = StageOutputChunk(request_id="s", stage_id=0, token_ids=[1] * 2000)
+        refused = 0
+        for _ in range(3000):  # far more than every queue between us and the client holds
+            refused += port.send(client, chunk, droppable=True) == "full"
+        assert refused > 0, "the chunks never filled the client's queue"
+        for i in range(50):  # terminal events are kept whatever the queue holds
+            assert port.send(client, finished(f"r{i}"), droppable=False) is None
+        got: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 50 and time.monotonic() < deadline:
+            port.flush()
+            while dealer.poll(5):
+                msg = decode(dealer.recv_multipart())
+                if isinstance(msg, Finished):
+                    got.append(msg.request_id)
+        assert got == [f"r{i}" for i in range(50)]
+        # A client that disconnects is announced, and sending to it says so.
+        dealer.close(linger=0)
+        deadline = time.monotonic() + 5
+        notices: list[bytes] = []
+        while not notices and time.monotonic() < deadline:
+            notices = port.disconnected()
+            time.sleep(0.01)
+        assert notices == [client]
+        assert port.send(client, ErrorEvent(request_id="x", stage_id=None, code="c", message="m"), droppable=False) == "gone"
+        port.close(0)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _recv_all(port: ClientPort) -> list[tuple[bytes, object]]:
+    out = []
+    if port.socket.poll(2000):
+        while True:
+            try:
+                out.append(port.recv())
+            except zmq.Again:
+                return out
+    return out
+
+
+def test_connect_lists_are_bounded_in_the_type() -> None:
+    body = msgspec.msgpack.encode({"t": "Connect", "downstream": [{"stage_id": 1, "endpoint": "x"}] * 100})
+    with pytest.raises(ValueError, match="downstream"):
+        decode([body])
+    assert isinstance(decode(encode(Connect(downstream=[StageEndpoint(stage_id=1, endpoint="x")]))), Connect)
