@@ -112,7 +112,11 @@ def test_request_table_ends_each_request_once_and_keeps_clients_apart() -> None:
         (submit("r", prompt=" "), "invalid_input", "`prompt` is empty"),
         (Submit(request_id="r", prompt_token_ids=[]), "invalid_input", "`prompt_token_ids` is empty"),
         (Submit(request_id="r"), "invalid_input", "exactly one of"),
-        (submit("r", sampling=[StageSampling(stage_id=7, params=SamplingParamsMsg())]), "invalid_input", "unknown stage id 7"),
+        (
+            submit("r", sampling=[StageSampling(stage_id=7, params=SamplingParamsMsg())]),
+            "invalid_input",
+            "unknown stage id 7",
+        ),
         (
             submit("r", sampling=[StageSampling(stage_id=0, params=SamplingParamsMsg())] * 2),
             "invalid_input",
@@ -205,7 +209,8 @@ def test_client_port_keeps_terminal_events_for_a_slow_client_and_bounds_the_rest
             notices = port.disconnected()
             time.sleep(0.01)
         assert notices == [client]
-        assert port.send(client, ErrorEvent(request_id="x", stage_id=None, code="c", message="m"), droppable=False) == "gone"
+        error = ErrorEvent(request_id="x", stage_id=None, code="c", message="m")
+        assert port.send(client, error, droppable=False) == "gone"
         port.close(0)
     finally:
         ctx.destroy(linger=0)
