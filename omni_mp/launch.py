@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             coord.run()
         except BaseException as err:
             crashed.append(err)
-            raise
+            logging.getLogger("omni_mp.launch").exception("the coordinator failed")
         finally:
             stop.set()  # the main thread must not wait on a coordinator that is gone
 

@@ -184,10 +184,10 @@ def test_client_port_keeps_terminal_events_for_a_slow_client_and_bounds_the_rest
         dealer.setsockopt(zmq.RCVHWM, 1)
         dealer.connect(port.endpoint)
         dealer.send_multipart(encode(Abort(request_id="hello", reason="")))
-        client, _ = next(iter(_recv_all(port)))
+        client, _ = _recv_all(port)[0]
         chunk = StageOutputChunk(request_id="s", stage_id=0, token_ids=[1] * 2000)
         refused = 0
-        for _ in range(3000):  # far more than every queue between us and the client holds
+        for _ in range(6000):  # more than every queue between us and the client holds (ZMQ's: 4096)
             refused += port.send(client, chunk, droppable=True) == "full"
         assert refused > 0, "the chunks never filled the client's queue"
         for i in range(50):  # terminal events are kept whatever the queue holds
@@ -211,6 +211,28 @@ def test_client_port_keeps_terminal_events_for_a_slow_client_and_bounds_the_rest
         assert notices == [client]
         error = ErrorEvent(request_id="x", stage_id=None, code="c", message="m")
         assert port.send(client, error, droppable=False) == "gone"
+        port.close(0)
+
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_client_port_gives_up_on_a_client_that_never_reads() -> None:
+    """Answers are kept for a slow client, but not without bound: past the hard cap the
+    client counts as gone (the coordinator ends its requests) and its outbox is freed."""
+    ctx = zmq.Context()
+    try:
+        port = ClientPort(ctx, "ipc://@omni_mp-test-port2", LIMITS, queue_len=8, curve=None, max_inflight=16)
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.RCVHWM, 1)
+        dealer.connect(port.endpoint)
+        dealer.send_multipart(encode(Abort(request_id="hello", reason="")))
+        client, _ = _recv_all(port)[0]
+        big = ErrorEvent(request_id="x", stage_id=None, code="c", message="m" * 60000)
+        results = [port.send(client, big, droppable=False) for _ in range(8000)]
+        assert "gone" in results and results.count(None) < 8000
+        assert port.disconnected() == [client] and client not in port.outbox
+        dealer.close(linger=0)
         port.close(0)
     finally:
         ctx.destroy(linger=0)

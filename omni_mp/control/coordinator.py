@@ -98,7 +98,8 @@ class Coordinator:
         self._auth = None if self.curve is None else self.curve.start_authenticator(self.ctx, domains)
         self.events = MessageReceiver(self.ctx, self.endpoints.events(), cfg.limits, accept_shm=False, hwm=CONTROL_HWM)
         events_endpoint = self.events.socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.clients = ClientPort(self.ctx, bind, cfg.limits, cfg.admission.client_queue, self.curve)
+        adm = cfg.admission
+        self.clients = ClientPort(self.ctx, bind, cfg.limits, adm.client_queue, self.curve, adm.max_inflight)
         self.client_endpoint = self.clients.endpoint
         self.stages = {s.id: StageHandle(cfg, s, events_endpoint, self.endpoints, self.log_dir) for s in cfg.stages}
         self.supervisor = Supervisor(cfg, self.stages, self.progress)
@@ -161,8 +162,6 @@ class Coordinator:
                     self._drain_events()
                 if self.clients.socket in ready:
                     self._drain_clients()
-                for client in self.clients.disconnected():
-                    self._client_gone(client)
                 self._flush()
                 self._supervise(time.monotonic())
                 self._expire(time.time())
@@ -198,7 +197,8 @@ class Coordinator:
     def _flush(self) -> None:
         for link in self.links.values():
             link.flush()
-        for client in self.clients.flush():
+        self.clients.flush()
+        for client in self.clients.disconnected():
             self._client_gone(client)
 
     def _supervise(self, now: float) -> None:
@@ -284,8 +284,10 @@ class Coordinator:
             res.text = chunk.text
             res.finish_reason = chunk.finish_reason
         if req.stream:  # as the stage sent it (hidden states included), under the client's id
-            sent = self._to_client(req.client, msgspec.structs.replace(chunk, request_id=req.request_id), True)
-            if not sent and req.internal_id in self.table:
+            sent = self.clients.send(
+                req.client, msgspec.structs.replace(chunk, request_id=req.request_id), droppable=True
+            )
+            if sent == "full":
                 limit = self.cfg.admission.client_queue
                 message = f"the client reads its stream too slowly ({limit} messages waiting; admission.client_queue)"
                 self._finish_with_error(req.internal_id, "slow_consumer", message, None)
@@ -317,15 +319,13 @@ class Coordinator:
             t_submit=req.t_submit,
             t_finished=time.time(),
         )
-        self._to_client(req.client, finished, False)
+        self._to_client(req.client, finished)
 
     # ---- clients ------------------------------------------------------------------------------
-    def _to_client(self, client: bytes, msg: Message, droppable: bool) -> bool:
-        """False if not delivered: the client is gone (its requests end), or its queue is full."""
-        result = self.clients.send(client, msg, droppable=droppable)
-        if result == "gone" and droppable:  # (a terminal event to a gone client: its requests end anyway)
-            self._client_gone(client)
-        return result is None
+    def _to_client(self, client: bytes, msg: Message) -> None:
+        """An answer the client waits for: kept even when it reads slowly (a client found gone
+        is handled with the disconnections, in _flush)."""
+        self.clients.send(client, msg, droppable=False)
 
     def _client_gone(self, client: bytes) -> None:
         for rid in self.table.of_client(client):
@@ -352,7 +352,7 @@ class Coordinator:
             if req is not None:
                 self._finish_with_error(req.internal_id, "aborted", msg.reason or "aborted by the client", None)
         elif isinstance(msg, StatusRequest):
-            self._to_client(client, self._status(msg.request_id), True)
+            self._to_client(client, self._status(msg.request_id))
         else:
             self._reject(client, None, "invalid_message", f"unexpected {type(msg).__name__}")
 
@@ -362,7 +362,7 @@ class Coordinator:
         if request_id is not None and self.table.lookup(client, request_id) is not None:
             message = f"request {request_id!r}: {message}"
             request_id = None
-        self._to_client(client, ErrorEvent(request_id=request_id, stage_id=None, code=code, message=message), True)
+        self._to_client(client, ErrorEvent(request_id=request_id, stage_id=None, code=code, message=message))
 
     def _status(self, request_id: str | None) -> StatusReply:
         return StatusReply(
@@ -418,7 +418,7 @@ class Coordinator:
         for link in self.links.values():
             link.abort(internal_id, Abort(request_id=internal_id, reason=code))
         error = ErrorEvent(request_id=req.request_id, stage_id=stage_id, code=code, message=message)
-        self._to_client(req.client, error, False)
+        self._to_client(req.client, error)
 
     def _expire(self, now: float) -> None:
         for req in self.table.expired(now):

@@ -7,8 +7,10 @@ outbox when its request ends is dropped instead of being sent and aborted.
 
 `ClientPort`: the client ROUTER. ROUTER_MANDATORY makes ZMQ report a full or vanished peer
 instead of silently dropping; a full peer's messages wait in a per-client outbox, where
-terminal events are always kept (there are at most max_inflight of them) and other messages
-(stream chunks, replies to invalid messages) are refused once `queue_len` are waiting.
+stream chunks are refused once `queue_len` messages are waiting (the coordinator ends that
+stream with `slow_consumer`) and answers the client waits for (terminal events, refusals,
+status) are kept, up to a hard cap that only a client which never reads can reach: it is
+then treated as gone (its requests end, its outbox is dropped), so memory stays bounded.
 A client's disconnection is seen on the socket's monitor (the connection's fd, which the
 client's messages also carry as SRCFD), so the requests of a client that vanished can be
 aborted at once instead of running to their end for no one.
@@ -17,14 +19,18 @@ aborted at once instead of running to their end for no one.
 from __future__ import annotations
 
 import errno
+import logging
 from collections import OrderedDict, deque
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from omni_mp.control.endpoints import CONTROL_HWM
 from omni_mp.keys import CLIENT_DOMAIN, CurveIdentity
 from omni_mp.wire.payload import Buffer, Limits, Message, PayloadError, StageRequest, decode, encode
 from omni_mp.wire.transport import MessageSender, make_socket
+
+log = logging.getLogger("omni_mp.control.links")
 
 
 def _try_send(sock: zmq.Socket, frames: list[Buffer]) -> bool:
@@ -88,11 +94,17 @@ class StageLink:
 
 class ClientPort:
     def __init__(
-        self, ctx: zmq.Context, endpoint: str, limits: Limits, queue_len: int, curve: CurveIdentity | None
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        limits: Limits,
+        queue_len: int,
+        curve: CurveIdentity | None,
+        max_inflight: int = 1024,
     ) -> None:
         self.limits = limits
         self.queue_len = queue_len
-        self.socket = make_socket(ctx, zmq.ROUTER, limits, hwm=queue_len)
+        self.socket = make_socket(ctx, zmq.ROUTER, limits, hwm=CONTROL_HWM)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if curve is not None:
             curve.server(self.socket, CLIENT_DOMAIN)
@@ -100,8 +112,10 @@ class ClientPort:
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.outbox: dict[bytes, deque[list[Buffer]]] = {}
+        self.hard_cap = 16 * queue_len + max_inflight
         self._client_at: dict[int, bytes] = {}  # connection fd -> the client that last wrote on it
         self._gone: list[bytes] = []
+        self._dropped: set[bytes] = set()  # clients given up on (never reading) while still connected
 
     def pending(self) -> bool:
         return bool(self.outbox)
@@ -109,11 +123,18 @@ class ClientPort:
     def send(self, client: bytes, msg: Message, *, droppable: bool) -> str | None:
         """Send or queue `msg`: None, or why not: "gone" (the client left) or "full" (a
         `droppable` message and the client's queue is full)."""
+        if client in self._dropped:
+            return "gone"
         frames = [client, *encode(msg, self.limits)]
         queued = self.outbox.get(client)
         if queued is not None:
             if droppable and len(queued) >= self.queue_len:
                 return "full"
+            if len(queued) >= self.hard_cap:
+                log.error("client %s reads nothing (%d messages waiting): treated as gone", client.hex(), len(queued))
+                self._dropped.add(client)  # until it disconnects
+                self._lost(client)
+                return "gone"
             queued.append(frames)
             return None
         try:
@@ -121,13 +142,18 @@ class ClientPort:
                 self.outbox[client] = deque([frames])
         except zmq.ZMQError as err:
             if err.errno == errno.EHOSTUNREACH:
+                self._lost(client)
                 return "gone"
             raise
         return None
 
-    def flush(self) -> list[bytes]:
-        """Send what the clients can take now; returns the clients found gone."""
-        gone = []
+    def _lost(self, client: bytes) -> None:
+        self.outbox.pop(client, None)
+        if client not in self._gone:
+            self._gone.append(client)
+
+    def flush(self) -> None:
+        """Send what the clients can take now (clients found gone show in disconnected())."""
         for client, queued in list(self.outbox.items()):
             try:
                 while queued and _try_send(self.socket, queued[0]):
@@ -135,22 +161,21 @@ class ClientPort:
             except zmq.ZMQError as err:
                 if err.errno != errno.EHOSTUNREACH:
                     raise
-                queued.clear()
-                gone.append(client)
+                self._lost(client)
+                continue
             if not queued:
                 del self.outbox[client]
-        return gone
 
     def _read_monitor(self) -> None:
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)
             client = self._client_at.pop(event["value"], None)  # ACCEPTED: the fd is reused, a new peer
             if client is not None and event["event"] == zmq.EVENT_DISCONNECTED:
-                self.outbox.pop(client, None)
-                self._gone.append(client)
+                self._dropped.discard(client)
+                self._lost(client)
 
     def disconnected(self) -> list[bytes]:
-        """The clients whose connection closed since the last call."""
+        """The clients found gone since the last call (connection closed, or never reading)."""
         self._read_monitor()
         gone, self._gone = self._gone, []
         return gone

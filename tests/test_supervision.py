@@ -1,0 +1,111 @@
+"""Supervision without engines: a stage process that hangs before it is ready, children
+forked from short-lived threads, and a launcher whose coordinator thread dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from omni_mp import launch
+from omni_mp.config import parse_config
+from omni_mp.control.coordinator import Coordinator
+from omni_mp.control.endpoints import RunEndpoints, new_run_id
+from omni_mp.control.procutil import popen
+from omni_mp.control.stage_handle import StageHandle
+from omni_mp.control.supervisor import Supervisor
+from tests.launcher import REPO
+
+
+def test_a_stage_that_hangs_before_it_is_ready_is_killed(tmp_path: Path) -> None:
+    """Today's start-up path: the (re)started stage is stopped while it loads; nothing else
+    watches a stage that is not ready yet, so the start-up deadline must."""
+    cfg = parse_config(
+        {
+            "name": "p",
+            "timeouts": {"stage_startup_s": 2, "heartbeat_timeout_s": 1},
+            "stages": [{"id": 0, "model": "tiny-qwen2", "final_output": True}],
+        },
+        check_engine_args=False,
+    )
+    h = StageHandle(cfg, cfg.stages[0], "ipc://@nobody-listens", RunEndpoints(cfg.endpoints, new_run_id()), tmp_path)
+    said: list[str] = []
+    sup = Supervisor(cfg, {0: h}, said.append)
+    h.spawn()
+    pid = h.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        assert sup.check(t0, set()) == []
+        # A stage that has sent a heartbeat while starting is held to the heartbeat timeout.
+        sup.heartbeat(0, t0)
+        assert sup.check(t0 + 0.5, set()) == []
+        deaths = sup.check(t0 + 1.5, set())
+        assert [sid for sid, _ in deaths] == [0] and "no heartbeat for 1.5s" in deaths[0][1]
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert "will not be restarted" in said[-1]
+        # A silent one is held to the start-up deadline.
+        h.spawn()
+        pid = h.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        assert sup.check(h.spawned_at + 1.0, set()) == []
+        deaths = sup.check(h.spawned_at + 2.5, set())
+        assert [sid for sid, _ in deaths] == [0] and "not ready 2s after it started" in deaths[0][1]
+    finally:
+        h.kill()
+
+
+CHILD = (
+    "import sys, time; from omni_mp.control.procutil import die_with_parent; "
+    "die_with_parent(int(sys.argv[1])); time.sleep(60)"
+)
+
+
+def test_children_forked_from_a_short_lived_thread_outlive_it() -> None:
+    """PR_SET_PDEATHSIG is per thread: the child would get SIGKILL when the forking thread ends."""
+    procs: list[subprocess.Popen[bytes]] = []
+    cmd = [sys.executable, "-c", CHILD, str(os.getpid())]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def handler() -> None:  # forks, lives on while the child sets PR_SET_PDEATHSIG, then ends
+        procs.append(popen(cmd, cwd=REPO, env=env))
+        time.sleep(2.5)
+
+    t = threading.Thread(target=handler)
+    t.start()
+    t.join()
+    try:
+        time.sleep(1.0)
+        assert procs[0].poll() is None, f"the child died with its forking thread (code {procs[0].poll()})"
+    finally:
+        procs[0].kill()
+        procs[0].wait()
+
+
+def test_the_launcher_exits_if_the_coordinator_thread_dies(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Coordinator, now: float) -> None:
+        raise RuntimeError("a bug in the coordinator loop")
+
+    monkeypatch.setattr(Coordinator, "start", lambda self: None)  # no engines: the loop itself fails
+    monkeypatch.setattr(Coordinator, "_supervise", broken)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Before the fix the launcher waits forever: a SIGINT after 20 s ends it with status 0.
+    rescue = threading.Timer(20, lambda: os.kill(os.getpid(), signal.SIGINT))
+    rescue.start()
+    try:
+        t0 = time.monotonic()
+        code = launch.main(["--config", str(REPO / "tests/configs/tiny_single.yaml")])
+    finally:
+        rescue.cancel()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    assert code == 4 and time.monotonic() - t0 < 15
