@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -51,20 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     log = logging.getLogger("omni_mp.stage")
 
+    import threading
+
     import zmq
 
     from omni_mp.config import config_from_json
     from omni_mp.control.endpoints import CONTROL_HWM
-    from omni_mp.engines.ar import AREngine, EngineFeatures
-    from omni_mp.models.tiny import resolve_model
-    from omni_mp.processors import PROCESSORS
-    from omni_mp.stage.loop import StageLoop
+    from omni_mp.keys import STAGE_DOMAIN, SecureContext, pipeline_identity
+    from omni_mp.stage.io_threads import Heartbeater
     from omni_mp.wire.payload import Ready
     from omni_mp.wire.transport import MessageReceiver, MessageSender
 
     cfg = config_from_json(os.environ["OMNI_MP_PIPELINE_CONFIG"])
     stage = cfg.stage(args.stage_id)
-    ctx = zmq.Context()
+    ctx = SecureContext()
+    auth = None
+    if cfg.security.keys is not None:  # CURVE on every socket: binds serve, connects authenticate
+        ctx.curve = pipeline_identity(cfg.security.keys)
+        auth = ctx.curve.start_authenticator(ctx, (STAGE_DOMAIN,))
     events = MessageSender(ctx, args.events, cfg.limits, hwm=CONTROL_HWM)
     heartbeats = MessageSender(ctx, args.events, cfg.limits, hwm=CONTROL_HWM)  # its own socket: never behind data
     input_link = MessageReceiver(ctx, args.input, cfg.limits, hwm=CONTROL_HWM)
@@ -80,6 +85,17 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
 
+    # Beat while the engine loads: a stage that hangs or is stopped during start-up is noticed
+    # within heartbeat_timeout_s (the loop's own heartbeater takes over the socket after).
+    starting = threading.Event()
+    interval = cfg.timeouts.heartbeat_interval_s
+    beat = Heartbeater(heartbeats, stage.id, interval, math.inf, time.monotonic, starting)
+    beat.start()
+    from omni_mp.engines.ar import AREngine, EngineFeatures
+    from omni_mp.models.tiny import resolve_model
+    from omni_mp.processors import PROCESSORS
+    from omni_mp.stage.loop import StageLoop
+
     t0 = time.monotonic()
     log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
     processor = PROCESSORS[stage.processor] if stage.processor else None
@@ -91,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine = AREngine(resolve_model(stage.model), stage.engine_args, features)
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
+    starting.set()
+    beat.join()
     loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
@@ -100,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         engine.shutdown()
         for link in [input_link, heartbeats, events]:
             link.close()  # senders linger briefly so the last events reach their peer
+        if auth is not None:
+            auth.stop()
         ctx.term()
     log.info("stage %d: exited cleanly", stage.id)
     return 0
