@@ -450,11 +450,8 @@ def test_a_client_that_disconnects_gets_its_requests_aborted(coord: Coordinator,
     REPORT["client_disconnect_abort_s"] = round(time.monotonic() - t0, 3)
 
 
-@pytest.mark.parametrize("stage_id", [0, 1])
-def test_sigkill_of_a_stage_mid_stream_fails_fast_and_it_comes_back(
-    coord: Coordinator, client: OmniClient, stage_id: int
-) -> None:
-    pid = stage_pids(coord)[stage_id]
+def stream_in_background(client: OmniClient) -> tuple[threading.Thread, list[BaseException]]:
+    """A long streamed request on a thread, once its first chunk arrived; errors collected."""
     errors: list[BaseException] = []
     started = threading.Event()
 
@@ -462,12 +459,21 @@ def test_sigkill_of_a_stage_mid_stream_fails_fast_and_it_comes_back(
         try:
             for _ in client.stream("Hello", sampling=LONG, timeout_s=120):
                 started.set()
-        except BaseException as err:  # noqa: BLE001
+        except BaseException as err:  # noqa: BLE001 - checked by the caller
             errors.append(err)
 
     t = threading.Thread(target=run)
     t.start()
-    assert started.wait(60)
+    assert started.wait(60), "the request never streamed"
+    return t, errors
+
+
+@pytest.mark.parametrize("stage_id", [0, 1])
+def test_sigkill_of_a_stage_mid_stream_fails_fast_and_it_comes_back(
+    coord: Coordinator, client: OmniClient, stage_id: int
+) -> None:
+    pid = stage_pids(coord)[stage_id]
+    t, errors = stream_in_background(client)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     t.join(30)
@@ -481,19 +487,7 @@ def test_sigkill_of_a_stage_mid_stream_fails_fast_and_it_comes_back(
 
 def test_a_stopped_stage_is_detected_killed_and_restarted(coord: Coordinator, client: OmniClient) -> None:
     pid = stage_pids(coord)[1]
-    errors: list[BaseException] = []
-    started = threading.Event()
-
-    def run() -> None:
-        try:
-            for _ in client.stream("Hello", sampling=LONG, timeout_s=120):
-                started.set()
-        except BaseException as err:  # noqa: BLE001
-            errors.append(err)
-
-    t = threading.Thread(target=run)
-    t.start()
-    assert started.wait(60)
+    t, errors = stream_in_background(client)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     t.join(60)
