@@ -16,7 +16,7 @@ import yaml
 from msgspec import Meta
 
 from omni_mp.processors import PROCESSORS
-from omni_mp.wire.payload import Limits, SamplingParamsMsg
+from omni_mp.wire.payload import MAX_STAGES, Limits, SamplingParamsMsg
 from omni_mp.wire.shm_pool import ShmPoolConfig
 
 
@@ -47,7 +47,7 @@ class HiddenStatesOutput(msgspec.Struct, forbid_unknown_fields=True, frozen=True
 
 
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    id: int
+    id: Annotated[int, Meta(ge=0, le=2**31)]
     model: str  # a checkpoint dir, or the name of a built-in tiny model (omni_mp.models.tiny)
     kind: Literal["ar", "diffusion"] = "ar"
     engine_args: dict[str, Any] = {}
@@ -111,7 +111,7 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
-    stages: list[StageConfig]
+    stages: Annotated[list[StageConfig], Meta(max_length=MAX_STAGES)]
     limits: Limits = Limits()
     endpoints: EndpointsConfig = EndpointsConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()

@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import time
 
 import msgspec
 import pytest
@@ -382,3 +383,23 @@ def test_tensor_ref_is_the_wire_form_of_tensors() -> None:
     """The decoder's view of tensor fields is TensorRef; a decoded message never exposes one."""
     msg = decode(encode(StageRequest(request_id="r", stage_id=0, prompt_embeds=PromptEmbeds(torch.ones(1, 2)))))
     assert isinstance(msg.prompt_embeds.data, torch.Tensor) and not isinstance(msg.prompt_embeds.data, TensorRef)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"t": "Submit", "request_id": "r", "prompt": "x", "sampling": [{"stage_id": 0, "params": {}}] * 100_000}, "sampling"),  # noqa: E501
+        ({"t": "StageOutputBatch", "chunks": [{"t": "StageOutputChunk", "request_id": "r", "stage_id": 0}] * 100_000}, "chunks"),  # noqa: E501
+        ({"t": "Submit", "request_id": "r", "prompt": "x", "sampling": [{"stage_id": 0, "params": {"stop_token_ids": [1] * 100_000}}]}, "stop_token_ids"),  # noqa: E501
+        ({"t": "StatusReply", "pipeline": "p", "inflight": 0, "stages": [{"stage_id": 0, "pid": 1, "alive": True, "ready": True, "restarts": 0}] * 100_000}, "stages"),  # noqa: E501
+        ({"t": "Ready", "stage_id": 0, "pid": 1, "info": {f"k{i}": "v" for i in range(100_000)}}, "info"),
+    ],
+)  # fmt: skip
+def test_oversized_lists_are_refused_while_decoding(body: dict, field: str) -> None:
+    """Bounds live in the message types (Meta(max_length)): msgspec stops at the length
+    prefix, before building 100k items (a 100k-entry `sampling` list took 0.6 s to refuse)."""
+    frame = msgspec.msgpack.encode(body)
+    t0 = time.perf_counter()
+    with pytest.raises(PayloadError, match=field):
+        decode([frame])
+    assert time.perf_counter() - t0 < 0.05
