@@ -1,0 +1,79 @@
+"""The client library against a scripted coordinator socket (a real ROUTER, real messages):
+bounded per-request queues, status replies matched to their requests, close() answers waiters."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from omni_mp.client import STREAM_QUEUE, AsyncOmniClient, RequestError
+from omni_mp.wire.payload import (
+    Abort,
+    StageOutputChunk,
+    StatusReply,
+    StatusRequest,
+    Submit,
+    decode,
+    encode,
+)
+
+
+async def _serve(router: zmq.asyncio.Socket, seen: list[object]) -> None:
+    """Streams STREAM_QUEUE + 100 chunks for a Submit whose id starts with "s"; answers a status request with a
+    stray reply first, then its own."""
+    while True:
+        ident, *frames = await router.recv_multipart()
+        msg = decode(frames)
+        seen.append(msg)
+        if isinstance(msg, Submit) and msg.request_id.startswith("s"):
+            for _ in range(STREAM_QUEUE + 100):
+                chunk = StageOutputChunk(request_id=msg.request_id, stage_id=0, token_ids=[1])
+                await router.send_multipart([ident, *encode(chunk)])
+        elif isinstance(msg, StatusRequest):
+            for tag in ("someone-else", msg.request_id):
+                reply = StatusReply(pipeline=str(tag), stages=[], inflight=0, request_id=tag)
+                await router.send_multipart([ident, *encode(reply)])
+
+
+def test_a_stream_not_read_ends_with_slow_consumer_and_status_is_matched() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.SNDHWM, 0)  # keep every chunk (a ROUTER drops at its HWM)
+        router.bind("ipc://@omni_mp-test-client")
+        seen: list[object] = []
+        server = asyncio.create_task(_serve(router, seen))
+        client = AsyncOmniClient("ipc://@omni_mp-test-client")
+        try:
+            stream = client.stream("x", request_id="s1")
+            first = await stream.__anext__()  # then stop reading for a while
+            assert isinstance(first, StageOutputChunk)
+            await asyncio.sleep(1.0)
+            got = 1
+            with pytest.raises(RequestError) as err:
+                async for _ in stream:
+                    got += 1
+            assert err.value.code == "slow_consumer" and got <= STREAM_QUEUE + 1
+            for _ in range(50):
+                if any(isinstance(m, Abort) and m.request_id == "s1" for m in seen):
+                    break
+                await asyncio.sleep(0.05)
+            assert any(isinstance(m, Abort) and m.request_id == "s1" for m in seen), "the pipeline was not told"
+            status = await client.status(timeout_s=5)
+            assert status.request_id is not None and status.request_id.startswith("status-")
+            # close() answers a request still waiting, instead of leaving it hanging.
+            waiting = asyncio.create_task(client.generate("y", request_id="r2"))
+            await asyncio.sleep(0.2)
+            await client.close()
+            with pytest.raises(RequestError) as err:
+                await waiting
+            assert err.value.code == "client_closed"
+        finally:
+            server.cancel()
+            router.close(linger=0)
+            ctx.term()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
