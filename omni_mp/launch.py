@@ -24,8 +24,6 @@ from pathlib import Path
 
 import msgspec
 
-from omni_mp.config import ConfigError, load_config
-
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_chain.yaml"
 
 
@@ -131,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["keys"]:
         return _keys_main(argv[1:])
     args = _parse(argv)
+    from omni_mp.config import ConfigError, load_config  # (after `keys`, which needs no torch)
+
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config)
