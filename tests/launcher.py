@@ -105,3 +105,13 @@ def in_process_engine(model: str, engine_args: dict[str, Any], features: Any) ->
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+
+
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
+    """Whether process `pid` has exited (or is a zombie) within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

@@ -42,6 +42,22 @@ def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | No
     return env
 
 
+def exiting_code(pid: int) -> int | None:
+    """The exit status of a process whose main thread has exited while the kernel still tears
+    the rest down (it cannot be reaped yet, but it will never serve again): Linux shows its
+    thread-group leader as a zombie, with the status in /proc/PID/stat. None otherwise."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+    if not fields or fields[0] != "Z" or len(fields) < 50:
+        return None
+    status = int(fields[49])  # field 52 of stat: the waitpid status
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+
+
 class StageHandle:
     def __init__(
         self, cfg: PipelineConfig, stage: StageConfig, events_endpoint: str, endpoints: RunEndpoints, log_dir: Path
@@ -91,26 +107,31 @@ class StageHandle:
         self.spawned_at = self.last_heartbeat = time.monotonic()
 
     def exit_code(self) -> int | None:
-        """None while running (or never spawned); the exit code once it has exited."""
-        return None if self.proc is None else self.proc.poll()
+        """None while running (or never spawned); the exit code once it has exited, also
+        while the kernel still tears it down (see exiting_code)."""
+        if self.proc is None:
+            return None
+        code = self.proc.poll()
+        return code if code is not None else exiting_code(self.proc.pid)
 
     def is_alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.exit_code() is None and self.proc is not None
 
     def kill(self) -> None:
+        """SIGKILL, without waiting: a killed process can take the kernel many seconds to tear
+        down (a thread in uninterruptible sleep), and the caller is the coordinator's loop.
+        (subprocess reaps a dropped Popen later.)"""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
 
     def terminate(self, timeout_s: float) -> None:
-        """SIGTERM, then SIGKILL after `timeout_s`."""
+        """SIGTERM, then SIGKILL after `timeout_s`; waits at most 2 x `timeout_s`."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+        if not self.wait(timeout_s):
             self.kill()
+            self.wait(timeout_s)
 
     def wait(self, timeout_s: float) -> bool:
         if self.proc is None:

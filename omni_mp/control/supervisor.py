@@ -70,9 +70,8 @@ class Supervisor:
     def _on_death(self, h: StageHandle, code: int | None, why: str, now: float) -> str:
         sid = h.stage.id
         tail = h.last_log_lines(5).strip().splitlines()
-        reason = f"stage {sid} (pid {h.pid}) died with exit code {code}{why}" + (
-            f"; last log line: {tail[-1]}" if tail else ""
-        )
+        how = "was killed" if code is None else f"died with exit code {code}"  # (None: still exiting)
+        reason = f"stage {sid} (pid {h.pid}) {how}{why}" + (f"; last log line: {tail[-1]}" if tail else "")
         log.error("%s", reason)
         h.proc = None
         h.ready = False
