@@ -450,9 +450,13 @@ def test_a_client_that_disconnects_gets_its_requests_aborted(coord: Coordinator,
     REPORT["client_disconnect_abort_s"] = round(time.monotonic() - t0, 3)
 
 
-def stream_in_background(client: OmniClient) -> tuple[threading.Thread, list[BaseException]]:
-    """A long streamed request on a thread, once its first chunk arrived; errors collected."""
+def stream_in_background(client: OmniClient) -> tuple[threading.Thread, list[BaseException], list[float]]:
+    """A long streamed request on a thread, once its first chunk arrived (after the pipeline
+    is whole again, should an earlier test have left it restarting); errors collected, with
+    the time they arrived."""
+    wait_all_ready(client)
     errors: list[BaseException] = []
+    t_errors: list[float] = []
     started = threading.Event()
 
     def run() -> None:
@@ -460,12 +464,13 @@ def stream_in_background(client: OmniClient) -> tuple[threading.Thread, list[Bas
             for _ in client.stream("Hello", sampling=LONG, timeout_s=120):
                 started.set()
         except BaseException as err:  # noqa: BLE001 - checked by the caller
+            t_errors.append(time.monotonic())
             errors.append(err)
 
     t = threading.Thread(target=run)
     t.start()
     assert started.wait(60), "the request never streamed"
-    return t, errors
+    return t, errors, t_errors
 
 
 def test_sigkill_of_the_entry_stage_mid_stream_fails_fast_and_it_comes_back(
@@ -474,12 +479,15 @@ def test_sigkill_of_the_entry_stage_mid_stream_fails_fast_and_it_comes_back(
     """(The final stage's kill is test_pipeline.py's.)"""
     stage_id = 0
     pid = stage_pids(coord)[stage_id]
-    t, errors = stream_in_background(client)
-    t0 = time.monotonic()
+    t, errors, t_errors = stream_in_background(client)
     os.kill(pid, signal.SIGKILL)
+    # The kernel may take seconds to end a killed process (a thread in uninterruptible sleep
+    # on this shared VM): what is ours to bound is the time from its end to the error.
+    assert gone(pid, 30)
+    t_dead = time.monotonic()
     t.join(30)
     assert len(errors) == 1 and isinstance(errors[0], RequestError) and errors[0].code == "stage_died", errors
-    assert time.monotonic() - t0 < 2.0
+    assert t_errors[0] - t_dead < 2.0
     wait_all_ready(client)
     assert stage_pids(coord)[stage_id] != pid
     assert len(client.generate("Hello", timeout_s=120).outputs[0].token_ids) == 8
@@ -488,7 +496,7 @@ def test_sigkill_of_the_entry_stage_mid_stream_fails_fast_and_it_comes_back(
 
 def test_a_stopped_stage_is_detected_killed_and_restarted(coord: Coordinator, client: OmniClient) -> None:
     pid = stage_pids(coord)[1]
-    t, errors = stream_in_background(client)
+    t, errors, _ = stream_in_background(client)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     t.join(60)
