@@ -63,6 +63,21 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # (VLLM_CPU_OMP_THREADS_BIND); None = one core per stage, round-robin.
     cpu_kv_cache_gib: int = 1
     cpu_cores: str | None = None
+    # placement ray: custom Ray resources this stage's bundle reserves besides its CPU and
+    # GPUs, e.g. {"node:10.0.0.7": 0.01} or a label resource a node was started with.
+    ray_resources: dict[Annotated[str, Meta(max_length=256)], Annotated[float, Meta(ge=0)]] = {}
+
+
+class PlacementConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Where stage processes run. `local`: subprocesses of the coordinator on this host.
+    `ray`: actors on a Ray cluster (`address` as for `ray.init`, e.g. "auto" or
+    "10.0.0.5:6379"; None starts a local Ray), one placement-group bundle per stage, placed
+    by `strategy`; stages then talk over tcp with CURVE keys (`endpoints`, `security`)."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = None
+    namespace: str | None = None
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
 
 class EndpointsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -117,6 +132,7 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     admission: AdmissionConfig = AdmissionConfig()
     security: SecurityConfig = SecurityConfig()
+    placement: PlacementConfig = PlacementConfig()
 
     def stage(self, stage_id: int) -> StageConfig:
         for s in self.stages:
@@ -240,6 +256,11 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
                 if key not in _engine_arg_names():
                     raise ConfigError(f"`{where}.engine_args.{key}`: not an argument of vLLM 0.25.0's EngineArgs")
     _check_acyclic(cfg)
+    if cfg.placement.kind == "ray" and cfg.endpoints.transport != "tcp":
+        raise ConfigError("`endpoints.transport`: placement 'ray' puts stages on other hosts; use 'tcp' (with keys)")
+    if cfg.placement.kind != "ray" and any(s.ray_resources for s in cfg.stages):
+        where = next(i for i, s in enumerate(cfg.stages) if s.ray_resources)
+        raise ConfigError(f"`stages[{where}].ray_resources`: only with `placement.kind: ray`")
     if cfg.endpoints.transport == "tcp" and cfg.security.keys is None:
         raise ConfigError(
             "`security.keys`: tcp endpoints require CURVE keys; create a key directory with `omni-mp keys DIR` "

@@ -75,6 +75,15 @@ def mutate(path: list[Any], value: Any) -> dict[str, Any]:
         (["stages", 0, "engine_args", "trust_remote_code"], True, "`stages[0].engine_args.trust_remote_code`"),
         (["stages"], [], "`stages`: a pipeline needs at least one stage"),
         (["name"], ["x"], "`name`"),
+        (["placement"], {"kind": "slurm"}, "`placement.kind`"),
+        (["placement"], {"kind": "ray"}, "`endpoints.transport`: placement 'ray' puts stages on other hosts"),
+        (["placement"], {"strategy": "ANYWHERE"}, "`placement.strategy`"),
+        (
+            ["stages", 1, "ray_resources"],
+            {"node_b": 0.01},
+            "`stages[1].ray_resources`: only with `placement.kind: ray`",
+        ),
+        (["stages", 1, "ray_resources"], {"node_b": -1}, "`stages[1].ray_resources"),
     ],
 )
 def test_invalid_configs_name_the_key(path: list[Any], value: Any, message: str) -> None:

@@ -33,6 +33,7 @@ import zmq
 from omni_mp.config import PipelineConfig
 from omni_mp.control.endpoints import CONTROL_HWM, RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
+from omni_mp.control.ray_placement import RayPlacement
 from omni_mp.control.requests import Rejected, RequestTable, check_submit
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
@@ -101,7 +102,12 @@ class Coordinator:
         adm = cfg.admission
         self.clients = ClientPort(self.ctx, bind, cfg.limits, adm.client_queue, self.curve, adm.max_inflight)
         self.client_endpoint = self.clients.endpoint
-        self.stages = {s.id: StageHandle(cfg, s, events_endpoint, self.endpoints, self.log_dir) for s in cfg.stages}
+        self.ray: RayPlacement | None = None
+        if cfg.placement.kind == "ray":
+            self.ray = RayPlacement(cfg, self.run_id)
+        self.stages = {
+            s.id: StageHandle(cfg, s, events_endpoint, self.endpoints, self.log_dir, self.ray) for s in cfg.stages
+        }
         self.supervisor = Supervisor(cfg, self.stages, self.progress)
         self.wiring = Wiring(cfg)
         self.table = RequestTable(cfg.admission.max_inflight)
@@ -116,6 +122,13 @@ class Coordinator:
     def start(self) -> None:
         """Spawn every stage at once (engine inits overlap) and wait for all to be wired."""
         t0 = time.monotonic()
+        if self.ray is not None:  # every stage's bundle reserved (GPUs included) before any starts
+            try:
+                self.ray.wait_placed(self.cfg.timeouts.stage_startup_s)
+            except BaseException:
+                self.shutdown()
+                raise
+            self.progress(f"ray: {len(self.stages)} bundle(s) placed")
         for h in self.stages.values():
             h.spawn()
             self.progress(f"stage {h.stage.id}: starting {h.stage.kind} engine ({h.stage.model}), pid {h.pid}")
@@ -184,6 +197,8 @@ class Coordinator:
         for h in self.stages.values():
             if not h.wait(10.0):
                 h.terminate(5.0)
+        if self.ray is not None:
+            self.ray.close()
         self.events.close()
         for link in self.links.values():
             link.close()  # the stages are gone: nothing left to deliver

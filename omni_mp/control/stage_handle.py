@@ -12,6 +12,7 @@ from pathlib import Path
 from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
 from omni_mp.control.endpoints import RunEndpoints
 from omni_mp.control.procutil import popen
+from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
 
 
 def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -60,14 +61,21 @@ def exiting_code(pid: int) -> int | None:
 
 class StageHandle:
     def __init__(
-        self, cfg: PipelineConfig, stage: StageConfig, events_endpoint: str, endpoints: RunEndpoints, log_dir: Path
+        self,
+        cfg: PipelineConfig,
+        stage: StageConfig,
+        events_endpoint: str,
+        endpoints: RunEndpoints,
+        log_dir: Path,
+        ray: RayPlacement | None = None,
     ):
         self.cfg = cfg
         self.stage = stage
         self.events_endpoint = events_endpoint
         self.endpoints = endpoints
         self.log_path = log_dir / f"stage{stage.id}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.ray = ray  # placement ray: the stage runs in a Ray actor on some node
+        self.proc: subprocess.Popen[bytes] | RayStageProcess | None = None
         self.restarts = 0
         self.ready = False
         self.bound_endpoint: str | None = None  # reported by the stage once bound
@@ -81,6 +89,9 @@ class StageHandle:
         return None if self.proc is None else self.proc.pid
 
     def spawn(self) -> None:
+        if self.ray is not None:
+            self._spawn_ray()
+            return
         cmd = [
             sys.executable,
             "-m",
@@ -101,6 +112,29 @@ class StageHandle:
             self.proc = popen(
                 cmd, env=stage_env(self.cfg, self.stage), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
+        self._spawned()
+
+    def _spawn_ray(self) -> None:
+        assert self.ray is not None
+        cmd = [
+            sys.executable,  # the same interpreter path on every node (one venv layout)
+            "-m",
+            "omni_mp.stage",
+            "--stage-id",
+            str(self.stage.id),
+            "--events",
+            self.events_endpoint,
+            "--input",
+            f"tcp://{NODE_HOST}:*",  # the address of the node Ray placed it on
+            "--parent-pid",
+            ACTOR_PID,
+        ]
+        env = stage_env(self.cfg, self.stage)
+        name = f"{self.endpoints.run_id}-stage{self.stage.id}-{self.restarts}.log"
+        self.proc = self.ray.launch(self.stage, cmd, env, name)
+        self._spawned()
+
+    def _spawned(self) -> None:
         self.ready = False
         self.bound_endpoint = None
         self.beating = False
@@ -143,6 +177,8 @@ class StageHandle:
             return False
 
     def last_log_lines(self, n: int = 20) -> str:
+        if isinstance(self.proc, RayStageProcess):
+            return self.proc.log_tail(n)
         try:
             with open(self.log_path, errors="replace") as fh:
                 return "".join(deque(fh, maxlen=n))

@@ -20,6 +20,7 @@ def device_info() -> dict[str, str]:
     import torch
 
     info = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")}
+    info["node"] = os.environ.get("OMNI_MP_NODE", "local")  # placement ray: the node's address and id
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         info["torch_cuda_device_count"] = str(n)

@@ -148,7 +148,7 @@ class OutputPump(threading.Thread):
         shm: ShmPoolConfig | None,
         stop: threading.Event,
         stage_id: int,
-        on_sent: Callable[[int, float], None],
+        on_sent: Callable[[int, float, int], None],
     ) -> None:
         super().__init__(name=f"stage{stage_id}-output", daemon=True)
         self.ctx, self.events, self.limits, self.shm = ctx, events, limits, shm
@@ -184,24 +184,24 @@ class OutputPump(threading.Thread):
         # when it is created: doing that under the first request would delay it).
         self._send_one(self.events, Connected(stage_id=self.stage_id, downstream=list(msg.downstream)))
 
-    def _send_one(self, link: MessageSender, msg: Message) -> None:
+    def _send_one(self, link: MessageSender, msg: Message) -> int:
         """Send within SEND_TIMEOUT_S, in short waits so that a shutdown is not held up by a
         consumer that stopped reading (a timed-out attempt sends nothing and frees its slots)."""
         deadline = time.monotonic() + SEND_TIMEOUT_S
         while True:
             try:
-                link.send(msg, timeout=POLL_MS / 1000)
-                return
+                return link.send(msg, timeout=POLL_MS / 1000)
             except TimeoutError:
                 if self.stop.is_set() or time.monotonic() > deadline:
                     raise
 
     def _send(self, item: Outgoing) -> None:
         t0 = time.perf_counter()
+        wire_bytes = 0  # what went over the downstream sockets (shared memory excluded)
         if item.downstream:
             for stage_id, link in self.downstream.items():
                 try:
-                    self._send_one(link, item.msg)
+                    wire_bytes += self._send_one(link, item.msg)
                 except TimeoutError:
                     if self.stop.is_set():
                         return
@@ -213,7 +213,7 @@ class OutputPump(threading.Thread):
                 if not self.stop.is_set():  # the coordinator took nothing for SEND_TIMEOUT_S
                     raise
         if item.step >= 0:
-            self.on_sent(item.step, time.perf_counter() - t0)
+            self.on_sent(item.step, time.perf_counter() - t0, wire_bytes)
 
     def _fail_undelivered(self, stage_id: int, msg: Message) -> None:
         """A downstream stage took nothing for SEND_TIMEOUT_S (it is hung; the coordinator

@@ -3,7 +3,8 @@
 One record per engine step: when it started, how long the step took, how long the engine
 thread waited for input before it, how many requests produced output, how many hidden-state
 or step-embedding rows moved, how long the engine thread spent building outputs, and (filled
-in by the output thread) how long encoding and sending them took. Bounded: the newest
+in by the output thread) how long encoding and sending them took and how many bytes went
+over sockets to downstream stages. Bounded: the newest
 `MAX_STEPS` steps are kept. Written as JSON when the stage exits.
 """
 
@@ -31,6 +32,7 @@ class StepRecord(msgspec.Struct, array_like=True):
     rows: int  # hidden-state rows emitted (or step-embedding rows taken) in this step
     build_ms: float  # engine thread: outputs -> messages queued
     send_ms: float = 0.0  # output thread: encode + send of this step's messages
+    wire_bytes: int = 0  # bytes of them sent to downstream stages over sockets (not shared memory)
 
 
 class StepTimeline:
@@ -51,11 +53,12 @@ class StepTimeline:
             self.records.append(record)
             self._by_step[record.step] = record
 
-    def sent(self, step: int, seconds: float) -> None:
+    def sent(self, step: int, seconds: float, wire_bytes: int = 0) -> None:
         with self._lock:
             rec = self._by_step.get(step)
             if rec is not None:
                 rec.send_ms += seconds * 1000
+                rec.wire_bytes += wire_bytes
 
     def write(self) -> Path | None:
         directory = os.environ.get(PROFILE_DIR_ENV)

@@ -71,7 +71,7 @@ def send_message(
     timeout: float | None = None,
     shm: ShmPool | None = None,
     routing_id: bytes | None = None,
-) -> None:
+) -> int:
     """Validate, encode and send `msg`. Large frames go zero-copy (pyzmq copies frames below
     its copy_threshold, 64 KiB): do not modify sent tensors in place until delivered.
     With `shm`, tensors the pool accepts are copied into it instead (waiting for space
@@ -96,7 +96,7 @@ def send_message(
         while True:
             try:
                 sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                return
+                return sum(memoryview(f).nbytes for f in frames)
             except zmq.Again:
                 _poll(sock, zmq.POLLOUT, deadline, "send")
     except BaseException:
@@ -175,8 +175,9 @@ class MessageSender(_LinkEnd):
         self.linger_ms = linger_ms
         self.pool = ShmPool(shm) if shm is not None else None
 
-    def send(self, msg: Message, timeout: float | None = None) -> None:
-        send_message(self.socket, msg, self.limits, timeout=timeout, shm=self.pool)
+    def send(self, msg: Message, timeout: float | None = None) -> int:
+        """Send `msg`; returns the bytes that went over the socket (shared memory excluded)."""
+        return send_message(self.socket, msg, self.limits, timeout=timeout, shm=self.pool)
 
     def close(self) -> None:
         """Close the socket (ZMQ keeps delivering queued messages for up to linger_ms) and,
