@@ -146,7 +146,9 @@ class StageHandle:
         if self.proc is None:
             return None
         code = self.proc.poll()
-        return code if code is not None else exiting_code(self.proc.pid)
+        if code is not None or isinstance(self.proc, RayStageProcess):  # its pid is on another host
+            return code
+        return exiting_code(self.proc.pid)
 
     def is_alive(self) -> bool:
         return self.exit_code() is None and self.proc is not None
