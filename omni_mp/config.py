@@ -178,6 +178,9 @@ def _engine_arg_names() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(EngineArgs))
 
 
+# vLLM's own weight loaders (a plugin-registered load_format could run any code); `dummy`
+# (random weights) is what benchmarks at real sizes use.
+BUILTIN_LOAD_FORMATS = frozenset({"auto", "pt", "safetensors", "npcache", "dummy", "fastsafetensors"})
 # Set by omni_mp from the stage config itself; writing them in engine_args would be ambiguous.
 _RESERVED_ENGINE_ARGS = {"model"}
 # engine_args through which vLLM imports or runs code named in the YAML (class paths,
@@ -244,7 +247,8 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
                     f"`{where}.cpu_cores`: expected a core list like '0-3' or '0,2', got {s.cpu_cores!r}"
                 ) from None
         for key in s.engine_args:
-            if key in IMPORT_CAPABLE_ENGINE_ARGS and not cfg.security.allow_code_import:
+            builtin = key == "load_format" and s.engine_args[key] in BUILTIN_LOAD_FORMATS
+            if key in IMPORT_CAPABLE_ENGINE_ARGS and not builtin and not cfg.security.allow_code_import:
                 raise ConfigError(
                     f"`{where}.engine_args.{key}`: lets vLLM import or run code named in the YAML; refused unless "
                     "`security.allow_code_import: true` (only for YAML you trust as much as code)"

@@ -92,6 +92,15 @@ def test_invalid_configs_name_the_key(path: list[Any], value: Any, message: str)
     assert message in str(err.value)
 
 
+def test_builtin_load_formats_need_no_opt_in() -> None:
+    data = base()
+    data["stages"][0]["engine_args"]["load_format"] = "dummy"
+    assert parse_config(data).stages[0].engine_args["load_format"] == "dummy"
+    data["stages"][0]["engine_args"]["load_format"] = "my_plugin_loader"
+    with pytest.raises(ConfigError, match=r"`stages\[0\]\.engine_args\.load_format`: lets vLLM import"):
+        parse_config(data)
+
+
 def test_cycle_is_rejected() -> None:
     data = base()
     data["stages"][0]["inputs"] = [1]
