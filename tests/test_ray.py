@@ -117,6 +117,7 @@ def test_a_lost_node_fails_its_requests_and_the_stage_moves(cluster: Any, keys: 
             with pytest.raises(RequestError) as err:
                 list(stream)
             waited = time.monotonic() - t0
+            print(f"[ray] the request failed {waited:.1f}s after its node was killed")
             assert err.value.event.code == "stage_died", err.value
             assert waited < 2 * cfg.timeouts.heartbeat_timeout_s + 2, f"failed after {waited:.1f}s"
             # The restart policy starts a new actor; Ray re-places its bundle on the node left.
@@ -128,5 +129,6 @@ def test_a_lost_node_fails_its_requests_and_the_stage_moves(cluster: Any, keys: 
                 time.sleep(0.5)
             else:
                 raise AssertionError(f"stage 1 was not re-placed: {client.status().stages[1]}")
+            print(f"[ray] stage 1 serving again on {stage.info['node']} {time.monotonic() - t0:.1f}s after the kill")
             done = client.generate(PROMPT, timeout_s=120)
             assert_same_tokens(done.outputs[-1].token_ids, want, margins, "after the stage moved")
