@@ -5,7 +5,7 @@ It has the real Hugging Face layout: a full `Qwen2_5OmniForConditionalGeneration
 (`{name: {"bos_token", "cond" [1, enc_emb_dim], "ref_mel" [1, T_ref, mel_dim]}}`), at toy sizes
 (`../shared/models/qwen2_5_omni.md` §4). Cached like the other tiny models (omni_mp.models.tiny).
 
-Two deviations from those sizes, both for the tests: `num_embeds` = 320, so every id of the
+Deviations from those sizes, all for the tests: larger DiT weights (see `dit_init_std`); `num_embeds` = 320, so every id of the
 tiny Qwen2 AR model (vocab 320) is a valid codec id; speakers get reference mels of different
 lengths, so batching across speakers is exercised.
 """
@@ -31,6 +31,10 @@ class Token2WavSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     look_backward_layers: tuple[int, ...] = (0,)
     enc_emb_dim: int = 16
     bigvgan_channels: int = 64
+    # DiT matrices ~ N(0, std). At transformers' 0.02 the random DiT barely mixes frames (a
+    # change in one block moves the next block's output by ~1e-5), so windows could not differ
+    # from the one-shot pass; at 0.12 neighbouring blocks move each other by ~10-100%.
+    dit_init_std: float = 0.12
     # name -> reference mel length (frames)
     speakers: tuple[tuple[str, int], ...] = (("Chelsie", 60), ("Ethan", 90))
 
@@ -153,6 +157,9 @@ def _build(spec: Token2WavSpec, out_dir: Path) -> None:
     model = Qwen2_5OmniForConditionalGeneration(omni_config(spec)).eval()
     gen = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
+        for name, p in sorted(model.token2wav.code2wav_dit_model.named_parameters()):
+            if p.ndim >= 2 and ".spk_encoder." not in name:
+                p.normal_(0.0, spec.dit_init_std, generator=gen)
         # BigVGAN's default init is near-silent (wav std ~5e-9); a conv-style init gives audible output.
         for mod in model.token2wav.code2wav_bigvgan_model.modules():
             if isinstance(mod, torch.nn.Conv1d | torch.nn.ConvTranspose1d):

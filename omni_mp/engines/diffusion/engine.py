@@ -9,6 +9,7 @@ trajectory by one solver step; a step's outputs are audio chunks (float32 sample
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ class DiffusionEngine:
         from omni_mp.engines.vllm_hooks_diffusion import CONFIG_KEY, WORKER_CLS, DiffusionScheduler
 
         self.cfg = cfg
+        # The worker runs in this process (vLLM's CPU platform would otherwise swap "uni" for "mp").
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         args = dict(engine_args or {})
         args.update(
             skip_tokenizer_init=True,  # inputs are codec ids, not text
@@ -50,6 +53,7 @@ class DiffusionEngine:
             worker_cls=WORKER_CLS,
             async_scheduling=False,  # a step's outputs decide the next step's admissions
             enable_prefix_caching=False,
+            distributed_executor_backend="uni",  # the worker runs in this process, one step at a time
             dtype="float32",  # what the worker runs (transformers runs token2wav in fp32 too)
             mm_processor_cache_gb=0,  # no multimodal inputs reach a diffusion stage
             # vLLM never builds the checkpoint's architecture here (our worker loads the DiT), but
