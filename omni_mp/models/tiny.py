@@ -181,8 +181,14 @@ def _build_qwen2(spec: TinyQwen2Spec, out_dir: Path) -> None:
     model.save_pretrained(out_dir, safe_serialization=True)
 
 
-def build_cached(prefix: str, spec: msgspec.Struct, build: Callable[[Path], None], *, cache_dir: Path | None = None,
-                 verbose: bool = True) -> Path:
+def build_cached(
+    prefix: str,
+    spec: msgspec.Struct,
+    build: Callable[[Path], None],
+    *,
+    cache_dir: Path | None = None,
+    verbose: bool = True,
+) -> Path:
     """Return `<cache>/<prefix>-<hash of spec>`, running `build(tmp_dir)` once to create it
     (process- and thread-safe: a file lock, then an atomic rename)."""
     root = cache_dir or cache_root()

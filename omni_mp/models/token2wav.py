@@ -5,9 +5,9 @@ It has the real Hugging Face layout: a full `Qwen2_5OmniForConditionalGeneration
 (`{name: {"bos_token", "cond" [1, enc_emb_dim], "ref_mel" [1, T_ref, mel_dim]}}`), at toy sizes
 (`../shared/models/qwen2_5_omni.md` §4). Cached like the other tiny models (omni_mp.models.tiny).
 
-Deviations from those sizes, all for the tests: larger DiT weights (see `dit_init_std`); `num_embeds` = 320, so every id of the
-tiny Qwen2 AR model (vocab 320) is a valid codec id; speakers get reference mels of different
-lengths, so batching across speakers is exercised.
+Deviations from those sizes, all for the tests: larger DiT weights (see `dit_init_std`);
+`num_embeds` = 320, so every id of the tiny Qwen2 AR model (vocab 320) is a valid codec id;
+speakers get reference mels of different lengths, so batching across speakers is exercised.
 """
 
 from __future__ import annotations

@@ -81,7 +81,9 @@ class DiffusionEngine:
         if total > self.cfg.max_input_len:
             raise DiffusionEngineInputError(f"{total} input ids: more than max_input_len {self.cfg.max_input_len}")
         if total * self.model.frames_per_input > self.model.max_frames:
-            raise DiffusionEngineInputError(f"{total} input ids: longer than the model's {self.model.max_frames} frames")
+            raise DiffusionEngineInputError(
+                f"{total} input ids: longer than the model's {self.model.max_frames} frames"
+            )
         try:
             self.model.check(params, ids)
         except DiffusionInputError as err:

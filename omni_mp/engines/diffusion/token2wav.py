@@ -63,7 +63,8 @@ def _load_token2wav_state(model_dir: Path) -> dict[str, torch.Tensor]:
 
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
-        files = sorted({f for k, f in json.loads(index.read_text())["weight_map"].items() if k.startswith("token2wav.")})
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted({f for k, f in weight_map.items() if k.startswith("token2wav.")})
     else:
         files = ["model.safetensors"]
     state: dict[str, torch.Tensor] = {}
