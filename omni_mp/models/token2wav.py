@@ -13,6 +13,7 @@ speakers get reference mels of different lengths, so batching across speakers is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -37,9 +38,15 @@ class Token2WavSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dit_init_std: float = 0.12
     # name -> reference mel length (frames)
     speakers: tuple[tuple[str, int], ...] = (("Chelsie", 60), ("Ethan", 90))
+    # True: token2wav at transformers' default (real Qwen2.5-Omni) size, with transformers' own
+    # random init; the fields above except seed and speakers are ignored. For benchmarks.
+    default_size: bool = False
 
 
-TOKEN2WAV_SPECS: dict[str, Token2WavSpec] = {"tiny-token2wav": Token2WavSpec()}
+TOKEN2WAV_SPECS: dict[str, Token2WavSpec] = {
+    "tiny-token2wav": Token2WavSpec(),
+    "token2wav-default-size": Token2WavSpec(default_size=True, speakers=(("Chelsie", 300), ("Ethan", 300))),
+}
 
 _MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]}
 # Thinker-vocab ids of the special tokens (all < thinker vocab 320).
@@ -54,7 +61,7 @@ _SPECIAL_IDS = {
 }
 
 
-def omni_config(spec: Token2WavSpec) -> object:
+def omni_config(spec: Token2WavSpec) -> Any:
     from transformers import Qwen2_5OmniConfig
 
     thinker = {
@@ -144,7 +151,7 @@ def omni_config(spec: Token2WavSpec) -> object:
     return Qwen2_5OmniConfig(
         thinker_config=thinker,
         talker_config=talker,
-        token2wav_config={"dit_config": dit, "bigvgan_config": bigvgan},
+        token2wav_config={} if spec.default_size else {"dit_config": dit, "bigvgan_config": bigvgan},
         enable_audio_output=True,
     )
 
@@ -154,11 +161,12 @@ def _build(spec: Token2WavSpec, out_dir: Path) -> None:
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     torch.manual_seed(spec.seed)  # transformers' own init draws from the global RNG
-    model = Qwen2_5OmniForConditionalGeneration(omni_config(spec)).eval()
+    config = omni_config(spec)
+    model = Qwen2_5OmniForConditionalGeneration(config).eval()
     gen = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
         for name, p in sorted(model.token2wav.code2wav_dit_model.named_parameters()):
-            if p.ndim >= 2 and ".spk_encoder." not in name:
+            if p.ndim >= 2 and ".spk_encoder." not in name and not spec.default_size:
                 p.normal_(0.0, spec.dit_init_std, generator=gen)
         # BigVGAN's default init is near-silent (wav std ~5e-9); a conv-style init gives audible output.
         for mod in model.token2wav.code2wav_bigvgan_model.modules():
@@ -168,11 +176,12 @@ def _build(spec: Token2WavSpec, out_dir: Path) -> None:
                 if mod.bias is not None:
                     mod.bias.uniform_(-bound, bound, generator=gen)
     model.save_pretrained(out_dir, safe_serialization=True)
+    dit = config.token2wav_config.dit_config
     speakers = {
         name: {
             "bos_token": 310 + i,
-            "cond": torch.randn(1, spec.enc_emb_dim, generator=gen),
-            "ref_mel": torch.randn(1, frames, spec.mel_dim, generator=gen) - 5.0,  # log-mel-like values
+            "cond": torch.randn(1, dit.enc_emb_dim, generator=gen),
+            "ref_mel": torch.randn(1, frames, dit.mel_dim, generator=gen) - 5.0,  # log-mel-like values
         }
         for i, (name, frames) in enumerate(spec.speakers)
     }
