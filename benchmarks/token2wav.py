@@ -46,16 +46,16 @@ def run_engine(eng: DiffusionEngine, reqs: list[list[int]], stream: bool) -> tup
     """Wall time until every request finished, and each request's time to its first audio."""
     t0 = time.perf_counter()
     for i, codes in enumerate(reqs):
-        eng.add_request(f"r{i}", codes, DiffusionParams(seed=i), stream=stream)
+        eng.submit(f"r{i}", codes, DiffusionParams(seed=i), stream=stream)
     first: dict[str, float] = {}
     while eng.has_work():
         outs, _ = eng.step()
         now = time.perf_counter() - t0
         for o in outs:
-            if o.audio is not None and o.audio.numel():
+            if o.info is not None and o.info["audio"].numel():
                 first.setdefault(o.request_id, now)
-            if o.error:
-                raise RuntimeError(f"{o.request_id}: {o.error}")
+        if failed := eng.take_failed():
+            raise RuntimeError(f"failed: {failed}")
     return time.perf_counter() - t0, first
 
 

@@ -19,8 +19,9 @@ import functools
 import pytest
 import torch
 
+from omni_mp.engines.base import EngineInputError
 from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest
-from omni_mp.engines.diffusion.engine import DiffusionEngine, DiffusionEngineInputError
+from omni_mp.engines.diffusion.engine import DiffusionEngine
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig, StreamingConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
 from omni_mp.models.token2wav import TOKEN2WAV_SPECS, build_token2wav
@@ -76,15 +77,16 @@ def drain(eng: DiffusionEngine, max_steps: int = 10_000) -> tuple[dict[str, list
             return audio, reasons
         outs, _ = eng.step()
         for o in outs:
-            if o.audio is not None:
-                audio.setdefault(o.request_id, []).append(o.audio)
+            if o.info is not None:
+                audio.setdefault(o.request_id, []).append(o.info["audio"])
             if o.finished:
-                reasons[o.request_id] = o.error or o.finish_reason
+                reasons[o.request_id] = o.finish_reason
+        reasons.update(eng.take_failed())
     raise AssertionError("engine did not go idle")
 
 
 def alone(eng: DiffusionEngine, codes: list[int], p: DiffusionParams, stream: bool = False) -> torch.Tensor:
-    eng.add_request("alone", codes, p, stream=stream)
+    eng.submit("alone", codes, p, stream=stream)
     audio, _ = drain(eng)
     return torch.cat(audio["alone"])
 
@@ -117,12 +119,12 @@ def test_batched_requests_equal_each_alone(engine: DiffusionEngine) -> None:
     }
     expected = {rid: alone(engine, codes, p) for rid, (codes, p) in reqs.items()}
     for rid in ["a", "b", "c", "d"]:
-        engine.add_request(rid, *reqs[rid], stream=False)
+        engine.submit(rid, *reqs[rid], stream=False)
     sizes = []
     for _ in range(3):
         engine.step()
         sizes.append(len(engine.batcher.running))
-    engine.add_request("late", *reqs["late"], stream=False)
+    engine.submit("late", *reqs["late"], stream=False)
     engine.step()
     sizes.append(len(engine.batcher.running))
     audio, reasons = drain(engine)
@@ -143,7 +145,7 @@ def test_streamed_chunks_join_to_the_one_shot_waveform(engine: DiffusionEngine) 
     one_shot = alone(engine, codes, p)
     # Upstream sends 7 codes per step; the first chunk starts as soon as its codes (and right
     # context) are in, and its audio comes one solve (num_steps - 1 steps) later.
-    engine.add_request("s", codes[:7], p, closed=False, stream=True)
+    engine.submit("s", codes[:7], p, closed=False, stream=True)
     sent, chunks, steps, first_audio = 7, [], 0, None
     while engine.has_work():
         if sent < n:
@@ -152,8 +154,8 @@ def test_streamed_chunks_join_to_the_one_shot_waveform(engine: DiffusionEngine) 
         outs, _ = engine.step()
         steps += 1
         for o in outs:
-            if o.audio is not None and o.audio.numel():
-                chunks.append(o.audio)
+            if o.info is not None and o.info["audio"].numel():
+                chunks.append(o.info["audio"])
                 first_audio = first_audio or (steps, sent)
     streamed = torch.cat(chunks)
     cfg = engine.cfg.streaming
@@ -203,7 +205,7 @@ def test_abort_mid_sampling_frees_the_slot(engine2: DiffusionEngine) -> None:
     codes = {rid: codes_of(20 + i, i) for i, rid in enumerate(["r1", "r2", "r3"])}
     want = {rid: alone(engine2, codes[rid], p) for rid in ["r2", "r3"]}
     for rid in ["r1", "r2", "r3"]:
-        engine2.add_request(rid, codes[rid], p, stream=False)
+        engine2.submit(rid, codes[rid], p, stream=False)
     engine2.step()
     engine2.step()
     assert sorted(engine2.batcher.running.values()) == ["r1", "r2"]  # r3 waits for a slot
@@ -223,16 +225,16 @@ def test_abort_mid_sampling_frees_the_slot(engine2: DiffusionEngine) -> None:
 def test_bad_input_fails_only_that_request(engine: DiffusionEngine) -> None:
     good_codes, p = codes_of(30, 7), DiffusionParams(seed=7, speaker="Chelsie")
     want = alone(engine, good_codes, p)
-    engine.add_request("good", good_codes, p, stream=False)
+    engine.submit("good", good_codes, p, stream=False)
     engine.step()
-    with pytest.raises(DiffusionEngineInputError, match="unknown speaker 'Nobody'"):
-        engine.add_request("bad1", [1, 2, 3], DiffusionParams(seed=1, speaker="Nobody"))
-    with pytest.raises(DiffusionEngineInputError, match="codec id 999 out of range"):
-        engine.add_request("bad2", [1, 999, 3], DiffusionParams(seed=1))
-    with pytest.raises(DiffusionEngineInputError, match="empty input"):
-        engine.add_request("bad3", [], DiffusionParams(seed=1))
-    engine.add_request("bad4", [1, 2], DiffusionParams(seed=1), closed=False, stream=True)
-    with pytest.raises(DiffusionEngineInputError, match="codec id -4 out of range"):
+    with pytest.raises(EngineInputError, match="unknown speaker 'Nobody'"):
+        engine.submit("bad1", [1, 2, 3], DiffusionParams(seed=1, speaker="Nobody"))
+    with pytest.raises(EngineInputError, match="codec id 999 out of range"):
+        engine.submit("bad2", [1, 999, 3], DiffusionParams(seed=1))
+    with pytest.raises(EngineInputError, match="empty input"):
+        engine.submit("bad3", [], DiffusionParams(seed=1))
+    engine.submit("bad4", [1, 2], DiffusionParams(seed=1), closed=False, stream=True)
+    with pytest.raises(EngineInputError, match="codec id -4 out of range"):
         engine.add_inputs("bad4", [3, -4], closed=True)
     engine.abort(["bad4"])  # what the stage loop does with a request whose input failed
     audio, reasons = drain(engine)

@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from omni_mp.config import config_from_json
     from omni_mp.control.endpoints import CONTROL_HWM
     from omni_mp.engines.ar import AREngine, EngineFeatures
+    from omni_mp.engines.base import StageEngine
     from omni_mp.models.tiny import resolve_model
     from omni_mp.processors import PROCESSORS
     from omni_mp.stage.loop import StageLoop
@@ -83,13 +84,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
     processor = PROCESSORS[stage.processor] if stage.processor else None
-    features = EngineFeatures(
-        hidden_states=stage.hidden_states is not None,
-        hidden_layers=tuple(stage.hidden_states.layers) if stage.hidden_states is not None else (),
-        prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
-        step_embeds=processor is not None and processor.step_embeds_enabled,
-    )
-    engine = AREngine(resolve_model(stage.model), stage.engine_args, features)
+    engine: StageEngine
+    if stage.kind == "diffusion":
+        from omni_mp.engines.diffusion.engine import DiffusionEngine
+
+        open_inputs = processor is not None and processor.streams_inputs
+        engine = DiffusionEngine(
+            resolve_model(stage.model), stage.diffusion, stage.engine_args, open_inputs=open_inputs
+        )
+    else:
+        features = EngineFeatures(
+            hidden_states=stage.hidden_states is not None,
+            hidden_layers=tuple(stage.hidden_states.layers) if stage.hidden_states is not None else (),
+            prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
+            step_embeds=processor is not None and processor.step_embeds_enabled,
+        )
+        engine = AREngine(resolve_model(stage.model), stage.engine_args, features)
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
     loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}

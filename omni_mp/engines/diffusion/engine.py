@@ -1,10 +1,11 @@
 """A diffusion stage engine: vLLM 0.25.0's `EngineCore`, in the stage process, running omni_mp's
 diffusion scheduler and worker (`omni_mp.engines.vllm_hooks_diffusion`).
 
-The stage loop drives it like the AR engine: add requests (their input ids may keep
-arriving: `add_inputs`), `step()` while `can_step()`, abort. Each step advances every running
-trajectory by one solver step; a step's outputs are audio chunks (float32 samples at
-`sample_rate`), the last one of a request marked finished.
+The stage loop drives it like the AR engine (`omni_mp.engines.base.StageEngine`): add
+requests (with `open_inputs`, their input ids keep arriving through `add_inputs` until
+closed), `step()` while `can_step()`, abort. Each step advances every running trajectory by
+one solver step; a step's outputs are audio chunks (`StepOutput.info`: float32 samples and
+their sample rate, see omni_mp.audio), the last one of a request marked finished.
 """
 
 from __future__ import annotations
@@ -12,31 +13,29 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import torch
 
+from omni_mp.audio import audio_info
+from omni_mp.engines.base import EngineInputError, StepOutput
 from omni_mp.engines.diffusion.model import DiffusionInputError
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
-
-
-class DiffusionEngineInputError(ValueError):
-    """A request's input was rejected (the message says what and why)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AudioStepOutput:
-    request_id: str
-    audio: torch.Tensor | None  # float32 [samples]: this step's new audio of the request
-    finished: bool
-    finish_reason: str | None  # "stop" | "error"
-    error: str | None = None
+from omni_mp.wire.payload import SamplingParamsMsg
 
 
 class DiffusionEngine:
-    def __init__(self, model: str, cfg: DiffusionStageConfig, engine_args: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        cfg: DiffusionStageConfig,
+        engine_args: dict[str, Any] | None = None,
+        *,
+        open_inputs: bool = False,
+    ) -> None:
+        """`open_inputs`: requests started with `add_request` take more ids (`add_inputs`)
+        until closed; set for stages fed by a processor that streams its inputs."""
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.executor import Executor
@@ -44,6 +43,8 @@ class DiffusionEngine:
         from omni_mp.engines.vllm_hooks_diffusion import CONFIG_KEY, WORKER_CLS, DiffusionScheduler
 
         self.cfg = cfg
+        self.open_inputs = open_inputs
+        self._failed: dict[str, str] = {}
         # The worker runs in this process (vLLM's CPU platform would otherwise swap "uni" for "mp").
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         args = dict(engine_args or {})
@@ -79,17 +80,39 @@ class DiffusionEngine:
 
     def _check_ids(self, params: DiffusionParams, ids: Sequence[int], total: int) -> None:
         if total > self.cfg.max_input_len:
-            raise DiffusionEngineInputError(f"{total} input ids: more than max_input_len {self.cfg.max_input_len}")
+            raise EngineInputError(f"{total} input ids: more than max_input_len {self.cfg.max_input_len}")
         if total * self.model.frames_per_input > self.model.max_frames:
-            raise DiffusionEngineInputError(
-                f"{total} input ids: longer than the model's {self.model.max_frames} frames"
-            )
+            raise EngineInputError(f"{total} input ids: longer than the model's {self.model.max_frames} frames")
         try:
             self.model.check(params, ids)
         except DiffusionInputError as err:
-            raise DiffusionEngineInputError(str(err)) from None
+            raise EngineInputError(str(err)) from None
+
+    def tokenize(self, text: str) -> list[int]:
+        raise EngineInputError("a diffusion stage takes codec ids (prompt_token_ids), not text")
+
+    def decode(self, token_ids: list[int]) -> str | None:
+        return None
 
     def add_request(
+        self,
+        request_id: str,
+        sampling: SamplingParamsMsg,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        step_embeds: Any = None,
+    ) -> int:
+        """The stage loop's entry: the ids known so far, the stage's default parameters, the
+        request's seed (`sampling.seed`). Returns the number of ids."""
+        if prompt_embeds is not None or step_embeds is not None:
+            raise EngineInputError("a diffusion stage takes codec ids, not embeddings")
+        ids = prompt_token_ids or []
+        params = msgspec.structs.replace(self.cfg.defaults, seed=sampling.seed)
+        self.submit(request_id, ids, params, closed=not self.open_inputs)
+        return len(ids)
+
+    def submit(
         self,
         request_id: str,
         ids: Sequence[int],
@@ -104,7 +127,7 @@ class DiffusionEngine:
 
         resolved = self.resolve(params)
         if closed and not ids:
-            raise DiffusionEngineInputError("empty input: no codec ids to synthesize")
+            raise EngineInputError("empty input: no codec ids to synthesize")
         self._check_ids(resolved, ids, len(ids))
         req = DiffusionRequest(
             request_id=request_id,
@@ -121,7 +144,7 @@ class DiffusionEngine:
         if req is None:
             return  # finished or aborted meanwhile
         if closed and not req.ids and not ids:
-            raise DiffusionEngineInputError("empty input: upstream produced no codec ids")
+            raise EngineInputError("empty input: upstream produced no codec ids")
         self._check_ids(req.params, ids, len(req.ids) + len(ids))
         self.batcher.extend(request_id, list(ids), closed)
 
@@ -137,15 +160,22 @@ class DiffusionEngine:
         """A step would advance something (not only requests waiting for upstream ids)."""
         return self.batcher.runnable()
 
-    def step(self) -> tuple[list[AudioStepOutput], bool]:
+    def step(self) -> tuple[list[StepOutput], bool]:
         outputs, executed = self.core.step()
-        result: list[AudioStepOutput] = []
+        result: list[StepOutput] = []
         for per_client in outputs.values():
             for out in per_client.outputs:
+                if isinstance(out.stop_reason, str):  # the worker could not serve it (see take_failed)
+                    self._failed[out.request_id] = out.stop_reason
+                    continue
                 reason = None if out.finish_reason is None else str(out.finish_reason)
-                error = out.stop_reason if isinstance(out.stop_reason, str) else None
-                result.append(AudioStepOutput(out.request_id, out.pooling_output, out.finished, reason, error))
+                info = None if out.pooling_output is None else audio_info(out.pooling_output, self.sample_rate)
+                result.append(StepOutput(out.request_id, [], out.finished, reason, info))
         return result, executed
+
+    def take_failed(self) -> dict[str, str]:
+        failed, self._failed = self._failed, {}
+        return failed
 
     def shutdown(self) -> None:
         self.core.shutdown()
