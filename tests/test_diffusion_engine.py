@@ -14,8 +14,6 @@ Tolerances:
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -25,6 +23,7 @@ from omni_mp.engines.diffusion.engine import DiffusionEngine
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig, StreamingConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
 from omni_mp.models.token2wav import TOKEN2WAV_SPECS, build_token2wav
+from tests.hf_oracle import token2wav
 
 ATOL = 1e-5
 
@@ -39,29 +38,6 @@ def engine(t2w_dir: str):
     eng = DiffusionEngine(t2w_dir, DiffusionStageConfig(max_batch=16), {"max_model_len": 4096})
     yield eng
     eng.shutdown()
-
-
-@functools.cache
-def _hf(model_dir: str):
-    from transformers import Qwen2_5OmniForConditionalGeneration
-
-    return Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-def hf_token2wav(model_dir: str, codes: list[int], p: DiffusionParams) -> torch.Tensor:
-    """transformers' token2wav, its noise drawn from the global RNG seeded with the request seed."""
-    model = _hf(model_dir)
-    spk = model.speaker_map[p.speaker]
-    torch.manual_seed(p.seed)
-    with torch.no_grad():
-        return model.token2wav(
-            torch.tensor([codes]),
-            conditioning=spk["cond"].float(),
-            reference_mel=spk["ref_mel"].float(),
-            num_steps=p.num_steps,
-            guidance_scale=p.guidance_scale,
-            sway_coefficient=p.sway_coefficient,
-        )
 
 
 def codes_of(n: int, seed: int) -> list[int]:
@@ -101,7 +77,7 @@ PARAMS = [
 @pytest.mark.parametrize("p", PARAMS, ids=["defaults", "no-cfg-linear", "strong-cfg"])
 def test_one_shot_matches_transformers(engine: DiffusionEngine, t2w_dir: str, p: DiffusionParams) -> None:
     codes = codes_of(40, p.seed)
-    ref = hf_token2wav(t2w_dir, codes, p)
+    ref = token2wav(t2w_dir, codes, p)
     got = alone(engine, codes, p)
     assert got.dtype == torch.float32 and got.shape == ref.shape == (40 * 480,)
     assert engine.sample_rate == 24000
