@@ -39,7 +39,7 @@ def oracle(prompt: str, seed: int) -> torch.Tensor:
 
 
 def assert_close_audio(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.dtype == torch.float32 and got.shape == want.shape == (N * SPI,)
+    assert got.dtype == torch.float32 and got.shape == want.shape
     rel = ((got - want).norm() / want.norm()).item()
     assert rel <= 1e-3, f"relative L2 error {rel:.2e} against transformers"
 
@@ -65,6 +65,7 @@ def test_speech_matches_transformers_with_a_request_seed(client: OmniClient) -> 
     done = client.generate(prompt, sampling={1: SamplingParamsMsg(seed=7)}, deadline_s=300)
     out = done.outputs[-1]
     assert out.stage_id == 1 and out.sample_rate == 24000 and out.finish_reason == "stop"
+    assert out.audio.shape == (N * SPI,)
     assert_close_audio(out.audio, oracle(prompt, seed=7))
     # The diffusion stage started on the first codes, long before stage 0 finished.
     t0, t1 = sorted(done.stage_timings, key=lambda d: d.stage_id)
@@ -99,3 +100,38 @@ def test_cli_writes_wav(tmp_path: Path) -> None:
     samples, rate = read_wav(tmp_path / "req0.stage1.wav")
     assert rate == 24000
     assert_close_audio(samples, oracle(prompt, seed=0))
+
+
+@pytest.fixture(scope="module")
+def entry_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedPipeline]:
+    """The diffusion stage alone, as an entry stage: clients send codec ids directly."""
+    cfg = tmp_path_factory.mktemp("cfg") / "tts_entry.yaml"
+    cfg.write_text(
+        "name: tts_entry\n"
+        "stages:\n"
+        "  - {id: 0, model: tiny-token2wav, kind: diffusion, final_output: true,\n"
+        "     engine_args: {max_model_len: 4096}, diffusion: {max_batch: 4}}\n"
+    )
+    with serve(cfg) as served:
+        yield served
+
+
+def test_entry_stage_bad_input_and_deadline_fail_only_that_request(entry_pipeline: ServedPipeline) -> None:
+    from omni_mp.client import RequestError
+
+    codes = torch.randint(0, 321, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    want = token2wav(resolve_model("tiny-token2wav"), codes, DiffusionParams(seed=5, speaker="Chelsie"))
+    with OmniClient(entry_pipeline.endpoint) as client:
+        cases = [
+            ({"prompt_token_ids": [1, 999, 2]}, "invalid_input", "codec id 999 out of range"),
+            ({"prompt": "some text"}, "invalid_input", "takes codec ids"),
+            ({"prompt_token_ids": list(range(300)) * 10, "deadline_s": 0.5}, "deadline_exceeded", "deadline"),
+        ]
+        for kwargs, code, text in cases:
+            with pytest.raises(RequestError) as info:
+                client.generate(**kwargs)
+            assert info.value.event.code == code and text in info.value.event.message, info.value.event
+        # The stage kept serving: a good request right after gives transformers' waveform.
+        done = client.generate(prompt_token_ids=codes, sampling={0: SamplingParamsMsg(seed=5)}, deadline_s=300)
+        assert_close_audio(done.outputs[0].audio, want)
+        assert client.status().inflight == 0

@@ -68,6 +68,11 @@ class DiffusionEngine:
         self.batcher = self.core.scheduler.batcher
         self.model = self.core.collective_rpc("get_model")[0]
         self.sample_rate: int = self.model.sample_rate
+        try:  # fail at start-up, not on the first request
+            self.model.check(self.resolve(None), [])
+        except DiffusionInputError as err:
+            self.core.shutdown()
+            raise ValueError(f"diffusion.default_speaker / defaults: {err}") from None
 
     # ---- requests ------------------------------------------------------------------------------
     def resolve(self, params: DiffusionParams | None) -> DiffusionParams:
