@@ -51,7 +51,7 @@ class Token2WavBatch:
     code_embed: torch.Tensor  # [R, S, emb_dim]: conditional rows, then unconditional ones
     ecapa: torch.Tensor  # [R, S, enc_dim]
     spk: torch.Tensor  # [R, S, enc_emb_dim]
-    block_diff: torch.Tensor  # [R, heads, S, S]
+    block_diff: torch.Tensor  # [R or 1, 1, S, S]
     position_ids: torch.Tensor  # [R, S]
     cfg_rows: torch.Tensor  # indices (into the B conditional rows) that also have an unconditional row
     guidance: torch.Tensor  # [len(cfg_rows), 1, 1]
@@ -91,7 +91,6 @@ class Token2WavModel:
         self.frames_per_input = cfg.repeats
         self.state_dim = cfg.mel_dim
         self.block_size = cfg.block_size
-        self.heads = cfg.num_attention_heads
         if cfg.block_size % cfg.repeats:
             raise ValueError(f"token2wav block_size {cfg.block_size} is not a multiple of repeats {cfg.repeats}")
         self.window_align = cfg.block_size // cfg.repeats
@@ -172,14 +171,17 @@ class Token2WavModel:
         lengths = torch.cat([lengths, lengths[cfg_rows]])
         pos = torch.arange(s, device=self.device)
         block = pos // self.block_size
-        block_diff = (block[None, :] - block[:, None]).expand(rows, s, s)
-        keep = (pos[None, None, :] < lengths[:, None, None]) | (pos[:, None] == pos[None, :])[None]
-        block_diff = torch.where(keep, block_diff, _FAR)
+        block_diff = (block[None, :] - block[:, None])[None]  # [1, S, S]: one pattern for every row
+        if bool((lengths < s).any()):
+            keep = (pos[None, None, :] < lengths[:, None, None]) | (pos[:, None] == pos[None, :])[None]
+            block_diff = torch.where(keep, block_diff, _FAR)  # [R, S, S]
         return Token2WavBatch(
             code_embed=torch.cat([code_embed, uncond]),
             ecapa=ecapa[:, None].expand(rows, s, -1),
             spk=spk[:, None].expand(rows, s, -1),
-            block_diff=block_diff[:, None].expand(rows, self.heads, s, s),
+            # [R or 1, 1, S, S]: the layers' masks broadcast over heads (and rows), so each layer
+            # builds a mask of S^2 (x rows when padded) elements, not rows x heads x S^2.
+            block_diff=block_diff[:, None],
             position_ids=pos[None].expand(rows, s),
             cfg_rows=cfg_rows,
             guidance=guidance[cfg_rows].to(self.device).view(-1, 1, 1),
