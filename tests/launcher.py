@@ -105,3 +105,16 @@ def in_process_engine(model: str, engine_args: dict[str, Any], features: Any) ->
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+
+
+@contextmanager
+def settled_client(endpoint: str, timeout_s: float = 5.0) -> Iterator[object]:
+    """An OmniClient for a test; afterwards nothing may stay in flight, whatever the test did."""
+    from omni_mp.client import OmniClient
+
+    with OmniClient(endpoint) as client:
+        yield client
+        deadline = time.monotonic() + timeout_s
+        while client.status().inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.status().inflight == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from omni_mp.engines.diffusion.params import DiffusionParams
 from omni_mp.models.tiny import resolve_model
 from omni_mp.wire.payload import Finished, SamplingParamsMsg
 from tests.hf_oracle import greedy, token2wav, tokenize
-from tests.launcher import REPO, ServedPipeline, serve
+from tests.launcher import REPO, ServedPipeline, serve, settled_client
 
 pytestmark = pytest.mark.engine
 
@@ -52,12 +51,8 @@ def pipeline() -> Iterator[ServedPipeline]:
 
 @pytest.fixture
 def client(pipeline: ServedPipeline) -> Iterator[OmniClient]:
-    with OmniClient(pipeline.endpoint) as c:
-        yield c
-        deadline = time.monotonic() + 5
-        while c.status().inflight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.status().inflight == 0
+    with settled_client(pipeline.endpoint) as c:
+        yield c  # type: ignore[misc]
 
 
 def test_speech_matches_transformers_with_a_request_seed(client: OmniClient) -> None:
@@ -121,7 +116,7 @@ def test_entry_stage_bad_input_and_deadline_fail_only_that_request(entry_pipelin
 
     codes = torch.randint(0, 321, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     want = token2wav(resolve_model("tiny-token2wav"), codes, DiffusionParams(seed=5, speaker="Chelsie"))
-    with OmniClient(entry_pipeline.endpoint) as client:
+    with settled_client(entry_pipeline.endpoint) as client:
         cases = [
             ({"prompt_token_ids": [1, 999, 2]}, "invalid_input", "codec id 999 out of range"),
             ({"prompt": "some text"}, "invalid_input", "takes codec ids"),
@@ -134,4 +129,3 @@ def test_entry_stage_bad_input_and_deadline_fail_only_that_request(entry_pipelin
         # The stage kept serving: a good request right after gives transformers' waveform.
         done = client.generate(prompt_token_ids=codes, sampling={0: SamplingParamsMsg(seed=5)}, deadline_s=300)
         assert_close_audio(done.outputs[0].audio, want)
-        assert client.status().inflight == 0
