@@ -45,8 +45,6 @@ class DiffusionEngine:
         self.cfg = cfg
         self.open_inputs = open_inputs
         self._failed: dict[str, str] = {}
-        # The worker runs in this process (vLLM's CPU platform would otherwise swap "uni" for "mp").
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         args = dict(engine_args or {})
         args.update(
             skip_tokenizer_init=True,  # inputs are codec ids, not text
@@ -63,7 +61,17 @@ class DiffusionEngine:
             hf_overrides={"architectures": ["Qwen2ForCausalLM"]},
             additional_config={CONFIG_KEY: msgspec.to_builtins(cfg)},
         )
-        vllm_config = EngineArgs(model=model, **args).create_engine_config()
+        # The worker runs in this process: vLLM's CPU platform swaps "uni" for "mp" unless this is
+        # 0 while the config is made (stage processes have it set; restored for embedders).
+        old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            vllm_config = EngineArgs(model=model, **args).create_engine_config()
+        finally:
+            if old is None:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
         self.core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self.batcher = self.core.scheduler.batcher
         self.model = self.core.collective_rpc("get_model")[0]
