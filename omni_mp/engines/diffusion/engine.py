@@ -138,6 +138,8 @@ class DiffusionEngine:
         `closed`); returns its resolved parameters (seed and speaker filled in)."""
         from omni_mp.engines.diffusion.batcher import DiffusionRequest
 
+        if request_id in self.batcher.requests:
+            raise EngineInputError(f"request id {request_id!r} is already active")
         resolved = self.resolve(params)
         if closed and not ids:
             raise EngineInputError("empty input: no codec ids to synthesize")
