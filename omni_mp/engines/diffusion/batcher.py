@@ -6,11 +6,13 @@ chunk whose ids have arrived becomes a trajectory. Every `schedule()` advances e
 trajectory by one solver step and admits waiting ones into free slots first: requests join
 and leave between solver steps. Waiting trajectories are admitted by chunk index, then
 arrival: first chunks go first (time to first audio), and a request's chunks start in order,
-so they also finish in order (all of a request's chunks take the same number of steps).
+so they also finish in order (all of a request's chunks take the same number of steps). At
+most `streaming.max_chunks_in_flight` chunks of one request run at once (default 1).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 from dataclasses import dataclass, field
 
@@ -128,10 +130,17 @@ class Batcher:
             while self._plan(req) is not None:
                 pass
         self.waiting.sort(key=lambda t: (t.plan.index, self.requests[t.window.request_id].arrival))
-        free = self.max_batch - len(self.running)
-        new, self.waiting = self.waiting[:free], self.waiting[free:]
-        for t in new:
-            self.running[t.traj_id] = t.window.request_id
+        in_flight = collections.Counter(self.running.values())
+        new, held = [], []
+        for t in self.waiting:
+            rid = t.window.request_id
+            if len(self.running) < self.max_batch and in_flight[rid] < self.streaming.max_chunks_in_flight:
+                self.running[t.traj_id] = rid
+                in_flight[rid] += 1
+                new.append(t)
+            else:
+                held.append(t)
+        self.waiting = held
         freed, self.freed = self.freed, []
         step_ids = list(self.running)
         return StepPlan(new=new, step_ids=step_ids, freed=freed, total_num_scheduled_tokens=len(step_ids))
