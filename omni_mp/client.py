@@ -248,6 +248,16 @@ class OmniClient:
         finally:
             self._call(agen.aclose())  # runs the stream's finally: the abort, if unfinished
 
+    def stream_audio(self, prompt: str | None = None, **kwargs: Any) -> Iterator[tuple[torch.Tensor, int]]:
+        """PCM chunks (float32 samples, sample rate) of an audio stage, as they are produced."""
+        from omni_mp.audio import pcm_chunks
+
+        events = self.stream(prompt, **kwargs)
+        try:
+            yield from pcm_chunks(events)
+        finally:
+            events.close()  # early exit: aborts the request
+
     def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
         self._call(self._async.abort(request_id, reason))
 

@@ -15,6 +15,7 @@ import msgspec
 import yaml
 from msgspec import Meta
 
+from omni_mp.engines.diffusion.params import DiffusionStageConfig
 from omni_mp.processors import PROCESSORS
 from omni_mp.wire.payload import MAX_STAGES, Limits, SamplingParamsMsg
 from omni_mp.wire.shm_pool import ShmPoolConfig
@@ -59,6 +60,7 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     prompt_embeds: bool = False  # an entry stage that also takes prompts as embeddings
     sampling: SamplingParamsMsg = msgspec.field(default_factory=SamplingParamsMsg)
     restart: RestartPolicy = RestartPolicy()
+    diffusion: DiffusionStageConfig = DiffusionStageConfig()  # `kind: diffusion` only
     # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) and the cores its threads bind to
     # (VLLM_CPU_OMP_THREADS_BIND); None = one core per stage, round-robin.
     cpu_kv_cache_gib: int = 1
@@ -197,6 +199,41 @@ IMPORT_CAPABLE_ENGINE_ARGS = frozenset(
     }
 )  # fmt: skip
 
+# Set by the diffusion engine (omni_mp.engines.diffusion.engine): its scheduler, worker, fp32...
+_DIFFUSION_ENGINE_ARGS = {
+    "scheduler_cls",
+    "worker_cls",
+    "skip_tokenizer_init",
+    "async_scheduling",
+    "additional_config",
+    "hf_overrides",
+    "distributed_executor_backend",
+    "dtype",
+    "enable_prefix_caching",
+    "mm_processor_cache_gb",
+}
+
+
+def _check_kind(s: StageConfig, where: str) -> None:
+    """What a diffusion stage cannot have, and what only a diffusion stage can have."""
+    proc = PROCESSORS.get(s.processor) if s.processor else None
+    if s.kind != "diffusion":
+        if s.diffusion != DiffusionStageConfig():
+            raise ConfigError(f"`{where}.diffusion`: only for `kind: diffusion` stages")
+        if proc is not None and proc.feeds_diffusion:
+            raise ConfigError(f"`{where}.processor`: {s.processor!r} feeds a diffusion stage, not an AR one")
+        return
+    if s.hidden_states is not None or s.prompt_embeds:
+        raise ConfigError(f"`{where}`: a diffusion stage has no hidden states or prompt embeddings")
+    if proc is not None and not proc.feeds_diffusion:
+        diffusion = sorted(k for k, p in PROCESSORS.items() if p.feeds_diffusion)
+        raise ConfigError(
+            f"`{where}.processor`: {s.processor!r} does not feed a diffusion stage; use one of {diffusion}"
+        )
+    for key in s.engine_args:
+        if key in _DIFFUSION_ENGINE_ARGS:
+            raise ConfigError(f"`{where}.engine_args.{key}`: set by the diffusion engine")
+
 
 def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> PipelineConfig:
     ids = [s.id for s in cfg.stages]
@@ -208,8 +245,7 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
             raise ConfigError(f"`{where}.id`: must be >= 0, got {s.id}")
         if s.id in ids[:i]:
             raise ConfigError(f"`{where}.id`: stage id {s.id} is already used by stages[{ids.index(s.id)}]")
-        if s.kind == "diffusion":
-            raise ConfigError(f"`{where}.kind`: 'diffusion' stages have no engine in this release (only 'ar')")
+        _check_kind(s, where)
         for j, up in enumerate(s.inputs):
             if up not in ids:
                 raise ConfigError(f"`{where}.inputs[{j}]`: unknown stage id {up} (stages: {ids})")

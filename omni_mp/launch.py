@@ -24,6 +24,9 @@ from pathlib import Path
 
 import msgspec
 
+from omni_mp.audio import write_wav
+from omni_mp.wire.payload import Finished
+
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_chain.yaml"
 
 
@@ -70,6 +73,23 @@ def _say(msg: str) -> None:
     print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
 
 
+def _write_audio(res: Finished, out_dir: Path | None, stem: str) -> tuple[Finished, dict[str, str]]:
+    """Write each audio output as `<stem>.stage<id>.wav` (float32); returns the result without
+    the samples (its JSON record stays small) and the file name per stage id."""
+    outputs, files = [], {}
+    for out in res.outputs:
+        if out.audio is not None and out.sample_rate:
+            where = ""
+            if out_dir is not None:
+                files[str(out.stage_id)] = name = f"{stem}.stage{out.stage_id}.wav"
+                write_wav(out_dir / name, out.audio, out.sample_rate)
+                where = f" -> {out_dir / name}"
+            print(f"{stem}: stage {out.stage_id}: {out.audio.numel() / out.sample_rate:.2f} s of audio{where}")
+            out = msgspec.structs.replace(out, audio=None)
+        outputs.append(out)
+    return msgspec.structs.replace(res, outputs=outputs), files
+
+
 def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, server: threading.Thread) -> int | None:
     """Run the prompts; None if the coordinator thread died before they all ended."""
     from tqdm import tqdm
@@ -108,7 +128,8 @@ def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, s
             record: dict[str, object] = {"prompt": prompt, "error": msgspec.to_builtins(res.event)}
             print(f"req{i}: ERROR {res}")
         else:
-            record = {"prompt": prompt, **msgspec.to_builtins(res)}
+            res, wavs = _write_audio(res, args.output_dir, f"req{i}")  # type: ignore[arg-type]
+            record = {"prompt": prompt, **msgspec.to_builtins(res), **({"audio_files": wavs} if wavs else {})}
             stages = " | ".join(
                 f"stage {d.stage_id}: {d.num_prompt_tokens}+{d.num_output_tokens} tok, "
                 f"queue {1000 * (d.t_started - d.t_registered):.0f}ms, "

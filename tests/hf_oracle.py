@@ -88,3 +88,28 @@ def talker_greedy(
         x = embed(torch.tensor([[codes[-1]]])) + extra
         out = model(inputs_embeds=x, past_key_values=out.past_key_values, use_cache=True)
     return codes, margins
+
+
+@functools.cache
+def _omni(model_dir: str) -> Any:
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    return Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def token2wav(model_dir: str | Path, codes: list[int], p: Any) -> torch.Tensor:
+    """transformers' Qwen2.5-Omni token2wav for DiffusionParams `p`; its noise comes from the
+    global RNG, seeded with the request seed (the engine draws the same noise from its own
+    generator)."""
+    model = _omni(str(model_dir))
+    spk = model.speaker_map[p.speaker]
+    torch.manual_seed(p.seed)
+    with torch.no_grad():
+        return model.token2wav(
+            torch.tensor([codes]),
+            conditioning=spk["cond"].float(),
+            reference_mel=spk["ref_mel"].float(),
+            num_steps=p.num_steps,
+            guidance_scale=p.guidance_scale,
+            sway_coefficient=p.sway_coefficient,
+        )

@@ -115,3 +115,16 @@ def gone(pid: int, timeout_s: float = 10.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+@contextmanager
+def settled_client(endpoint: str, timeout_s: float = 5.0) -> Iterator[object]:
+    """An OmniClient for a test; afterwards nothing may stay in flight, whatever the test did."""
+    from omni_mp.client import OmniClient
+
+    with OmniClient(endpoint) as client:
+        yield client
+        deadline = time.monotonic() + timeout_s
+        while client.status().inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.status().inflight == 0

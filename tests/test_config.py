@@ -123,3 +123,36 @@ def test_cli_reports_bad_config_and_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "`stages[1].processor`: unknown processor 'os.system'" in proc.stderr
     assert str(bad) in proc.stderr
+
+
+TINY_TTS = REPO / "stage_configs" / "tiny_tts.yaml"
+
+
+@pytest.mark.parametrize(
+    ("stage", "key", "value", "message"),
+    [
+        (1, "processor", "continue_tokens", "`stages[1].processor`: 'continue_tokens' does not feed a diffusion stage"),
+        (1, "hidden_states", {}, "`stages[1]`: a diffusion stage has no hidden states"),
+        (1, "engine_args", {"worker_cls": "x.Y"}, "`stages[1].engine_args.worker_cls`: set by the diffusion engine"),
+        (1, "diffusion", {"streaming": {"chunk": 0}}, "`stages[1].diffusion.streaming.chunk`"),
+        (1, "diffusion", {"defaults": {"solver": "dpm"}}, "`stages[1].diffusion.defaults.solver`"),
+        (0, "diffusion", {"max_batch": 4}, "`stages[0].diffusion`: only for `kind: diffusion` stages"),
+        (0, "kind", "ar", None),  # stays valid: the control case
+    ],
+)
+def test_diffusion_stage_validation(stage: int, key: str, value: Any, message: str | None) -> None:
+    data = yaml.safe_load(TINY_TTS.read_text())
+    data["stages"][stage][key] = value
+    if message is None:
+        assert parse_config(data).stages[1].kind == "diffusion"
+        return
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert message in str(err.value)
+
+
+def test_codec_processor_only_feeds_diffusion_stages() -> None:
+    data = base()
+    data["stages"][1]["processor"] = "codec_tokens"
+    with pytest.raises(ConfigError, match="'codec_tokens' feeds a diffusion stage, not an AR one"):
+        parse_config(data)

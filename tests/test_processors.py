@@ -47,3 +47,21 @@ def test_processors_reject_what_they_cannot_use() -> None:
         PROCESSORS["thinker_to_talker"].prompt({3: up})
     with pytest.raises(ProcessorError, match="exactly one upstream"):
         PROCESSORS["continue_tokens"].prompt({3: up, 4: up})
+
+
+def test_codec_tokens_start_on_the_first_ids_and_drop_the_stop_token() -> None:
+    proc = PROCESSORS["codec_tokens"]
+    up = UpstreamResult(stage_id=0, prompt_token_ids=[9, 9])
+    assert proc.prompt({0: up}) is None  # no codes yet
+    up.output_token_ids = [5, 6]
+    assert proc.prompt({0: up}).prompt_token_ids == [5, 6]  # the prompt ids are not codes
+    assert proc.more_inputs({0: up}, 2) == ([], False)
+    up.output_token_ids += [7, 8, 124]
+    assert proc.more_inputs({0: up}, 2) == ([7, 8, 124], False)  # not finished: every id is a code
+    up.finished, up.finish_reason = True, "stop"
+    assert proc.more_inputs({0: up}, 2) == ([7, 8], True)  # the stop token is not a code
+    up.finish_reason = "length"
+    assert proc.more_inputs({0: up}, 4) == ([124], True)  # "length": the last id is a code
+    empty = UpstreamResult(stage_id=0, output_token_ids=[3], finished=True, finish_reason="stop")
+    with pytest.raises(ProcessorError, match="generated no codec ids"):
+        proc.prompt({0: empty})

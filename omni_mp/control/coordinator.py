@@ -30,6 +30,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from omni_mp.audio import AUDIO_KEY, AudioParts
 from omni_mp.config import PipelineConfig
 from omni_mp.control.endpoints import CONTROL_HWM, RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
@@ -295,6 +296,14 @@ class Coordinator:
             return
         res = req.results.setdefault(chunk.stage_id, StageResult(stage_id=chunk.stage_id))
         res.token_ids.extend(chunk.token_ids)
+        if chunk.additional_information and AUDIO_KEY in chunk.additional_information:
+            try:
+                req.audio.setdefault(chunk.stage_id, AudioParts(self.cfg.limits.max_tensor_bytes)).add(
+                    chunk.additional_information
+                )
+            except ValueError as err:
+                self._finish_with_error(req.internal_id, "invalid_output", str(err), chunk.stage_id)
+                return
         if chunk.finished:
             res.text = chunk.text
             res.finish_reason = chunk.finish_reason
@@ -326,6 +335,8 @@ class Coordinator:
             d = req.done.get(sid)
             if d is not None:
                 res.num_prompt_tokens = d.num_prompt_tokens
+            if sid in req.audio:
+                res.audio, res.sample_rate = req.audio[sid].joined(), req.audio[sid].sample_rate
             results.append(res)
         finished = Finished(
             request_id=req.request_id,

@@ -10,6 +10,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from omni_mp.audio import AudioParts
 from omni_mp.config import PipelineConfig
 from omni_mp.wire.payload import SamplingParamsMsg, StageDone, StageResult, Submit
 
@@ -25,6 +26,7 @@ class Inflight:
     pending_final: set[int]
     results: dict[int, StageResult] = field(default_factory=dict)
     done: dict[int, StageDone] = field(default_factory=dict)
+    audio: dict[int, AudioParts] = field(default_factory=dict)  # final stages' audio chunks
 
 
 class Rejected(Exception):

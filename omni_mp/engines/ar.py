@@ -12,21 +12,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from omni_mp.engines.base import EngineInputError, StepOutput
 from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds, StepIO, engine_core_cls, gated_scheduler_cls
 from omni_mp.wire.payload import SamplingParamsMsg
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    request_id: str
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +31,6 @@ class EngineFeatures:
     hidden_layers: tuple[int, ...] = ()  # and these HF-numbered intermediate layers
     prompt_embeds: bool = False  # prompts may come as embeddings
     step_embeds: bool = False  # decode steps may add per-step extra embeddings
-
-
-class EngineInputError(ValueError):
-    """vLLM rejected a request's input (too long, token id out of range, bad sampling params)."""
 
 
 class AREngine:
@@ -163,6 +153,9 @@ class AREngine:
         request, wave = self.core.preprocess_add_request(req)
         self.core.add_request(request, wave)
         return prompt_len
+
+    def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
+        raise EngineInputError("an AR stage takes its whole prompt at once")
 
     def add_step_embeds(self, request_id: str, rows: torch.Tensor) -> None:
         se = self.io.step_embeds[request_id]

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("OMNI_MP_CACHE", Path.home() / ".cache" / "omni_mp")) / "models"
 
 
-def spec_key(spec: TinyQwen2Spec) -> str:
+def spec_key(spec: msgspec.Struct) -> str:
     import transformers
 
     blob = json.dumps(
@@ -181,10 +181,18 @@ def _build_qwen2(spec: TinyQwen2Spec, out_dir: Path) -> None:
     model.save_pretrained(out_dir, safe_serialization=True)
 
 
-def build_tiny_model(spec: TinyQwen2Spec, cache_dir: Path | None = None, *, verbose: bool = True) -> Path:
-    """Return the dir of the checkpoint for `spec`, building it once (process- and thread-safe)."""
+def build_cached(
+    prefix: str,
+    spec: msgspec.Struct,
+    build: Callable[[Path], None],
+    *,
+    cache_dir: Path | None = None,
+    verbose: bool = True,
+) -> Path:
+    """Return `<cache>/<prefix>-<hash of spec>`, running `build(tmp_dir)` once to create it
+    (process- and thread-safe: a file lock, then an atomic rename)."""
     root = cache_dir or cache_root()
-    target = root / f"qwen2-{spec_key(spec)}"
+    target = root / f"{prefix}-{spec_key(spec)}"
     if (target / "config.json").exists():
         return target
     with _file_lock(root / f".{target.name}.lock"):
@@ -192,10 +200,10 @@ def build_tiny_model(spec: TinyQwen2Spec, cache_dir: Path | None = None, *, verb
             return target
         t0 = time.monotonic()
         if verbose:
-            print(f"[omni_mp] building tiny model {target.name} (seed {spec.seed}) ...", flush=True)
+            print(f"[omni_mp] building tiny model {target.name} ...", flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
         try:
-            _build_qwen2(spec, tmp)
+            build(tmp)
             os.replace(tmp, target)  # atomic: readers never see a half-written checkpoint
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -205,8 +213,17 @@ def build_tiny_model(spec: TinyQwen2Spec, cache_dir: Path | None = None, *, verb
     return target
 
 
+def build_tiny_model(spec: TinyQwen2Spec, cache_dir: Path | None = None, *, verbose: bool = True) -> Path:
+    """Return the dir of the checkpoint for `spec`, building it once (process- and thread-safe)."""
+    return build_cached("qwen2", spec, lambda out: _build_qwen2(spec, out), cache_dir=cache_dir, verbose=verbose)
+
+
 def resolve_model(name_or_path: str) -> str:
     """A built-in tiny model name -> its (built) checkpoint dir; anything else is a path, returned as is."""
+    from omni_mp.models.token2wav import TOKEN2WAV_SPECS, build_token2wav
+
+    if name_or_path in TOKEN2WAV_SPECS:
+        return str(build_token2wav(TOKEN2WAV_SPECS[name_or_path]))
     spec = BUILTIN_SPECS.get(name_or_path)
     if spec is None:
         return name_or_path

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     beat = Heartbeater(heartbeats, stage.id, interval, math.inf, time.monotonic, starting)
     beat.start()
     from omni_mp.engines.ar import AREngine, EngineFeatures
+    from omni_mp.engines.base import StageEngine
     from omni_mp.models.tiny import resolve_model
     from omni_mp.processors import PROCESSORS
     from omni_mp.stage.loop import StageLoop
@@ -100,13 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
     processor = PROCESSORS[stage.processor] if stage.processor else None
-    features = EngineFeatures(
-        hidden_states=stage.hidden_states is not None,
-        hidden_layers=tuple(stage.hidden_states.layers) if stage.hidden_states is not None else (),
-        prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
-        step_embeds=processor is not None and processor.step_embeds_enabled,
-    )
-    engine = AREngine(resolve_model(stage.model), stage.engine_args, features)
+    engine: StageEngine
+    if stage.kind == "diffusion":
+        from omni_mp.engines.diffusion.engine import DiffusionEngine
+
+        open_inputs = processor is not None and processor.streams_inputs
+        engine = DiffusionEngine(
+            resolve_model(stage.model), stage.diffusion, stage.engine_args, open_inputs=open_inputs
+        )
+    else:
+        features = EngineFeatures(
+            hidden_states=stage.hidden_states is not None,
+            hidden_layers=tuple(stage.hidden_states.layers) if stage.hidden_states is not None else (),
+            prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
+            step_embeds=processor is not None and processor.step_embeds_enabled,
+        )
+        engine = AREngine(resolve_model(stage.model), stage.engine_args, features)
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
     starting.set()
     beat.join()

@@ -20,7 +20,7 @@ import torch
 import zmq
 
 from omni_mp.config import PipelineConfig, StageConfig
-from omni_mp.engines.ar import AREngine, EngineInputError
+from omni_mp.engines.base import EngineInputError, StageEngine
 from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds
 from omni_mp.processors import PROCESSORS, ProcessorError, StageInput
 from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
@@ -57,7 +57,7 @@ class StageLoop:
         self,
         cfg: PipelineConfig,
         stage: StageConfig,
-        engine: AREngine,
+        engine: StageEngine,
         ctx: zmq.Context,
         input_link: MessageReceiver,
         events: MessageSender,
@@ -166,6 +166,8 @@ class StageLoop:
                 self._start(state, stage_input)
             if state.started and self.processor.step_embeds_enabled:
                 self._push_step_embeds(state)
+            if state.started and self.processor.streams_inputs:
+                self._push_inputs(state)
         except (ProcessorError, EngineInputError) as err:
             self._fail(rid, "invalid_input", f"from stage {chunk.stage_id}: {err}")
 
@@ -178,6 +180,13 @@ class StageLoop:
             self._rows_in += rows.shape[0]
         if complete:
             self.engine.close_step_embeds(state.request_id)
+
+    def _push_inputs(self, state: StageRequestState) -> None:
+        assert self.processor is not None
+        ids, complete = self.processor.more_inputs(state.upstream, state.prompt_len + state.inputs_pushed)
+        if ids or complete:
+            self.engine.add_inputs(state.request_id, ids, complete)
+            state.inputs_pushed += len(ids)
 
     def _start(self, state: StageRequestState, stage_input: StageInput) -> None:
         """Hand the request to the engine (raises EngineInputError on input vLLM rejects)."""
@@ -311,7 +320,8 @@ class StageLoop:
                 rows += 0 if info is None else info["hidden_states"].shape[0]
             first = not state.sent_first
             state.sent_first = True
-            if new_ids and state.t_first_token is None:
+            step_info = out.info if out is not None else None  # e.g. a diffusion stage's audio chunk
+            if (new_ids or step_info) and state.t_first_token is None:
                 state.t_first_token = now
             state.output_token_ids.extend(new_ids)
             chunks.append(
@@ -320,7 +330,7 @@ class StageLoop:
                     stage_id=self.stage.id,
                     token_ids=new_ids,
                     prompt_token_ids=state.prompt_token_ids if first else None,
-                    additional_information=info,
+                    additional_information=info if info is not None else step_info,
                     finished=finished,
                     finish_reason=out.finish_reason if out is not None else None,
                     text=self.engine.decode(state.output_token_ids) if finished and self.stage.final_output else None,

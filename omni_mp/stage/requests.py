@@ -26,6 +26,7 @@ class StageRequestState:
     sent_first: bool = False  # the first chunk (which carries the prompt ids) went out
     hidden_next: int = 0  # position of the next hidden-state row to emit
     step_rows_pushed: int = 0  # per-step extra embeddings handed to the engine
+    inputs_pushed: int = 0  # input ids handed to the engine after its prompt (streamed inputs)
     t_registered: float = field(default_factory=time.time)
     t_started: float | None = None
     t_first_token: float | None = None

@@ -322,6 +322,8 @@ class StageResult(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     text: str | None = None
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
+    audio: Tensor | None = None  # float32 [samples] of an audio-producing stage (omni_mp.audio)
+    sample_rate: int | None = None
 
 
 class Finished(MessageBase):

@@ -1,0 +1,100 @@
+"""Audio outputs: how a stage's audio chunks travel, are collected, and are written.
+
+A stage that produces audio (the diffusion kind) puts each step's new samples of a request
+in its chunk's AdditionalInformation as `audio` (float32 [n], in [-1, 1]) with
+`sample_rate`. The coordinator joins the chunks of a final stage into
+`StageResult.audio`/`sample_rate` (bounded by `Limits.max_tensor_bytes`); a streaming client
+sees each chunk as it comes (`pcm_chunks`); the CLI writes `.wav` files (`write_wav`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+AUDIO_KEY = "audio"
+SAMPLE_RATE_KEY = "sample_rate"
+
+
+def audio_info(samples: torch.Tensor, sample_rate: int) -> dict[str, torch.Tensor | int]:
+    return {AUDIO_KEY: samples.to(torch.float32).contiguous(), SAMPLE_RATE_KEY: sample_rate}
+
+
+def chunk_audio(info: dict | None) -> tuple[torch.Tensor, int] | None:
+    """(samples, sample_rate) of a chunk's AdditionalInformation, None if it has no audio;
+    ValueError if the entries are malformed."""
+    if not info or AUDIO_KEY not in info:
+        return None
+    samples, rate = info[AUDIO_KEY], info.get(SAMPLE_RATE_KEY)
+    if not isinstance(samples, torch.Tensor) or samples.ndim != 1 or samples.dtype != torch.float32:
+        raise ValueError(f"audio: expected a 1-D float32 tensor, got {getattr(samples, 'shape', type(samples))}")
+    if not isinstance(rate, int) or rate <= 0:
+        raise ValueError(f"sample_rate: expected a positive int, got {rate!r}")
+    return samples, rate
+
+
+class AudioParts:
+    """A request's audio chunks from one stage, joined at the end; bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.parts: list[torch.Tensor] = []
+        self.nbytes = 0
+        self.sample_rate: int | None = None
+
+    def add(self, info: dict | None) -> None:
+        got = chunk_audio(info)
+        if got is None:
+            return
+        samples, rate = got
+        if self.sample_rate is not None and rate != self.sample_rate:
+            raise ValueError(f"sample_rate changed from {self.sample_rate} to {rate} within a request")
+        if self.nbytes + samples.numel() * 4 > self.max_bytes:
+            raise ValueError(f"audio output exceeds max_tensor_bytes ({self.max_bytes})")
+        self.sample_rate = rate
+        self.parts.append(samples.clone())  # the received tensor is a view of the message buffer
+        self.nbytes += samples.numel() * 4
+
+    def joined(self) -> torch.Tensor:
+        return torch.cat(self.parts) if self.parts else torch.empty(0)
+
+
+def pcm_chunks(events: Iterable[object]) -> Iterator[tuple[torch.Tensor, int]]:
+    """The (samples, sample_rate) chunks in a client's `stream()` events, as they arrive."""
+    for ev in events:
+        got = chunk_audio(getattr(ev, "additional_information", None))
+        if got is not None and got[0].numel():
+            yield got
+
+
+def write_wav(path: str | Path, samples: torch.Tensor, sample_rate: int) -> None:
+    """A mono 32-bit float WAV (format 3, IEEE float): the samples exactly as produced."""
+    data = samples.detach().to(torch.float32).contiguous().cpu().numpy().astype("<f4").tobytes()
+    header = b"RIFF" + struct.pack("<I", 4 + 26 + 12 + 8 + len(data)) + b"WAVE"
+    fmt = b"fmt " + struct.pack("<IHHIIHHH", 18, 3, 1, sample_rate, sample_rate * 4, 4, 32, 0)
+    fact = b"fact" + struct.pack("<II", 4, len(data) // 4)
+    Path(path).write_bytes(header + fmt + fact + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def read_wav(path: str | Path) -> tuple[torch.Tensor, int]:
+    """Read back what `write_wav` writes (mono float32 WAV)."""
+    blob = Path(path).read_bytes()
+    if blob[:4] != b"RIFF" or blob[8:12] != b"WAVE":
+        raise ValueError(f"{path}: not a WAV file")
+    pos, rate, data = 12, None, None
+    while pos + 8 <= len(blob):
+        tag, size = blob[pos : pos + 4], struct.unpack("<I", blob[pos + 4 : pos + 8])[0]
+        body = blob[pos + 8 : pos + 8 + size]
+        if tag == b"fmt ":
+            fmt, channels, rate, _, _, bits = struct.unpack("<HHIIHH", body[:16])
+            if (fmt, channels, bits) != (3, 1, 32):
+                raise ValueError(f"{path}: expected mono float32, got format {fmt}, {channels} ch, {bits} bits")
+        elif tag == b"data":
+            data = body
+        pos += 8 + size + (size & 1)
+    if rate is None or data is None:
+        raise ValueError(f"{path}: missing fmt or data chunk")
+    return torch.frombuffer(bytearray(data), dtype=torch.float32), rate

@@ -1,0 +1,94 @@
+"""Streaming windows over a request's input ids, and the joining of their outputs.
+
+Chunk k emits the output of ids [start_k, end_k): a small first chunk, then fixed-size
+chunks. Its trajectory is solved on the window [start_k - left, end_k + right) (clipped to
+the input), whose start is a multiple of the model's block alignment, so the window's
+attention blocks coincide with the one-shot pass's. The noise of every frame is the
+one-shot noise of that frame (see runner.NoiseStream), so a window differs from the one-shot
+pass only through what it cannot see beyond its edges.
+
+Joining: a chunk holds back its last `crossfade` samples; the next chunk renders those
+samples too (they lie in its left context) and the two are crossfaded linearly, so a
+boundary never jumps between two independently computed samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omni_mp.engines.diffusion.params import StreamingConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    index: int
+    window_start: int
+    window_end: int
+    emit_start: int
+    emit_end: int
+    last: bool
+
+
+def check_streaming(cfg: StreamingConfig, align: int, samples_per_input: int, sample_rate: int) -> int:
+    """Validate the sizes against the model; returns the crossfade length in samples."""
+    for name in ("first_chunk", "chunk", "left_context"):
+        if getattr(cfg, name) % align:
+            raise ValueError(f"streaming.{name}: must be a multiple of the model's block alignment ({align} ids)")
+    crossfade = round(cfg.crossfade_ms * sample_rate / 1000)
+    if crossfade > cfg.left_context * samples_per_input:
+        raise ValueError("streaming.crossfade_ms: longer than the left context")
+    if crossfade > min(cfg.first_chunk, cfg.chunk) * samples_per_input:
+        raise ValueError("streaming.crossfade_ms: longer than a chunk")
+    return crossfade
+
+
+def next_chunk(cfg: StreamingConfig, index: int, emitted: int, known: int, closed: bool) -> ChunkPlan | None:
+    """The plan of chunk `index` (its output starts at id `emitted`), or None while the ids
+    it needs (right context included) have not all arrived. `known` ids have arrived;
+    `closed`: no more will come."""
+    size = cfg.first_chunk if index == 0 else cfg.chunk
+    end = emitted + size
+    if closed and known <= end + cfg.right_context // 2:
+        # The rest fits (a tail shorter than half the right context joins this chunk).
+        end = known
+    elif not closed and known < end + cfg.right_context:
+        return None
+    last = closed and end >= known
+    return ChunkPlan(
+        index=index,
+        window_start=max(0, emitted - cfg.left_context),
+        window_end=min(known, end + cfg.right_context),
+        emit_start=emitted,
+        emit_end=end,
+        last=last,
+    )
+
+
+def one_shot(known: int) -> ChunkPlan:
+    return ChunkPlan(index=0, window_start=0, window_end=known, emit_start=0, emit_end=known, last=True)
+
+
+class Joiner:
+    """Turns a request's chunk outputs (in order) into the samples to emit."""
+
+    def __init__(self, samples_per_input: int, crossfade: int) -> None:
+        self.spi = samples_per_input
+        self.crossfade = crossfade
+        self.tail: torch.Tensor | None = None  # held-back last samples of the previous chunk
+
+    def push(self, plan: ChunkPlan, window_out: torch.Tensor) -> torch.Tensor:
+        a = (plan.emit_start - plan.window_start) * self.spi
+        b = (plan.emit_end - plan.window_start) * self.spi
+        body = window_out[a:b]
+        if self.tail is not None:
+            n = self.tail.numel()
+            head = window_out[a - n : a]
+            ramp = torch.arange(1, n + 1, dtype=body.dtype) / (n + 1)
+            body = torch.cat([self.tail * (1 - ramp) + head * ramp, body])
+            self.tail = None
+        if plan.last or not self.crossfade:
+            return body
+        self.tail = body[-self.crossfade :].clone()
+        return body[: -self.crossfade]

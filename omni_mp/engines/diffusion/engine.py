@@ -1,0 +1,196 @@
+"""A diffusion stage engine: vLLM 0.25.0's `EngineCore`, in the stage process, running omni_mp's
+diffusion scheduler and worker (`omni_mp.engines.vllm_hooks_diffusion`).
+
+The stage loop drives it like the AR engine (`omni_mp.engines.base.StageEngine`): add
+requests (with `open_inputs`, their input ids keep arriving through `add_inputs` until
+closed), `step()` while `can_step()`, abort. Each step advances every running trajectory by
+one solver step; a step's outputs are audio chunks (`StepOutput.info`: float32 samples and
+their sample rate, see omni_mp.audio), the last one of a request marked finished.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import torch
+
+from omni_mp.audio import audio_info
+from omni_mp.engines.base import EngineInputError, StepOutput
+from omni_mp.engines.diffusion.model import DiffusionInputError
+from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
+from omni_mp.wire.payload import SamplingParamsMsg
+
+
+class DiffusionEngine:
+    def __init__(
+        self,
+        model: str,
+        cfg: DiffusionStageConfig,
+        engine_args: dict[str, Any] | None = None,
+        *,
+        open_inputs: bool = False,
+    ) -> None:
+        """`open_inputs`: requests started with `add_request` take more ids (`add_inputs`)
+        until closed; set for stages fed by a processor that streams its inputs."""
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.core import EngineCore
+        from vllm.v1.executor import Executor
+
+        from omni_mp.engines.vllm_hooks_diffusion import CONFIG_KEY, WORKER_CLS, DiffusionScheduler
+
+        self.cfg = cfg
+        self.open_inputs = open_inputs
+        self._failed: dict[str, str] = {}
+        args = dict(engine_args or {})
+        args.update(
+            skip_tokenizer_init=True,  # inputs are codec ids, not text
+            scheduler_cls=DiffusionScheduler,
+            worker_cls=WORKER_CLS,
+            async_scheduling=False,  # a step's outputs decide the next step's admissions
+            enable_prefix_caching=False,
+            distributed_executor_backend="uni",  # the worker runs in this process, one step at a time
+            dtype="float32",  # what the worker runs (transformers runs token2wav in fp32 too)
+            mm_processor_cache_gb=0,  # no multimodal inputs reach a diffusion stage
+            # vLLM never builds the checkpoint's architecture here (our worker loads the DiT), but
+            # its ModelConfig inspects it; the omni thinker class needs torchvision to import.
+            # A plain text architecture keeps that inspection cheap and dependency-free.
+            hf_overrides={"architectures": ["Qwen2ForCausalLM"]},
+            additional_config={CONFIG_KEY: msgspec.to_builtins(cfg)},
+        )
+        # The worker runs in this process: vLLM's CPU platform swaps "uni" for "mp" unless this is
+        # 0 while the config is made (stage processes have it set; restored for embedders).
+        old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            vllm_config = EngineArgs(model=model, **args).create_engine_config()
+        finally:
+            if old is None:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+        self.core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        self.batcher = self.core.scheduler.batcher
+        self.model = self.core.collective_rpc("get_model")[0]
+        self.sample_rate: int = self.model.sample_rate
+        try:  # fail at start-up, not on the first request
+            self.model.check(self.resolve(None), [])
+        except DiffusionInputError as err:
+            self.core.shutdown()
+            raise ValueError(f"diffusion.default_speaker / defaults: {err}") from None
+
+    # ---- requests ------------------------------------------------------------------------------
+    def resolve(self, params: DiffusionParams | None) -> DiffusionParams:
+        p = params or self.cfg.defaults
+        return msgspec.structs.replace(
+            p,
+            seed=p.seed if p.seed is not None else random.SystemRandom().getrandbits(63),
+            speaker=p.speaker or self.cfg.default_speaker,
+        )
+
+    def _check_ids(self, params: DiffusionParams, ids: Sequence[int], total: int) -> None:
+        if total > self.cfg.max_input_len:
+            raise EngineInputError(f"{total} input ids: more than max_input_len {self.cfg.max_input_len}")
+        if total * self.model.frames_per_input > self.model.max_frames:
+            raise EngineInputError(f"{total} input ids: longer than the model's {self.model.max_frames} frames")
+        try:
+            self.model.check(params, ids)
+        except DiffusionInputError as err:
+            raise EngineInputError(str(err)) from None
+
+    def tokenize(self, text: str) -> list[int]:
+        raise EngineInputError("a diffusion stage takes codec ids (prompt_token_ids), not text")
+
+    def decode(self, token_ids: list[int]) -> str | None:
+        return None
+
+    def add_request(
+        self,
+        request_id: str,
+        sampling: SamplingParamsMsg,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        step_embeds: Any = None,
+    ) -> int:
+        """The stage loop's entry: the ids known so far, the stage's default parameters, the
+        request's seed (`sampling.seed`). Returns the number of ids."""
+        if prompt_embeds is not None or step_embeds is not None:
+            raise EngineInputError("a diffusion stage takes codec ids, not embeddings")
+        ids = prompt_token_ids or []
+        params = msgspec.structs.replace(self.cfg.defaults, seed=sampling.seed)
+        self.submit(request_id, ids, params, closed=not self.open_inputs)
+        return len(ids)
+
+    def submit(
+        self,
+        request_id: str,
+        ids: Sequence[int],
+        params: DiffusionParams | None = None,
+        *,
+        closed: bool = True,
+        stream: bool | None = None,
+    ) -> DiffusionParams:
+        """Start a request on the ids known so far (more may follow with `add_inputs` unless
+        `closed`); returns its resolved parameters (seed and speaker filled in)."""
+        from omni_mp.engines.diffusion.batcher import DiffusionRequest
+
+        if request_id in self.batcher.requests:
+            raise EngineInputError(f"request id {request_id!r} is already active")
+        resolved = self.resolve(params)
+        if closed and not ids:
+            raise EngineInputError("empty input: no codec ids to synthesize")
+        self._check_ids(resolved, ids, len(ids))
+        req = DiffusionRequest(
+            request_id=request_id,
+            params=resolved,
+            ids=list(ids),
+            closed=closed,
+            stream=self.cfg.stream if stream is None else stream,
+        )
+        self.core.add_request(req)  # type: ignore[arg-type]
+        return resolved
+
+    def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
+        req = self.batcher.requests.get(request_id)
+        if req is None:
+            return  # finished or aborted meanwhile
+        if closed and not req.ids and not ids:
+            raise EngineInputError("empty input: upstream produced no codec ids")
+        self._check_ids(req.params, ids, len(req.ids) + len(ids))
+        self.batcher.extend(request_id, list(ids), closed)
+
+    def abort(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.core.abort_requests(request_ids)
+
+    # ---- stepping ------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.core.scheduler.has_requests()
+
+    def can_step(self) -> bool:
+        """A step would advance something (not only requests waiting for upstream ids)."""
+        return self.batcher.runnable()
+
+    def step(self) -> tuple[list[StepOutput], bool]:
+        outputs, executed = self.core.step()
+        result: list[StepOutput] = []
+        for per_client in outputs.values():
+            for out in per_client.outputs:
+                if isinstance(out.stop_reason, str):  # the worker could not serve it (see take_failed)
+                    self._failed[out.request_id] = out.stop_reason
+                    continue
+                reason = None if out.finish_reason is None else str(out.finish_reason)
+                info = None if out.pooling_output is None else audio_info(out.pooling_output, self.sample_rate)
+                result.append(StepOutput(out.request_id, [], out.finished, reason, info))
+        return result, executed
+
+    def take_failed(self) -> dict[str, str]:
+        failed, self._failed = self._failed, {}
+        return failed
+
+    def shutdown(self) -> None:
+        self.core.shutdown()

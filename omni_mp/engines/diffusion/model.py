@@ -1,0 +1,64 @@
+"""What a diffusion model gives the engine: conditioning, one batched velocity evaluation, decode.
+
+The engine owns everything else: noise (one CPU generator per request, drawn in frame order
+so a streamed window gets the same noise as the one-shot pass), the ODE solver and its time
+grid, continuous batching, streaming windows and output joining. A model sees a batch of
+trajectories, each a state of shape [frames, state_dim] with its own conditioning, time and
+guidance: frames are per input id (`frames_per_input`), so sequence models of different
+lengths share a step (padded; the model masks the padding). An image DiT fits the same
+interface with a fixed number of "frames" (latent patches) per request and no streaming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from omni_mp.engines.diffusion.params import DiffusionParams
+
+
+class DiffusionInputError(ValueError):
+    """A request's input cannot be sampled (unknown speaker, id out of range, empty input...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The inputs one trajectory is conditioned on: ids [start, start + len(ids)) of its request."""
+
+    request_id: str
+    ids: torch.Tensor  # int64 [n]
+    start: int
+    params: DiffusionParams  # resolved (seed and speaker set)
+
+
+class DiffusionModel(Protocol):
+    sample_rate: int  # output samples per second
+    samples_per_input: int  # output samples per input id
+    frames_per_input: int  # state frames per input id
+    state_dim: int  # features per state frame
+    window_align: int  # streaming windows start at multiples of this many inputs
+    max_frames: int  # the longest state the model can take (positional limit)
+    device: torch.device
+
+    def check(self, params: DiffusionParams, ids: Sequence[int]) -> None:
+        """Raise DiffusionInputError naming what is wrong with a request's input."""
+        ...
+
+    def condition(self, window: Window) -> Any:
+        """Everything about a trajectory that stays fixed over its solve (computed once)."""
+        ...
+
+    def collate(self, conds: Sequence[Any], guidance: torch.Tensor) -> Any:
+        """The batch of one solver step: conditioning padded to the longest state, masks."""
+        ...
+
+    def velocity(self, batch: Any, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """One (guided) model evaluation: x [B, S, state_dim] at times t [B] -> dx/dt, same shape."""
+        ...
+
+    def decode(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Final states [frames, state_dim] -> outputs (audio: float32 [samples] on the CPU)."""
+        ...

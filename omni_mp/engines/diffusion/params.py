@@ -1,0 +1,54 @@
+"""Diffusion request parameters and stage settings (no torch or vLLM imports: config uses them)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+
+class DiffusionParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """How one request is sampled. Defaults are transformers' token2wav defaults."""
+
+    num_steps: Annotated[int, Meta(ge=2, le=1000)] = 10  # time points; num_steps - 1 solver steps
+    solver: Literal["rk4", "euler"] = "rk4"  # rk4: transformers' 3/8-rule RK4 (4 model calls a step)
+    guidance_scale: Annotated[float, Meta(ge=0.0, le=100.0)] = 0.5  # classifier-free guidance; < 1e-5: off
+    sway_coefficient: float | None = -1.0  # time-grid warp t + s*(cos(pi t / 2) - 1 + t); None: linear
+    seed: int | None = None  # None: a random seed, drawn when the request is added
+    speaker: str | None = None  # None: the stage's default speaker
+
+
+class StreamingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Chunked streaming over the input codes (sizes in codes; 50 codes = 1 s of token2wav audio).
+
+    Every window starts on an attention-block boundary (12 codes for token2wav), so its blocks
+    are the one-shot pass's blocks. Defaults: a 24-code first chunk (0.48 s of audio: the first
+    audio needs 36 upstream codes), then 48-code chunks; 24 codes of left context (the block
+    before, which one-shot layers attend to, plus one more so the edge effect of the cut fades);
+    12 codes of right context (token2wav's look-ahead layers attend to the next block); a 10 ms
+    linear crossfade where chunks meet."""
+
+    first_chunk: Annotated[int, Meta(ge=1)] = 24
+    chunk: Annotated[int, Meta(ge=1)] = 48
+    left_context: Annotated[int, Meta(ge=0)] = 24
+    right_context: Annotated[int, Meta(ge=0)] = 12
+    crossfade_ms: Annotated[float, Meta(ge=0.0, le=100.0)] = 10.0
+    # Chunks of one request solved at the same time. 1: a request's next chunk starts when its
+    # previous one is done, so a step's batch holds the first chunks of new requests rather than
+    # the later chunks of old ones (time to first audio under load); each chunk is still ready
+    # long before the previous one has played (9 steps vs 0.96 s of audio). More: a lone request
+    # finishes sooner where a step has room to spare.
+    max_chunks_in_flight: Annotated[int, Meta(ge=1, le=64)] = 1
+
+
+class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The `diffusion:` section of a `kind: diffusion` stage."""
+
+    model_type: Literal["qwen2_5_omni_token2wav"] = "qwen2_5_omni_token2wav"
+    defaults: DiffusionParams = DiffusionParams()
+    default_speaker: str = "Chelsie"
+    stream: bool = True  # emit audio chunk by chunk as upstream codes arrive; False: one shot at the end
+    streaming: StreamingConfig = StreamingConfig()
+    max_batch: Annotated[int, Meta(ge=1, le=1024)] = 16  # trajectories advanced together in one step
+    max_input_len: Annotated[int, Meta(ge=1)] = 4096  # codes per request (memory bound, checked on arrival)

@@ -1,0 +1,80 @@
+"""Streaming windows and joining (no model): plans tile the input, windows are block-aligned and
+carry their context, and the joiner emits exactly one sample per input sample position."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, check_streaming, next_chunk
+from omni_mp.engines.diffusion.params import StreamingConfig
+
+CFG = StreamingConfig()
+ALIGN = 12
+
+
+def plans(total: int, per_arrival: int) -> list[ChunkPlan]:
+    """Plan chunks while ids arrive `per_arrival` at a time (the upstream rate)."""
+    out: list[ChunkPlan] = []
+    known, emitted = 0, 0
+    while not out or not out[-1].last:
+        known = min(total, known + per_arrival)
+        while (p := next_chunk(CFG, len(out), emitted, known, known == total)) is not None:
+            out.append(p)
+            emitted = p.emit_end
+            if p.last:
+                break
+    return out
+
+
+@pytest.mark.parametrize("total", [1, 11, 24, 30, 37, 72, 100, 150, 301])
+@pytest.mark.parametrize("per_arrival", [1, 7, 1000])
+def test_plans_tile_the_input_with_aligned_windows(total: int, per_arrival: int) -> None:
+    ps = plans(total, per_arrival)
+    assert ps[0].emit_start == 0 and ps[-1].emit_end == total and ps[-1].last
+    assert all(not p.last for p in ps[:-1])
+    for a, b in zip(ps, ps[1:], strict=False):
+        assert a.emit_end == b.emit_start  # contiguous, no overlap
+    for p in ps:
+        assert p.window_start % ALIGN == 0  # attention blocks coincide with the one-shot pass's
+        assert p.window_start == max(0, p.emit_start - CFG.left_context)
+        assert p.window_end == min(total, p.emit_end + CFG.right_context) or p.last
+        assert p.window_start <= p.emit_start < p.emit_end <= p.window_end
+    # Chunk sizes: a small first chunk, then regular ones (the last may take a short tail).
+    assert ps[0].emit_end - ps[0].emit_start <= CFG.first_chunk + CFG.right_context // 2
+    assert all(p.emit_end - p.emit_start <= CFG.chunk + CFG.right_context // 2 for p in ps[1:])
+
+
+def test_a_chunk_waits_for_its_right_context_unless_the_input_is_complete() -> None:
+    assert next_chunk(CFG, 0, 0, CFG.first_chunk + CFG.right_context - 1, closed=False) is None
+    assert next_chunk(CFG, 0, 0, CFG.first_chunk + CFG.right_context, closed=False) is not None
+    assert next_chunk(CFG, 0, 0, CFG.first_chunk + 1, closed=True) is not None
+
+
+def test_joiner_emits_every_sample_once_and_crossfades_the_seams() -> None:
+    spi, crossfade = 480, check_streaming(CFG, ALIGN, 480, 24000)
+    assert crossfade == 240
+    total = 150
+    signal = torch.randn(total * spi)
+    joiner, out = Joiner(spi, crossfade), []
+    for p in plans(total, 1000):
+        window = signal[p.window_start * spi : p.window_end * spi]
+        out.append(joiner.push(p, window))
+    # Windows that agree with the signal join back to it exactly (the crossfade mixes equal values).
+    torch.testing.assert_close(torch.cat(out), signal)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("first_chunk", 20, "first_chunk"),
+        ("left_context", 6, "left_context"),
+        ("left_context", 0, "crossfade_ms: longer than the left context"),
+    ],
+)
+def test_streaming_sizes_are_checked_against_the_model(field: str, value: object, message: str) -> None:
+    import msgspec
+
+    cfg = msgspec.structs.replace(CFG, **{field: value})
+    with pytest.raises(ValueError, match=message):
+        check_streaming(cfg, ALIGN, 480, 24000)
