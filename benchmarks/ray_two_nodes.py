@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # see omni_mp.control.ray_local
 
 from omni_mp.client import AsyncOmniClient  # noqa: E402
 from omni_mp.config import parse_config  # noqa: E402

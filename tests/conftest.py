@@ -11,6 +11,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A local Ray cluster stays on loopback (omni_mp.control.ray_local); Ray reads this when it is
+# first imported, and vLLM may import it before the Ray tests run.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from pathlib import Path  # noqa: E402
 

@@ -19,7 +19,14 @@ def local_cluster(nodes: int = 2, cpus_per_node: int = 2) -> Iterator[Any]:
     # address (a local cluster must not talk over the network). Read when ray is imported.
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
+    from ray._private import ray_constants
     from ray.cluster_utils import Cluster
+
+    if ray_constants.ENABLE_RAY_CLUSTER:  # ray was imported before the variable was set
+        raise RuntimeError(
+            "local_cluster: set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before ray is first imported "
+            "(vLLM imports it): otherwise the driver connects to the host's outward address"
+        )
 
     local = {"node_ip_address": "127.0.0.1", "include_dashboard": False, "num_cpus": cpus_per_node}
     cluster = Cluster(initialize_head=True, head_node_args={**local, "resources": {"node_a": 1}})

@@ -88,50 +88,28 @@ class StageHandle:
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
 
+    def _command(self, input_endpoint: str, parent_pid: str) -> list[str]:
+        # Ray: the same interpreter path on every node (one venv layout).
+        return [sys.executable, "-m", "omni_mp.stage", "--stage-id", str(self.stage.id)] + [
+            "--events", self.events_endpoint, "--input", input_endpoint, "--parent-pid", parent_pid
+        ]  # fmt: skip
+
     def spawn(self) -> None:
         if self.ray is not None:
-            self._spawn_ray()
+            # The node Ray places it on binds its input; it dies with the actor that runs it.
+            cmd = self._command(f"tcp://{NODE_HOST}:*", ACTOR_PID)
+            name = f"{self.endpoints.run_id}-stage{self.stage.id}-{self.restarts}.log"
+            self.proc = self.ray.launch(self.stage, cmd, stage_env(self.cfg, self.stage), name)
+            self._spawned()
             return
-        cmd = [
-            sys.executable,
-            "-m",
-            "omni_mp.stage",
-            "--stage-id",
-            str(self.stage.id),
-            "--events",
-            self.events_endpoint,
-            "--input",
-            # A fresh ipc name per incarnation: nothing addressed to a dead one reaches this one.
-            self.endpoints.stage_input(self.stage.id, self.restarts),
-            "--parent-pid",
-            str(os.getpid()),
-        ]
+        # A fresh ipc name per incarnation: nothing addressed to a dead one reaches this one.
+        cmd = self._command(self.endpoints.stage_input(self.stage.id, self.restarts), str(os.getpid()))
         with open(self.log_path, "ab") as log:
             log.write(f"==== spawn {time.strftime('%H:%M:%S')} (restart {self.restarts}) ====\n".encode())
             log.flush()
             self.proc = popen(
                 cmd, env=stage_env(self.cfg, self.stage), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        self._spawned()
-
-    def _spawn_ray(self) -> None:
-        assert self.ray is not None
-        cmd = [
-            sys.executable,  # the same interpreter path on every node (one venv layout)
-            "-m",
-            "omni_mp.stage",
-            "--stage-id",
-            str(self.stage.id),
-            "--events",
-            self.events_endpoint,
-            "--input",
-            f"tcp://{NODE_HOST}:*",  # the address of the node Ray placed it on
-            "--parent-pid",
-            ACTOR_PID,
-        ]
-        env = stage_env(self.cfg, self.stage)
-        name = f"{self.endpoints.run_id}-stage{self.stage.id}-{self.restarts}.log"
-        self.proc = self.ray.launch(self.stage, cmd, env, name)
         self._spawned()
 
     def _spawned(self) -> None:
