@@ -17,7 +17,7 @@ from omni_mp.client import AsyncOmniClient, OmniClient, RequestError
 from omni_mp.models.tiny import resolve_model
 from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_same_tokens, greedy, tokenize
-from tests.launcher import REPO, ServedPipeline, serve
+from tests.launcher import REPO, ServedPipeline, serve, settled_client
 
 pytestmark = pytest.mark.engine
 
@@ -49,13 +49,8 @@ def pipeline() -> Iterator[ServedPipeline]:
 
 @pytest.fixture
 def client(pipeline: ServedPipeline) -> Iterator[OmniClient]:
-    with OmniClient(pipeline.endpoint) as c:
-        yield c
-        # Nothing may stay in flight after a test, whatever it did.
-        deadline = time.monotonic() + 5
-        while c.status().inflight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.status().inflight == 0
+    with settled_client(pipeline.endpoint) as c:  # nothing may stay in flight after a test
+        yield c  # type: ignore[misc]
 
 
 def test_generate_matches_transformers(client: OmniClient) -> None:

@@ -45,7 +45,7 @@ from omni_mp.wire.payload import (
     encode,
 )
 from omni_mp.wire.transport import MessageSender
-from tests.launcher import REPO, gone
+from tests.launcher import REPO, gone, settled_client
 from tests.rawclient import TERMINAL, RawClient
 
 pytestmark = pytest.mark.engine
@@ -81,12 +81,8 @@ def coord() -> Iterator[Coordinator]:
 
 @pytest.fixture
 def client(coord: Coordinator) -> Iterator[OmniClient]:
-    with OmniClient(coord.client_endpoint) as c:
-        yield c
-        deadline = time.monotonic() + 10
-        while c.status().inflight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.status().inflight == 0
+    with settled_client(coord.client_endpoint, timeout_s=10) as c:
+        yield c  # type: ignore[misc]
 
 
 def stage_pids(coord: Coordinator) -> dict[int, int]:
