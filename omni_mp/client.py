@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 
 from omni_mp.keys import CurveIdentity
+from omni_mp.media_files import AudioLike, ImageLike, multi_modal_input
 from omni_mp.wire.payload import (
     Abort,
     ErrorEvent,
@@ -123,6 +124,9 @@ class AsyncOmniClient:
         *,
         prompt_token_ids: list[int] | None = None,
         prompt_embeds: torch.Tensor | None = None,
+        audios: Sequence[AudioLike] = (),
+        images: Sequence[ImageLike] = (),
+        speaker: str | None = None,
         sampling: dict[int, SamplingParamsMsg] | None = None,
         deadline_s: float | None = None,
         request_id: str | None = None,
@@ -130,6 +134,10 @@ class AsyncOmniClient:
         _stream: bool = True,
     ) -> AsyncIterator[StageOutputChunk | Finished]:
         """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
+
+        `audios` (WAV files or (samples, sample_rate)) and `images` (image files or uint8
+        [H, W, 3]) go with a text `prompt` to an entry stage that takes media; `speaker` picks
+        the voice of stages that speak.
 
         `timeout_s` bounds the wait on the client side (abort + TimeoutError), for a
         coordinator that is gone; `deadline_s` is enforced by the pipeline itself.
@@ -148,6 +156,8 @@ class AsyncOmniClient:
                     prompt=prompt,
                     prompt_token_ids=prompt_token_ids,
                     prompt_embeds=None if prompt_embeds is None else PromptEmbeds(data=prompt_embeds),
+                    multi_modal=multi_modal_input(audios, images),
+                    speaker=speaker,
                     sampling=[StageSampling(stage_id=k, params=v) for k, v in (sampling or {}).items()],
                     deadline_s=deadline_s,
                     stream=_stream,

@@ -47,6 +47,16 @@ class HiddenStatesOutput(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     layers: list[int] = []
 
 
+class MediaLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What an entry stage with a `prompt_format` accepts as media per request, checked
+    before any of it is decoded or processed."""
+
+    max_audios: Annotated[int, Meta(ge=0, le=16)] = 4
+    max_images: Annotated[int, Meta(ge=0, le=16)] = 4
+    max_audio_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
+    max_image_pixels: Annotated[int, Meta(ge=1, le=2**28)] = 16_777_216  # 4096 x 4096
+
+
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     id: Annotated[int, Meta(ge=0, le=2**31)]
     model: str  # a checkpoint dir, or the name of a built-in tiny model (omni_mp.models.tiny)
@@ -58,6 +68,16 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     final_output: bool = False
     hidden_states: HiddenStatesOutput | None = None
     prompt_embeds: bool = False  # an entry stage that also takes prompts as embeddings
+    # An entry stage: wrap text prompts (and the request's media) in this model's chat format
+    # (omni_mp.models.prompt_formats); media need one.
+    prompt_format: Literal["qwen2_5_omni"] | None = None
+    media: MediaLimits = MediaLimits()
+    # Load only this part of a multi-part checkpoint, as a vLLM model of ours
+    # (`talker`: Qwen2.5-Omni's talker; the thinker and token2wav need no such choice).
+    model_part: Literal["talker"] | None = None
+    # True: start a request only once every upstream stage has finished it (no inter-stage
+    # streaming; for measuring what streaming gains).
+    wait_for_upstream: bool = False
     sampling: SamplingParamsMsg = msgspec.field(default_factory=SamplingParamsMsg)
     restart: RestartPolicy = RestartPolicy()
     diffusion: DiffusionStageConfig = DiffusionStageConfig()  # `kind: diffusion` only
@@ -269,6 +289,12 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
                     )
         if s.prompt_embeds and s.inputs:
             raise ConfigError(f"`{where}.prompt_embeds`: only for entry stages (its processor decides otherwise)")
+        if s.prompt_format is not None and (s.inputs or s.kind != "ar"):
+            raise ConfigError(f"`{where}.prompt_format`: only for entry AR stages (they take the client's prompt)")
+        if s.wait_for_upstream and not s.inputs:
+            raise ConfigError(f"`{where}.wait_for_upstream`: only for stages with inputs")
+        if s.model_part is not None and s.kind != "ar":
+            raise ConfigError(f"`{where}.model_part`: only for AR stages")
         if s.hidden_states is not None and any(k < 0 for k in s.hidden_states.layers):
             raise ConfigError(f"`{where}.hidden_states.layers`: layer indices must be >= 0")
         if any(d < 0 for d in s.devices) or len(set(s.devices)) != len(s.devices):

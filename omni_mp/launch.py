@@ -40,6 +40,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output-dir", type=Path, help="write one JSON result per request here")
     p.add_argument("--bind", help="client endpoint to serve on (default: an ipc endpoint, printed)")
     p.add_argument("--deadline", type=float, help="per-request deadline in seconds")
+    p.add_argument("--audio", action="append", default=[], type=Path, help="a WAV file to send with every prompt")
+    p.add_argument("--image", action="append", default=[], type=Path, help="an image file to send with every prompt")
+    p.add_argument("--speaker", help="the voice of stages that speak (default: the model's)")
     p.add_argument("--log-dir", type=Path, help="keep stage logs here (default: a temp dir, removed at exit)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
@@ -90,6 +93,20 @@ def _write_audio(res: Finished, out_dir: Path | None, stem: str) -> tuple[Finish
     return msgspec.structs.replace(res, outputs=outputs), files
 
 
+def _summary(res: Finished) -> str:
+    """One line per request: per stage its tokens (codes) and timings from submission, the
+    audio's length and time to first audio, and the text."""
+    ms = lambda t: f"{1000 * (t - res.t_submit):.0f}ms"  # noqa: E731
+    audio = {o.stage_id: o.audio.numel() / o.sample_rate for o in res.outputs if o.audio is not None and o.sample_rate}
+    parts = []
+    for d in res.stage_timings:
+        first = ms(d.t_first_token) if d.t_first_token is not None else "-"
+        what = f"{audio[d.stage_id]:.2f}s audio" if d.stage_id in audio else f"{d.num_output_tokens} tok"
+        parts.append(f"stage {d.stage_id}: {d.num_prompt_tokens} in, {what}, first {first}, done {ms(d.t_finished)}")
+    text = next((o.text for o in res.outputs if o.text is not None), None)
+    return f"{ms(res.t_finished)} [{' | '.join(parts)}] -> {text!r}"
+
+
 def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, server: threading.Thread) -> int | None:
     """Run the prompts; None if the coordinator thread died before they all ended."""
     from tqdm import tqdm
@@ -101,7 +118,15 @@ def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, s
     t0 = time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(prompts))) as pool:
         futs = {
-            pool.submit(client.generate, p, deadline_s=args.deadline, request_id=f"req{i}"): i
+            pool.submit(
+                client.generate,
+                p,
+                deadline_s=args.deadline,
+                request_id=f"req{i}",
+                audios=args.audio,
+                images=args.image,
+                speaker=args.speaker,
+            ): i
             for i, p in enumerate(prompts)
         }
         pending = set(futs)
@@ -128,17 +153,10 @@ def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, s
             record: dict[str, object] = {"prompt": prompt, "error": msgspec.to_builtins(res.event)}
             print(f"req{i}: ERROR {res}")
         else:
+            line = _summary(res)  # type: ignore[arg-type]
             res, wavs = _write_audio(res, args.output_dir, f"req{i}")  # type: ignore[arg-type]
             record = {"prompt": prompt, **msgspec.to_builtins(res), **({"audio_files": wavs} if wavs else {})}
-            stages = " | ".join(
-                f"stage {d.stage_id}: {d.num_prompt_tokens}+{d.num_output_tokens} tok, "
-                f"queue {1000 * (d.t_started - d.t_registered):.0f}ms, "
-                f"first {1000 * ((d.t_first_token or d.t_finished) - d.t_started):.0f}ms, "
-                f"total {1000 * (d.t_finished - d.t_started):.0f}ms"
-                for d in res.stage_timings  # type: ignore[attr-defined]
-            )
-            text = res.outputs[-1].text if res.outputs else None  # type: ignore[attr-defined]
-            print(f"req{i}: {1000 * (res.t_finished - res.t_submit):.0f}ms [{stages}] -> {text!r}")  # type: ignore[attr-defined]
+            print(f"req{i}: {line}")
         if args.output_dir is not None:
             (args.output_dir / f"req{i}.json").write_text(json.dumps(record, indent=2))
     print(f"{len(prompts) - failed}/{len(prompts)} requests succeeded in {wall:.2f}s")

@@ -431,6 +431,8 @@ class Coordinator:
                     prompt=msg.prompt if entry else None,
                     prompt_token_ids=msg.prompt_token_ids if entry else None,
                     prompt_embeds=msg.prompt_embeds if entry else None,
+                    multi_modal=msg.multi_modal if entry else None,
+                    speaker=msg.speaker,
                     sampling_params=sampling.get(stage.id, stage.sampling),
                     deadline=req.deadline,
                 )

@@ -49,6 +49,11 @@ def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMs
         raise Rejected(
             "invalid_input", "`prompt_embeds`: the entry stage does not take embeddings (set `prompt_embeds: true`)"
         )
+    if msg.multi_modal is not None and (msg.prompt is None or any(s.prompt_format is None for s in cfg.entry_stages)):
+        raise Rejected(
+            "invalid_input",
+            "`multi_modal`: needs a text `prompt` and an entry stage that takes media (with a `prompt_format`)",
+        )
     sampling: dict[int, SamplingParamsMsg] = {}
     ids = {s.id for s in cfg.stages}
     for s in msg.sampling:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from omni_mp.engines.base import EngineInputError, StepOutput
+from omni_mp.engines.base import EngineInputError, PromptIds, StepOutput
 from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds, StepIO, engine_core_cls, gated_scheduler_cls
 from omni_mp.wire.payload import SamplingParamsMsg
 
@@ -87,11 +87,21 @@ class AREngine:
     def decode(self, token_ids: list[int]) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode(token_ids)
 
-    @staticmethod
-    def to_vllm_sampling(p: SamplingParamsMsg) -> Any:
+    @property
+    def speakers(self) -> frozenset[str] | None:
+        return None  # an AR stage's voice, if any, is its processor's business
+
+    def to_vllm_sampling(self, p: SamplingParamsMsg) -> Any:
         from vllm import SamplingParams
 
+        allowed = None
+        if p.suppress_token_ids:
+            # vLLM has no suppress list; an allow-list masks the rest to exactly -inf.
+            vocab = self.vllm_config.model_config.get_vocab_size()
+            suppressed = set(p.suppress_token_ids)
+            allowed = [i for i in range(vocab) if i not in suppressed]
         return SamplingParams(
+            allowed_token_ids=allowed,
             max_tokens=p.max_tokens,
             min_tokens=p.min_tokens,
             temperature=p.temperature,
@@ -121,38 +131,57 @@ class AREngine:
         *,
         prompt_token_ids: list[int] | None = None,
         prompt_embeds: torch.Tensor | None = None,
+        prompt_text: str | None = None,
+        multi_modal: dict[str, list[Any]] | None = None,
+        positions: tuple[torch.Tensor, int] | None = None,
         step_embeds: StepEmbeds | None = None,
-    ) -> int:
+        speaker: str | None = None,
+    ) -> PromptIds:
         """Validate with vLLM's own input processor, hand the request to the scheduler, and
-        return its prompt length. With `step_embeds`, decode step k adds `step_embeds.row(k)`
-        to its input embedding and waits for it to arrive."""
+        return its prompt. `prompt_text` (with `multi_modal` data) is tokenized and its media
+        placeholders expanded by vLLM's processor for the model. `prompt_embeds` with
+        `prompt_token_ids`: an embeddings prompt whose ids only count for repetition penalties.
+        `positions`: M-RoPE positions of the prompt's first rows and the offset of every later
+        one (vllm_hooks). With `step_embeds`, decode step k adds `step_embeds.row(k)` to its
+        input embedding and waits for it to arrive."""
         from vllm.inputs.engine import embeds_input, tokens_input
 
         if prompt_embeds is not None:
             if not self.features.prompt_embeds:
                 raise EngineInputError("this stage does not take prompt embeddings")
-            prompt: Any = embeds_input(self._check_embeds("prompt_embeds", prompt_embeds))
-            prompt_len = prompt_embeds.shape[0]
+            embeds = self._check_embeds("prompt_embeds", prompt_embeds)
+            if prompt_token_ids is not None and len(prompt_token_ids) != embeds.shape[0]:
+                raise EngineInputError(f"{len(prompt_token_ids)} prompt ids for {embeds.shape[0]} prompt embeddings")
+            mixed = {} if prompt_token_ids is None else {"is_token_ids": [False] * len(prompt_token_ids)}
+            prompt: Any = embeds_input(embeds, prompt_token_ids=prompt_token_ids, **mixed)
         elif prompt_token_ids is not None:
             prompt = tokens_input(prompt_token_ids)
-            prompt_len = len(prompt_token_ids)
+        elif prompt_text is not None:
+            prompt = {"prompt": prompt_text}
+            if multi_modal:
+                prompt["multi_modal_data"] = multi_modal
         else:
-            raise EngineInputError("a request needs prompt_token_ids or prompt_embeds")
+            raise EngineInputError("a request needs prompt_token_ids, prompt_embeds or a prompt text")
+        if positions is not None and not self.features.step_embeds:
+            raise EngineInputError("this stage does not take prompt positions")
         if step_embeds is not None and not self.features.step_embeds:
             raise EngineInputError("this stage does not take per-step embeddings")
         try:
             params = self.to_vllm_sampling(sampling)
             req = self._inputs.process_inputs(request_id, prompt, params, self._tasks, arrival_time=time.time())
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, KeyError) as err:  # vLLM's processors raise all three on bad media
             raise EngineInputError(str(err)) from err
+        prompt_len = req.prompt_embeds.shape[0] if req.prompt_embeds is not None else len(req.prompt_token_ids or [])
         if step_embeds is not None:
             if step_embeds.fill is not None:
                 step_embeds.fill = self._check_embeds("step embeddings", step_embeds.fill[None])[0]
             self.io.step_embeds[request_id] = step_embeds
             self.io.prompt_lens[request_id] = prompt_len
+        if positions is not None:
+            self.io.set_positions(request_id, *positions)
         request, wave = self.core.preprocess_add_request(req)
         self.core.add_request(request, wave)
-        return prompt_len
+        return PromptIds(prompt_len, None if req.prompt_token_ids is None else list(req.prompt_token_ids))
 
     def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
         raise EngineInputError("an AR stage takes its whole prompt at once")
@@ -165,6 +194,11 @@ class AREngine:
         se = self.io.step_embeds.get(request_id)
         if se is not None:
             se.closed = True
+
+    def take_positions(self) -> dict[str, tuple[torch.Tensor, int]]:
+        """M-RoPE prompt positions (and later offset) of requests started since the last call,
+        for stages that send hidden states to a talker (vllm_hooks)."""
+        return self.io.take_positions()
 
     def collect_hidden(self, finishing: set[str]) -> dict[str, list[CapturedRows]]:
         """Hidden-state rows whose copies to the host are complete; waits for those of

@@ -27,6 +27,14 @@ class StepOutput:
     info: AdditionalInformation | None = None  # named outputs of the step (diffusion: an audio chunk)
 
 
+@dataclass(frozen=True, slots=True)
+class PromptIds:
+    """A started request's prompt as the engine holds it."""
+
+    length: int
+    token_ids: list[int] | None  # None: an embeddings prompt (or a diffusion stage's open input)
+
+
 class EngineInputError(ValueError):
     """The engine rejected a request's input (the message says what and why)."""
 
@@ -36,6 +44,11 @@ class StageEngine(Protocol):
 
     def decode(self, token_ids: list[int]) -> str | None: ...
 
+    @property
+    def speakers(self) -> frozenset[str] | None:
+        """The voices a request may pick (None: this engine does not speak)."""
+        ...
+
     def add_request(
         self,
         request_id: str,
@@ -43,9 +56,17 @@ class StageEngine(Protocol):
         *,
         prompt_token_ids: list[int] | None = None,
         prompt_embeds: torch.Tensor | None = None,
+        prompt_text: str | None = None,
+        multi_modal: dict[str, list[Any]] | None = None,
+        positions: tuple[torch.Tensor, int] | None = None,
         step_embeds: Any = None,
-    ) -> int:
-        """Start a request; returns its prompt length. Raises EngineInputError."""
+        speaker: str | None = None,
+    ) -> PromptIds:
+        """Start a request. Raises EngineInputError."""
+        ...
+
+    def take_positions(self) -> dict[str, tuple[torch.Tensor, int]]:
+        """M-RoPE prompt positions of requests started since the last call (AR stages)."""
         ...
 
     def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:

@@ -16,14 +16,17 @@ import logging
 import threading
 import time
 
+import msgspec
 import torch
 import zmq
 
 from omni_mp.config import PipelineConfig, StageConfig
 from omni_mp.engines.base import EngineInputError, StageEngine
 from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds
-from omni_mp.processors import PROCESSORS, ProcessorError, StageInput
+from omni_mp.models.tiny import resolve_model
+from omni_mp.processors import PROCESSORS, ProcessorError, RequestContext, StageInput
 from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
+from omni_mp.stage.media import MediaError, build_entry_input
 from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
 from omni_mp.stage.timeline import StepRecord, StepTimeline
 from omni_mp.wire.payload import (
@@ -67,7 +70,12 @@ class StageLoop:
         self.stage = stage
         self.engine = engine
         self.limits: Limits = cfg.limits
-        self.processor = PROCESSORS[stage.processor] if stage.processor else None
+        self.processor = (
+            PROCESSORS[stage.processor].bind(stage, resolve_model(stage.model)) if stage.processor else None
+        )
+        # The voices this stage can speak in (None: it does not speak), checked at registration
+        # so a bad name fails the request before any stage works on it.
+        self.speakers = (self.processor.speakers if self.processor else None) or engine.speakers
         # None: this stage emits no hidden states; else the intermediate layers it adds.
         self.hidden_layers: list[int] | None = None if stage.hidden_states is None else list(stage.hidden_states.layers)
         # The chunk tensors that travel packed: one tensor per key and step, not per request.
@@ -122,21 +130,33 @@ class StageLoop:
             sampling=msg.sampling_params or self.stage.sampling,
             deadline=msg.deadline,
             inputs=list(self.stage.inputs),
+            ctx=RequestContext(speaker=msg.speaker),
         )
         self.requests[rid] = state
+        if msg.speaker is not None and self.speakers is not None and msg.speaker not in self.speakers:
+            self._fail(
+                rid,
+                "invalid_input",
+                f"unknown speaker {msg.speaker!r}; stage {self.stage.id} has {sorted(self.speakers)}",
+            )
+            return
         if not self.stage.inputs:
             try:
+                if msg.multi_modal is not None and self.stage.prompt_format is None:
+                    raise EngineInputError(f"stage {self.stage.id} takes no media (it has no prompt_format)")
                 if msg.prompt_embeds is not None:
                     # A copy: the received tensor is a view of the message buffer.
                     stage_input = StageInput(prompt_embeds=msg.prompt_embeds.data.clone())
                 elif msg.prompt_token_ids is not None:
                     stage_input = StageInput(prompt_token_ids=list(msg.prompt_token_ids))
+                elif msg.prompt is not None and self.stage.prompt_format is not None:
+                    stage_input = build_entry_input(self.stage, msg.prompt, msg.multi_modal)
                 elif msg.prompt is not None:
                     stage_input = StageInput(prompt_token_ids=self.engine.tokenize(msg.prompt))
                 else:
                     raise EngineInputError("an entry stage needs a prompt, prompt_token_ids or prompt_embeds")
                 self._start(state, stage_input)
-            except EngineInputError as err:
+            except (EngineInputError, MediaError) as err:
                 self._fail(rid, "invalid_input", str(err))
             return
         for chunk in self.orphans.take(rid):
@@ -160,7 +180,11 @@ class StageLoop:
             state.add_upstream(chunk)
             assert self.processor is not None  # validated in config: stages with inputs have one
             if not state.started:
-                stage_input = self.processor.prompt(state.upstream)
+                if self.stage.wait_for_upstream and not all(
+                    rid_up in state.upstream and state.upstream[rid_up].finished for rid_up in state.inputs
+                ):
+                    return
+                stage_input = self.processor.prompt(state.upstream, state.ctx)
                 if stage_input is None:
                     return
                 self._start(state, stage_input)
@@ -192,18 +216,31 @@ class StageLoop:
         """Hand the request to the engine (raises EngineInputError on input vLLM rejects)."""
         step_embeds = None
         if self.processor is not None and self.processor.step_embeds_enabled:
-            step_embeds = StepEmbeds(fill=torch.zeros(self.engine.hidden_size))
-        prompt_len = self.engine.add_request(
+            fill = stage_input.step_fill
+            step_embeds = StepEmbeds(fill=torch.zeros(self.engine.hidden_size) if fill is None else fill)
+        sampling = state.sampling
+        if stage_input.stop_token_ids or stage_input.suppress_token_ids:
+            sampling = msgspec.structs.replace(
+                sampling,
+                stop_token_ids=sorted({*sampling.stop_token_ids, *stage_input.stop_token_ids}),
+                suppress_token_ids=sorted({*sampling.suppress_token_ids, *stage_input.suppress_token_ids}),
+            )
+        prompt_ids = self.engine.add_request(
             state.request_id,
-            state.sampling,
+            sampling,
             prompt_token_ids=stage_input.prompt_token_ids,
             prompt_embeds=stage_input.prompt_embeds,
+            prompt_text=stage_input.prompt_text,
+            multi_modal=stage_input.multi_modal,
+            positions=stage_input.positions,
             step_embeds=step_embeds,
+            speaker=state.ctx.speaker,
         )
         state.started = True
         state.t_started = time.time()
-        state.prompt_len = prompt_len
-        state.prompt_token_ids = stage_input.prompt_token_ids
+        state.prompt_len = prompt_ids.length
+        # The prompt as the model saw it (media placeholders expanded); None for embeddings.
+        state.prompt_token_ids = prompt_ids.token_ids if stage_input.prompt_embeds is None else None
 
     def _end(self, request_id: str) -> StageRequestState | None:
         """Forget a request here (its late upstream chunks are dropped from now on)."""
@@ -298,6 +335,9 @@ class StageLoop:
         captured: dict[str, list[CapturedRows]] = {}
         if self.hidden_layers is not None:
             captured = self.engine.collect_hidden({o.request_id for o in outputs if o.finished})
+            for rid, pos in self.engine.take_positions().items():
+                if rid in self.requests:
+                    self.requests[rid].positions_out = pos
         chunks: list[StageOutputChunk] = []
         done: list[StageDone] = []
         rows = 0
@@ -318,6 +358,10 @@ class StageLoop:
                     self._fail(rid, "internal_error", f"stage {self.stage.id}: {err}")
                     continue
                 rows += 0 if info is None else info["hidden_states"].shape[0]
+            if state.positions_out is not None:  # M-RoPE: the prompt's positions go with its first chunk
+                pos, delta = state.positions_out
+                state.positions_out = None
+                info = {**(info or {}), "mrope_positions": pos, "mrope_delta": delta}
             first = not state.sent_first
             state.sent_first = True
             step_info = out.info if out is not None else None  # e.g. a diffusion stage's audio chunk

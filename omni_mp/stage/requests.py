@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import msgspec
 import torch
 
-from omni_mp.processors import ProcessorError, UpstreamResult
+from omni_mp.processors import ProcessorError, RequestContext, UpstreamResult
 from omni_mp.wire.payload import SamplingParamsMsg, StageOutputChunk
 
 
@@ -18,6 +18,7 @@ class StageRequestState:
     sampling: SamplingParamsMsg
     deadline: float | None
     inputs: list[int]  # upstream stage ids this request waits for (empty for an entry stage)
+    ctx: RequestContext = field(default_factory=RequestContext)
     upstream: dict[int, UpstreamResult] = field(default_factory=dict)
     started: bool = False  # handed to the engine
     prompt_len: int = 0
@@ -25,6 +26,7 @@ class StageRequestState:
     output_token_ids: list[int] = field(default_factory=list)
     sent_first: bool = False  # the first chunk (which carries the prompt ids) went out
     hidden_next: int = 0  # position of the next hidden-state row to emit
+    positions_out: tuple[torch.Tensor, int] | None = None  # M-RoPE prompt positions not yet sent
     step_rows_pushed: int = 0  # per-step extra embeddings handed to the engine
     inputs_pushed: int = 0  # input ids handed to the engine after its prompt (streamed inputs)
     t_registered: float = field(default_factory=time.time)
@@ -48,6 +50,22 @@ class StageRequestState:
                 )
             # The chunk's tensors are views of the received buffer: keep a copy of our own.
             up.add_hidden(rows.clone())
+        positions = info.get("mrope_positions")
+        if positions is not None:
+            delta = info.get("mrope_delta")
+            n = len(up.prompt_token_ids or [])
+            if (
+                not isinstance(positions, torch.Tensor)
+                or positions.dtype != torch.int64
+                or list(positions.shape) != [3, n]
+                or type(delta) is not int
+            ):
+                raise ProcessorError(
+                    f"mrope_positions from stage {chunk.stage_id}: expected int64 [3, {n}] and an int "
+                    f"mrope_delta, got {getattr(positions, 'dtype', None)} "
+                    f"{list(getattr(positions, 'shape', []))} and {delta!r}"
+                )
+            up.mrope_positions, up.mrope_delta = positions.clone(), delta
         if chunk.finished:
             up.finished = True
             up.finish_reason = chunk.finish_reason

@@ -48,16 +48,19 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "Abort",
     "AdditionalInformation",
+    "AudioInput",
     "Buffer",
     "BufferPlacer",
     "Connect",
     "ErrorEvent",
     "Finished",
     "Heartbeat",
+    "ImageInput",
     "InfoValue",
     "Limits",
     "Message",
     "MessageBase",
+    "MultiModalInput",
     "PayloadError",
     "PromptEmbeds",
     "Ready",
@@ -122,6 +125,8 @@ StrMap = Annotated[dict[str, str], Meta(max_length=MAX_INFO_ENTRIES)]
 # The AdditionalInformation key through which a chunk refers to rows of StageOutputBatch.packed.
 PACKED_ROWS = "packed_rows"
 
+SpeakerName = Annotated[str, Meta(min_length=1, max_length=64)]
+
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
 
 
@@ -129,6 +134,28 @@ class PromptEmbeds(msgspec.Struct, forbid_unknown_fields=True):
     """Embeddings to use as (part of) the next stage's prompt: [num_tokens, hidden]."""
 
     data: Tensor
+
+
+class AudioInput(msgspec.Struct, forbid_unknown_fields=True):
+    """A mono waveform: float32 [samples] in [-1, 1] at `sample_rate` (the stage resamples)."""
+
+    samples: Tensor
+    sample_rate: Annotated[int, Meta(ge=1000, le=384_000)]
+
+
+class ImageInput(msgspec.Struct, forbid_unknown_fields=True):
+    """An RGB image: uint8 [height, width, 3]."""
+
+    pixels: Tensor
+
+
+class MultiModalInput(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Media for an entry stage whose model takes them (e.g. Qwen2.5-Omni's thinker), in the
+    order the prompt mentions them. Shapes and sizes are checked by the stage against its
+    model (MediaLimits) before anything is processed."""
+
+    audios: Annotated[list[AudioInput], Meta(max_length=16)] = []
+    images: Annotated[list[ImageInput], Meta(max_length=16)] = []
 
 
 class SamplingParamsMsg(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -140,6 +167,7 @@ class SamplingParamsMsg(msgspec.Struct, forbid_unknown_fields=True, omit_default
     seed: int | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] = 1.0
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []
+    suppress_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []  # never sampled
     ignore_eos: bool = False
 
 
@@ -159,6 +187,8 @@ class StageRequest(MessageBase):
     prompt: str | None = None
     prompt_token_ids: TokenIds | None = None
     prompt_embeds: PromptEmbeds | None = None
+    multi_modal: MultiModalInput | None = None  # entry stages only
+    speaker: SpeakerName | None = None  # stages that speak use it; None: their default
     additional_information: AdditionalInformation | None = None
     sampling_params: SamplingParamsMsg | None = None
     deadline: float | None = None  # unix time, seconds
@@ -309,6 +339,8 @@ class Submit(MessageBase):
     prompt: str | None = None
     prompt_token_ids: TokenIds | None = None
     prompt_embeds: PromptEmbeds | None = None  # for entry stages with `prompt_embeds: true`
+    multi_modal: MultiModalInput | None = None  # audio/images for an entry stage that takes them
+    speaker: SpeakerName | None = None  # the voice of stages that speak (unknown: an error)
     sampling: Annotated[list[StageSampling], PerStage] = []
     deadline_s: Annotated[float, Meta(gt=0.0, le=1e7)] | None = None  # NaN and inf refused while decoding
     stream: bool = False

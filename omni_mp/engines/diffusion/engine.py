@@ -19,7 +19,7 @@ import msgspec
 import torch
 
 from omni_mp.audio import audio_info
-from omni_mp.engines.base import EngineInputError, StepOutput
+from omni_mp.engines.base import EngineInputError, PromptIds, StepOutput
 from omni_mp.engines.diffusion.model import DiffusionInputError
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
 from omni_mp.wire.payload import SamplingParamsMsg
@@ -114,16 +114,30 @@ class DiffusionEngine:
         *,
         prompt_token_ids: list[int] | None = None,
         prompt_embeds: torch.Tensor | None = None,
+        prompt_text: str | None = None,
+        multi_modal: dict[str, list[Any]] | None = None,
+        positions: tuple[torch.Tensor, int] | None = None,
         step_embeds: Any = None,
-    ) -> int:
+        speaker: str | None = None,
+    ) -> PromptIds:
         """The stage loop's entry: the ids known so far, the stage's default parameters, the
-        request's seed (`sampling.seed`). Returns the number of ids."""
-        if prompt_embeds is not None or step_embeds is not None:
+        request's seed (`sampling.seed`) and speaker."""
+        if prompt_embeds is not None or step_embeds is not None or positions is not None:
             raise EngineInputError("a diffusion stage takes codec ids, not embeddings")
+        if prompt_text is not None or multi_modal:
+            raise EngineInputError("a diffusion stage takes codec ids, not text or media")
         ids = prompt_token_ids or []
-        params = msgspec.structs.replace(self.cfg.defaults, seed=sampling.seed)
+        params = msgspec.structs.replace(self.cfg.defaults, seed=sampling.seed, speaker=speaker)
         self.submit(request_id, ids, params, closed=not self.open_inputs)
-        return len(ids)
+        return PromptIds(len(ids), list(ids))
+
+    @property
+    def speakers(self) -> frozenset[str] | None:
+        names = getattr(self.model, "speakers", None)  # models without voices have none
+        return None if names is None else frozenset(names)
+
+    def take_positions(self) -> dict[str, tuple[torch.Tensor, int]]:
+        return {}
 
     def submit(
         self,

@@ -16,7 +16,6 @@ The modules are transformers' own; what is ours is the batched forward around th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 
 from omni_mp.engines.diffusion.model import DiffusionInputError, Window
 from omni_mp.engines.diffusion.params import DiffusionParams
+from omni_mp.models.checkpoint import load_prefixed, load_speakers
 
 SAMPLE_RATE = 24000  # BigVGAN output rate of Qwen2.5-Omni (480 samples per codec token, 50 tokens/s)
 CFG_MIN = 1e-5  # transformers: guidance_scale below this runs no unconditional pass
@@ -55,27 +55,6 @@ class Token2WavBatch:
     position_ids: torch.Tensor  # [R, S]
     cfg_rows: torch.Tensor  # indices (into the B conditional rows) that also have an unconditional row
     guidance: torch.Tensor  # [len(cfg_rows), 1, 1]
-
-
-def _load_token2wav_state(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The `token2wav.*` tensors of a (possibly sharded) safetensors checkpoint, prefix removed."""
-    from safetensors import safe_open
-
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = sorted({f for k, f in weight_map.items() if k.startswith("token2wav.")})
-    else:
-        files = ["model.safetensors"]
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        with safe_open(str(model_dir / name), framework="pt") as fh:
-            for key in fh.keys():
-                if key.startswith("token2wav."):
-                    state[key[len("token2wav.") :]] = fh.get_tensor(key)
-    if not state:
-        raise ValueError(f"{model_dir}: no `token2wav.*` weights (is it a Qwen2.5-Omni checkpoint?)")
-    return state
 
 
 class Token2WavModel:
@@ -108,18 +87,17 @@ class Token2WavModel:
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
         model_dir = Path(model_dir)
-        spk_path = model_dir / "spk_dict.pt"
-        if not spk_path.exists():
-            raise FileNotFoundError(f"{model_dir}: no spk_dict.pt (token2wav needs the speaker conditioning)")
+        speakers = load_speakers(model_dir)
         config = Qwen2_5OmniConfig.from_pretrained(model_dir).token2wav_config
         config._attn_implementation = "sdpa"
         with torch.device(device):
             hf = Qwen2_5OmniToken2WavModel._from_config(config, dtype=torch.float32)
-        missing, unexpected = hf.load_state_dict(_load_token2wav_state(model_dir), strict=False)
+        state = load_prefixed(model_dir, "token2wav.")
+        if not state:
+            raise ValueError(f"{model_dir}: no `token2wav.*` weights (is it a Qwen2.5-Omni checkpoint?)")
+        missing, unexpected = hf.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"{model_dir}: token2wav weights do not match: missing {missing}, unexpected {unexpected}")
-        # Tensors only (weights_only): no pickled code runs from a checkpoint file.
-        speakers = torch.load(spk_path, map_location="cpu", weights_only=True)
         return cls(hf, speakers, device)
 
     @torch.no_grad()

@@ -1,0 +1,62 @@
+"""An entry stage's text prompt and media -> the engine's input: checked against the stage's
+MediaLimits before anything is decoded, resampled or processed, then wrapped in the model's
+chat format (`prompt_format`) with one placeholder per medium, as the model's processor expects."""
+
+from __future__ import annotations
+
+import torch
+
+from omni_mp.audio import resample
+from omni_mp.config import StageConfig
+from omni_mp.processors import StageInput
+from omni_mp.wire.payload import MultiModalInput
+
+# What each prompt format's processor takes: audio sample rate.
+_AUDIO_RATES = {"qwen2_5_omni": 16_000}
+
+
+class MediaError(ValueError):
+    """A request's media do not fit the stage (the message says which and why)."""
+
+
+def check_media(stage: StageConfig, media: MultiModalInput) -> None:
+    limits = stage.media
+    if len(media.audios) > limits.max_audios:
+        raise MediaError(f"{len(media.audios)} audios: stage {stage.id} takes at most {limits.max_audios}")
+    if len(media.images) > limits.max_images:
+        raise MediaError(f"{len(media.images)} images: stage {stage.id} takes at most {limits.max_images}")
+    for i, audio in enumerate(media.audios):
+        s = audio.samples
+        if s.dtype != torch.float32 or s.ndim != 1 or s.numel() == 0:
+            raise MediaError(f"audios[{i}]: expected float32 [samples], got {s.dtype} {list(s.shape)}")
+        seconds = s.numel() / audio.sample_rate
+        if seconds > limits.max_audio_s:
+            raise MediaError(f"audios[{i}]: {seconds:.1f} s of audio > max_audio_s={limits.max_audio_s}")
+        if not bool(torch.isfinite(s).all()):
+            raise MediaError(f"audios[{i}]: samples must be finite")
+    for i, image in enumerate(media.images):
+        p = image.pixels
+        if p.dtype != torch.uint8 or p.ndim != 3 or p.shape[2] != 3 or p.shape[0] < 1 or p.shape[1] < 1:
+            raise MediaError(f"images[{i}]: expected uint8 [height, width, 3] (RGB), got {p.dtype} {list(p.shape)}")
+        if p.shape[0] * p.shape[1] > limits.max_image_pixels:
+            raise MediaError(
+                f"images[{i}]: {p.shape[0]}x{p.shape[1]} pixels > max_image_pixels={limits.max_image_pixels}"
+            )
+
+
+def build_entry_input(stage: StageConfig, text: str, media: MultiModalInput | None) -> StageInput:
+    """The prompt in the stage's chat format, plus vLLM `multi_modal_data` for its media."""
+    from omni_mp.models.qwen2_5_omni import omni_prompt_text
+
+    assert stage.prompt_format is not None
+    media = media or MultiModalInput()
+    check_media(stage, media)
+    rate = _AUDIO_RATES[stage.prompt_format]
+    data: dict[str, list] = {}
+    if media.audios:
+        # Copies (the received tensors are views of the message buffer), at the processor's rate.
+        data["audio"] = [resample(a.samples, a.sample_rate, rate).clone().numpy() for a in media.audios]
+    if media.images:
+        data["image"] = [img.pixels.clone().numpy() for img in media.images]
+    prompt = omni_prompt_text(text, n_audio=len(media.audios), n_image=len(media.images))
+    return StageInput(prompt_text=prompt, multi_modal=data or None)
