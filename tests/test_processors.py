@@ -79,8 +79,8 @@ def test_qwen2_5_omni_talker_inputs_stream_like_the_whole_reply() -> None:
     """Fed chunk by chunk as the thinker writes, the talker's prompt and per-step rows are the
     same as when the whole reply is there; after the reply come the text-end and text-pad rows."""
     from omni_mp.config import StageConfig
-    from omni_mp.models.tiny import resolve_model
     from omni_mp.models.checkpoint import load_tensors
+    from omni_mp.models.tiny import resolve_model
 
     model_dir = resolve_model("tiny-token2wav")  # a full tiny Qwen2.5-Omni checkpoint
     stage = StageConfig(id=1, model="tiny-token2wav", inputs=[0], processor="qwen2_5_omni_talker")
