@@ -391,13 +391,13 @@ def load_processor(model_dir: str | Path) -> Any:
         return Qwen2_5OmniProcessor.from_pretrained(model_dir)
     import json
 
-    from transformers import AutoImageProcessor, AutoTokenizer, WhisperFeatureExtractor
+    from transformers import AutoTokenizer, Qwen2VLImageProcessor, WhisperFeatureExtractor
     from transformers.video_processing_utils import BaseVideoProcessor
 
     cfg = json.loads((Path(model_dir) / "processor_config.json").read_text())
     video = {k: v for k, v in cfg["video_processor"].items() if k != "video_processor_type"}
     return _processor_class()(
-        image_processor=AutoImageProcessor.from_pretrained(model_dir),
+        image_processor=Qwen2VLImageProcessor.from_pretrained(model_dir),  # the PIL backend
         video_processor=BaseVideoProcessor(**video),
         feature_extractor=WhisperFeatureExtractor.from_pretrained(model_dir),
         tokenizer=AutoTokenizer.from_pretrained(model_dir),
