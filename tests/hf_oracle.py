@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -113,3 +115,121 @@ def token2wav(model_dir: str | Path, codes: list[int], p: Any) -> torch.Tensor:
             guidance_scale=p.guidance_scale,
             sway_coefficient=p.sway_coefficient,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class OmniResult:
+    """One full Qwen2.5-Omni generate(): thinker -> talker -> token2wav."""
+
+    prompt_ids: list[int]  # the processor's input_ids (placeholders expanded)
+    thinker_ids: list[int]  # generated, EOS included if it stopped on it
+    thinker_margins: list[float]  # top-1/top-2 margin of the processed scores, per thinker step
+    codes: list[int]  # talker codec ids, cut before the first stop id
+    code_margins: list[float]  # per talker step, the step that chose the stop id included
+    stop_code: int | None  # the stop id that ended the talker, None if it hit its max
+    mel: torch.Tensor  # DiT output [1, mel_dim, 2 * len(codes)]
+    wav: torch.Tensor  # [480 * len(codes)]
+
+
+@functools.cache
+def _omni_processor(model_dir: str) -> Any:
+    from omni_mp.models.qwen2_5_omni import load_processor
+
+    return load_processor(model_dir)
+
+
+def omni_inputs(model_dir: str | Path, text: str, audio: Any = None, image: Any = None) -> Any:
+    """The processor's tensors for `omni_prompt_text(text, ...)`; audio: float32 [n] at 16 kHz,
+    image: uint8 [H, W, 3]."""
+    from omni_mp.models.qwen2_5_omni import omni_prompt_text
+
+    prompt = omni_prompt_text(text, n_audio=int(audio is not None), n_image=int(image is not None))
+    return _omni_processor(str(model_dir))(
+        text=prompt,
+        audio=None if audio is None else [audio],
+        images=None if image is None else [image],
+        return_tensors="pt",
+    )
+
+
+def _margin(scores: torch.Tensor) -> float:
+    top = scores.topk(2).values
+    return float(top[0] - top[1])
+
+
+@contextlib.contextmanager
+def _recording(module: torch.nn.Module, outputs: list[Any]) -> Any:
+    """Have `module.generate` also return its processed scores (output_scores only records them)
+    and keep its output; the caller still gets what it asked for."""
+    original = module.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        as_dict = kwargs.get("return_dict_in_generate", False)
+        out = original(*args, **{**kwargs, "output_scores": True, "return_dict_in_generate": True})
+        outputs.append(out)
+        return out if as_dict else out.sequences
+
+    module.generate = generate
+    try:
+        yield
+    finally:
+        del module.generate
+
+
+@torch.no_grad()
+def omni_generate(
+    model_dir: str | Path,
+    text: str,
+    *,
+    audio: Any = None,
+    image: Any = None,
+    speaker: str = "Chelsie",
+    seed: int = 0,
+    thinker_max_new_tokens: int = 16,
+    talker_max_new_tokens: int = 512,
+) -> OmniResult:
+    """transformers' full Qwen2.5-Omni generate() in fp32, greedy thinker and talker, the tiny
+    codec stop ids. The token2wav noise comes from the global RNG, seeded with `seed` right
+    before token2wav runs: the same noise as `torch.randn(..., generator=torch.Generator().
+    manual_seed(seed))`, which is how the diffusion engine draws it."""
+    from omni_mp.models.qwen2_5_omni import CODEC_STOP_IDS
+
+    model = _omni(str(model_dir))
+    inputs = omni_inputs(model_dir, text, audio, image)
+    thinker_out: list[Any] = []
+    talker_out: list[Any] = []
+    mels: list[torch.Tensor] = []
+    hooks = [
+        model.token2wav.register_forward_pre_hook(lambda *_: torch.manual_seed(seed) and None),
+        model.token2wav.code2wav_bigvgan_model.register_forward_pre_hook(lambda _, args: mels.append(args[0])),
+    ]
+    extra = {"talker_pixel_values": None} if image is not None else {}  # generate() would pass them to the talker
+    try:
+        with _recording(model.thinker, thinker_out), _recording(model.talker, talker_out):
+            _, wav = model.generate(
+                **inputs,
+                speaker=speaker,
+                thinker_max_new_tokens=thinker_max_new_tokens,
+                thinker_do_sample=False,
+                talker_max_new_tokens=talker_max_new_tokens,
+                talker_do_sample=False,
+                talker_eos_token_id=list(CODEC_STOP_IDS),
+                **extra,
+            )
+    finally:
+        for h in hooks:
+            h.remove()
+    prompt_len = inputs["input_ids"].shape[1]
+    (thinker,), (talker,) = thinker_out, talker_out
+    steps = talker.sequences[0, prompt_len + 2 :].tolist()  # the talker prompt is L + 2 rows
+    stop = next((i for i, c in enumerate(steps) if c in CODEC_STOP_IDS), None)
+    return OmniResult(
+        prompt_ids=inputs["input_ids"][0].tolist(),
+        thinker_ids=thinker.sequences[0, prompt_len:].tolist(),
+        thinker_margins=[_margin(s[0]) for s in thinker.scores],
+        codes=steps if stop is None else steps[:stop],
+        code_margins=[_margin(s[0]) for s in talker.scores],
+        stop_code=None if stop is None else steps[stop],
+        mel=mels[0],
+        wav=wav,
+    )

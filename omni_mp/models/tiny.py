@@ -220,10 +220,11 @@ def build_tiny_model(spec: TinyQwen2Spec, cache_dir: Path | None = None, *, verb
 
 def resolve_model(name_or_path: str) -> str:
     """A built-in tiny model name -> its (built) checkpoint dir; anything else is a path, returned as is."""
-    from omni_mp.models.token2wav import TOKEN2WAV_SPECS, build_token2wav
+    from omni_mp.models.qwen2_5_omni import build_named
 
-    if name_or_path in TOKEN2WAV_SPECS:
-        return str(build_token2wav(TOKEN2WAV_SPECS[name_or_path]))
+    omni_dir = build_named(name_or_path)
+    if omni_dir is not None:
+        return str(omni_dir)
     spec = BUILTIN_SPECS.get(name_or_path)
     if spec is None:
         return name_or_path
