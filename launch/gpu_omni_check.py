@@ -131,9 +131,9 @@ def main() -> int:
         }
         if args.oracle:
             from omni_mp.models.tiny import resolve_model
-            from tests.hf_oracle import omni_reference
+            from tests.hf_oracle import omni_generate
 
-            want = omni_reference(
+            want = omni_generate(
                 resolve_model("tiny-qwen2_5-omni"),
                 r["text"],
                 audio=tone() if r.get("audio") else None,

@@ -28,7 +28,7 @@ from omni_mp.audio import read_wav
 from omni_mp.client import OmniClient, RequestError
 from omni_mp.models.tiny import resolve_model
 from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk
-from tests.hf_oracle import assert_same_tokens, omni_reference
+from tests.hf_oracle import assert_same_tokens, omni_generate
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 
 pytestmark = pytest.mark.engine
@@ -58,17 +58,17 @@ def check_against_transformers(
     done: Finished, text: str, *, audio: np.ndarray | None = None, image: np.ndarray | None = None,
     speaker: str = "Chelsie", seed: int = 0,
 ) -> None:  # fmt: skip
-    want = omni_reference(
+    want = omni_generate(
         resolve_model("tiny-qwen2_5-omni"), text, audio=audio, image=image, speaker=speaker, seed=seed,
         thinker_max_new_tokens=THINKER_TOKENS,
     )  # fmt: skip
     out = {o.stage_id: o for o in done.outputs}
     timings = {d.stage_id: d for d in done.stage_timings}
-    assert timings[0].num_prompt_tokens == len(want.input_ids)
+    assert timings[0].num_prompt_tokens == len(want.prompt_ids)
     assert_same_tokens(out[0].token_ids, want.thinker_ids, want.thinker_margins, "thinker")
     codes = out[1].token_ids[:-1] if out[1].finish_reason == "stop" else out[1].token_ids
-    assert_same_tokens(codes, want.codes, want.talker_margins, "talker")
-    assert min(want.thinker_margins) > MIN_MARGIN and min(want.talker_margins[: len(codes)]) > MIN_MARGIN
+    assert_same_tokens(codes, want.codes, want.code_margins, "talker")
+    assert min(want.thinker_margins) > MIN_MARGIN and min(want.code_margins) > MIN_MARGIN
     assert out[2].sample_rate == 24_000
     assert_close_audio(out[2].audio, want.wav)
 
@@ -176,7 +176,7 @@ def test_cli_takes_audio_and_image_files_and_writes_wav(tmp_path: Path) -> None:
     assert record["audio_files"] == {"2": "req0.stage2.wav"}
     samples, rate = read_wav(out / "req0.stage2.wav")
     assert rate == 24_000
-    want = omni_reference(
+    want = omni_generate(
         resolve_model("tiny-qwen2_5-omni"), "What is this?", audio=tone(), image=pattern(), speaker="Ethan",
         seed=0, thinker_max_new_tokens=THINKER_TOKENS,
     )  # fmt: skip
