@@ -48,6 +48,7 @@ class AREngine:
             step_embeds=features.step_embeds,
         )
         hooked = self.io.capturing or features.step_embeds  # needs vllm_hooks in the model runner
+        self.hooked = hooked
         args = dict(engine_args)
         if self.io.capturing:
             # A prefix-cache hit skips computing the cached tokens: their hidden states would be missing.
@@ -72,7 +73,12 @@ class AREngine:
         self.core = core_cls(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self._inputs = InputProcessor(vllm_config)
         self._tasks = self.core.get_supported_tasks()
-        self.hidden_size = vllm_config.model_config.get_hidden_size()
+        # The width of the model's input embeddings (prompt and step embeddings): its hidden
+        # size, unless its config sets vLLM's `projection_size` (e.g. a model that projects its
+        # inputs itself; vLLM 0.25.0 sizes the runner's inputs_embeds buffer by this).
+        self.inputs_embeds_size: int = vllm_config.model_config.get_inputs_embeds_size()
+        self.vocab_size: int = vllm_config.model_config.get_vocab_size()
+        self.uses_mrope: bool = bool(vllm_config.model_config.uses_mrope)
         self.dtype: torch.dtype = vllm_config.model_config.dtype
 
     @property
@@ -87,10 +93,15 @@ class AREngine:
     def decode(self, token_ids: list[int]) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode(token_ids)
 
-    @staticmethod
-    def to_vllm_sampling(p: SamplingParamsMsg) -> Any:
+    def to_vllm_sampling(self, p: SamplingParamsMsg) -> Any:
         from vllm import SamplingParams
 
+        allowed = None
+        if p.suppress_token_ids:
+            # vLLM's allowed_token_ids masks the others to -inf before sampling: exactly
+            # transformers' suppress_tokens (a logit bias would not be exact).
+            suppressed = set(p.suppress_token_ids)
+            allowed = [t for t in range(self.vocab_size) if t not in suppressed]
         return SamplingParams(
             max_tokens=p.max_tokens,
             min_tokens=p.min_tokens,
@@ -101,14 +112,16 @@ class AREngine:
             repetition_penalty=p.repetition_penalty,
             stop_token_ids=list(p.stop_token_ids),
             ignore_eos=p.ignore_eos,
+            allowed_token_ids=allowed,
             detokenize=False,  # the stage decodes final text itself, once
         )
 
     def _check_embeds(self, what: str, embeds: torch.Tensor) -> torch.Tensor:
         # vLLM checks only ndim on this path; a wrong width would be copied into its buffers.
-        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size:
+        if embeds.ndim != 2 or embeds.shape[1] != self.inputs_embeds_size:
             raise EngineInputError(
-                f"{what}: expected [n, {self.hidden_size}] (the model's hidden size), got {list(embeds.shape)}"
+                f"{what}: expected [n, {self.inputs_embeds_size}] (the model's input-embedding width), "
+                f"got {list(embeds.shape)}"
             )
         if not embeds.dtype.is_floating_point:
             raise EngineInputError(f"{what}: expected a floating-point tensor, got {embeds.dtype}")
@@ -122,17 +135,33 @@ class AREngine:
         prompt_token_ids: list[int] | None = None,
         prompt_embeds: torch.Tensor | None = None,
         step_embeds: StepEmbeds | None = None,
+        positions: tuple[torch.Tensor, int] | None = None,
     ) -> int:
         """Validate with vLLM's own input processor, hand the request to the scheduler, and
         return its prompt length. With `step_embeds`, decode step k adds `step_embeds.row(k)`
-        to its input embedding and waits for it to arrive."""
+        to its input embedding and waits for it to arrive.
+
+        `prompt_embeds` with `prompt_token_ids` (same length) is vLLM's mixed mode with every
+        position an embedding: the ids are bookkeeping only, seen by the repetition penalty
+        (like transformers' ids of an embeds prompt), never embedded.
+        `positions` = (tensor [3, P] int64, delta), M-RoPE models: the first P prompt positions
+        (P <= prompt length); the rest continue as text at index + delta (vllm_hooks)."""
         from vllm.inputs.engine import embeds_input, tokens_input
 
         if prompt_embeds is not None:
             if not self.features.prompt_embeds:
                 raise EngineInputError("this stage does not take prompt embeddings")
-            prompt: Any = embeds_input(self._check_embeds("prompt_embeds", prompt_embeds))
+            embeds = self._check_embeds("prompt_embeds", prompt_embeds)
             prompt_len = prompt_embeds.shape[0]
+            if prompt_token_ids is None:
+                prompt: Any = embeds_input(embeds)
+            elif len(prompt_token_ids) != prompt_len:
+                raise EngineInputError(
+                    f"prompt_token_ids with prompt_embeds: {len(prompt_token_ids)} ids for {prompt_len} rows"
+                )
+            else:
+                ids = list(prompt_token_ids)
+                prompt = embeds_input(embeds, prompt_token_ids=ids, is_token_ids=[False] * prompt_len)
         elif prompt_token_ids is not None:
             prompt = tokens_input(prompt_token_ids)
             prompt_len = len(prompt_token_ids)
@@ -140,6 +169,8 @@ class AREngine:
             raise EngineInputError("a request needs prompt_token_ids or prompt_embeds")
         if step_embeds is not None and not self.features.step_embeds:
             raise EngineInputError("this stage does not take per-step embeddings")
+        if positions is not None:
+            positions = self._check_positions(positions, prompt_len)
         try:
             params = self.to_vllm_sampling(sampling)
             req = self._inputs.process_inputs(request_id, prompt, params, self._tasks, arrival_time=time.time())
@@ -150,9 +181,23 @@ class AREngine:
                 step_embeds.fill = self._check_embeds("step embeddings", step_embeds.fill[None])[0]
             self.io.step_embeds[request_id] = step_embeds
             self.io.prompt_lens[request_id] = prompt_len
+        if positions is not None:
+            self.io.positions[request_id] = positions
         request, wave = self.core.preprocess_add_request(req)
         self.core.add_request(request, wave)
         return prompt_len
+
+    def _check_positions(self, positions: tuple[torch.Tensor, int], prompt_len: int) -> tuple[torch.Tensor, int]:
+        if not self.uses_mrope:
+            raise EngineInputError("positions: this stage's model does not use M-RoPE")
+        if not self.hooked:
+            raise EngineInputError("positions: this stage has no runner hooks (step embeddings or hidden states)")
+        pos, delta = positions
+        if pos.ndim != 2 or pos.shape[0] != 3 or not 0 < pos.shape[1] <= prompt_len:
+            raise EngineInputError(f"positions: expected [3, P] with 0 < P <= {prompt_len}, got {list(pos.shape)}")
+        if pos.dtype.is_floating_point or pos.dtype == torch.bool:
+            raise EngineInputError(f"positions: expected integers, got {pos.dtype}")
+        return pos.to(torch.int64).cpu(), int(delta)
 
     def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
         raise EngineInputError("an AR stage takes its whole prompt at once")
@@ -210,6 +255,7 @@ class AREngine:
                 if out.finished:
                     self.io.step_embeds.pop(out.request_id, None)
                     self.io.prompt_lens.pop(out.request_id, None)
+                    self.io.finished(out.request_id)
         return result, executed
 
     def shutdown(self) -> None:

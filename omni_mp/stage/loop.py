@@ -192,7 +192,7 @@ class StageLoop:
         """Hand the request to the engine (raises EngineInputError on input vLLM rejects)."""
         step_embeds = None
         if self.processor is not None and self.processor.step_embeds_enabled:
-            step_embeds = StepEmbeds(fill=torch.zeros(self.engine.hidden_size))
+            step_embeds = StepEmbeds(fill=torch.zeros(self.engine.inputs_embeds_size))
         prompt_len = self.engine.add_request(
             state.request_id,
             state.sampling,
