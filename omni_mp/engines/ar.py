@@ -48,6 +48,7 @@ class AREngine:
             step_embeds=features.step_embeds,
         )
         hooked = self.io.capturing or features.step_embeds  # needs vllm_hooks in the model runner
+        self.hooked = hooked
         args = dict(engine_args)
         if self.io.capturing:
             # A prefix-cache hit skips computing the cached tokens: their hidden states would be missing.
@@ -72,7 +73,12 @@ class AREngine:
         self.core = core_cls(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self._inputs = InputProcessor(vllm_config)
         self._tasks = self.core.get_supported_tasks()
-        self.hidden_size = vllm_config.model_config.get_hidden_size()
+        # The width of the model's input embeddings (prompt and step embeddings): its hidden
+        # size, unless its config sets vLLM's `projection_size` (e.g. a model that projects its
+        # inputs itself; vLLM 0.25.0 sizes the runner's inputs_embeds buffer by this).
+        self.inputs_embeds_size: int = vllm_config.model_config.get_inputs_embeds_size()
+        self.vocab_size: int = vllm_config.model_config.get_vocab_size()
+        self.uses_mrope: bool = bool(vllm_config.model_config.uses_mrope)
         self.dtype: torch.dtype = vllm_config.model_config.dtype
 
     @property
@@ -96,10 +102,10 @@ class AREngine:
 
         allowed = None
         if p.suppress_token_ids:
-            # vLLM has no suppress list; an allow-list masks the rest to exactly -inf.
-            vocab = self.vllm_config.model_config.get_vocab_size()
+            # vLLM's allowed_token_ids masks the others to -inf before sampling: exactly
+            # transformers' suppress_tokens (a logit bias would not be exact).
             suppressed = set(p.suppress_token_ids)
-            allowed = [i for i in range(vocab) if i not in suppressed]
+            allowed = [t for t in range(self.vocab_size) if t not in suppressed]
         return SamplingParams(
             allowed_token_ids=allowed,
             max_tokens=p.max_tokens,
@@ -111,14 +117,16 @@ class AREngine:
             repetition_penalty=p.repetition_penalty,
             stop_token_ids=list(p.stop_token_ids),
             ignore_eos=p.ignore_eos,
+            allowed_token_ids=allowed,
             detokenize=False,  # the stage decodes final text itself, once
         )
 
     def _check_embeds(self, what: str, embeds: torch.Tensor) -> torch.Tensor:
         # vLLM checks only ndim on this path; a wrong width would be copied into its buffers.
-        if embeds.ndim != 2 or embeds.shape[1] != self.hidden_size:
+        if embeds.ndim != 2 or embeds.shape[1] != self.inputs_embeds_size:
             raise EngineInputError(
-                f"{what}: expected [n, {self.hidden_size}] (the model's hidden size), got {list(embeds.shape)}"
+                f"{what}: expected [n, {self.inputs_embeds_size}] (the model's input-embedding width), "
+                f"got {list(embeds.shape)}"
             )
         if not embeds.dtype.is_floating_point:
             raise EngineInputError(f"{what}: expected a floating-point tensor, got {embeds.dtype}")
@@ -150,10 +158,15 @@ class AREngine:
             if not self.features.prompt_embeds:
                 raise EngineInputError("this stage does not take prompt embeddings")
             embeds = self._check_embeds("prompt_embeds", prompt_embeds)
-            if prompt_token_ids is not None and len(prompt_token_ids) != embeds.shape[0]:
-                raise EngineInputError(f"{len(prompt_token_ids)} prompt ids for {embeds.shape[0]} prompt embeddings")
-            mixed = {} if prompt_token_ids is None else {"is_token_ids": [False] * len(prompt_token_ids)}
-            prompt: Any = embeds_input(embeds, prompt_token_ids=prompt_token_ids, **mixed)
+            if prompt_token_ids is None:
+                prompt: Any = embeds_input(embeds)
+            elif len(prompt_token_ids) != embeds.shape[0]:
+                raise EngineInputError(
+                    f"prompt_token_ids with prompt_embeds: {len(prompt_token_ids)} ids for {embeds.shape[0]} rows"
+                )
+            else:  # mixed mode, every position an embedding: the ids are bookkeeping only
+                ids = list(prompt_token_ids)
+                prompt = embeds_input(embeds, prompt_token_ids=ids, is_token_ids=[False] * len(ids))
         elif prompt_token_ids is not None:
             prompt = tokens_input(prompt_token_ids)
         elif prompt_text is not None:
@@ -162,8 +175,6 @@ class AREngine:
                 prompt["multi_modal_data"] = multi_modal
         else:
             raise EngineInputError("a request needs prompt_token_ids, prompt_embeds or a prompt text")
-        if positions is not None and not self.features.step_embeds:
-            raise EngineInputError("this stage does not take prompt positions")
         if step_embeds is not None and not self.features.step_embeds:
             raise EngineInputError("this stage does not take per-step embeddings")
         try:
@@ -172,16 +183,30 @@ class AREngine:
         except (ValueError, TypeError, KeyError) as err:  # vLLM's processors raise all three on bad media
             raise EngineInputError(str(err)) from err
         prompt_len = req.prompt_embeds.shape[0] if req.prompt_embeds is not None else len(req.prompt_token_ids or [])
+        if positions is not None:
+            positions = self._check_positions(positions, prompt_len)
         if step_embeds is not None:
             if step_embeds.fill is not None:
                 step_embeds.fill = self._check_embeds("step embeddings", step_embeds.fill[None])[0]
             self.io.step_embeds[request_id] = step_embeds
             self.io.prompt_lens[request_id] = prompt_len
         if positions is not None:
-            self.io.set_positions(request_id, *positions)
+            self.io.positions[request_id] = positions
         request, wave = self.core.preprocess_add_request(req)
         self.core.add_request(request, wave)
         return PromptIds(prompt_len, None if req.prompt_token_ids is None else list(req.prompt_token_ids))
+
+    def _check_positions(self, positions: tuple[torch.Tensor, int], prompt_len: int) -> tuple[torch.Tensor, int]:
+        if not self.uses_mrope:
+            raise EngineInputError("positions: this stage's model does not use M-RoPE")
+        if not self.hooked:
+            raise EngineInputError("positions: this stage has no runner hooks (step embeddings or hidden states)")
+        pos, delta = positions
+        if pos.ndim != 2 or pos.shape[0] != 3 or not 0 < pos.shape[1] <= prompt_len:
+            raise EngineInputError(f"positions: expected [3, P] with 0 < P <= {prompt_len}, got {list(pos.shape)}")
+        if pos.dtype.is_floating_point or pos.dtype == torch.bool:
+            raise EngineInputError(f"positions: expected integers, got {pos.dtype}")
+        return pos.to(torch.int64).cpu(), int(delta)
 
     def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
         raise EngineInputError("an AR stage takes its whole prompt at once")
@@ -194,11 +219,6 @@ class AREngine:
         se = self.io.step_embeds.get(request_id)
         if se is not None:
             se.closed = True
-
-    def take_positions(self) -> dict[str, tuple[torch.Tensor, int]]:
-        """M-RoPE prompt positions (and later offset) of requests started since the last call,
-        for stages that send hidden states to a talker (vllm_hooks)."""
-        return self.io.take_positions()
 
     def collect_hidden(self, finishing: set[str]) -> dict[str, list[CapturedRows]]:
         """Hidden-state rows whose copies to the host are complete; waits for those of
@@ -244,6 +264,7 @@ class AREngine:
                 if out.finished:
                     self.io.step_embeds.pop(out.request_id, None)
                     self.io.prompt_lens.pop(out.request_id, None)
+                    self.io.finished(out.request_id)
         return result, executed
 
     def shutdown(self) -> None:

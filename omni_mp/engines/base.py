@@ -65,10 +65,6 @@ class StageEngine(Protocol):
         """Start a request. Raises EngineInputError."""
         ...
 
-    def take_positions(self) -> dict[str, tuple[torch.Tensor, int]]:
-        """M-RoPE prompt positions of requests started since the last call (AR stages)."""
-        ...
-
     def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
         """More input ids of a started request (stages whose processor streams inputs)."""
         ...

@@ -26,6 +26,12 @@ Why here, and why it works with CUDA graphs and torch.compile on (vLLM's GPU def
 - The scheduler must not schedule a decode step whose extra embedding has not arrived yet;
   `gated_scheduler_cls` subclasses the configured scheduler and hides such requests from
   one `schedule()` call (they keep their KV cache, their slot and stay running).
+- M-RoPE positions (models whose config has `mrope_section`): the runner computes a prompt's
+  positions once, in `_init_mrope_positions` (V1 runner, 0.25.0; `CPUModelRunner` inherits it).
+  The mixin overrides it to record a capturing (thinker) stage's prompt positions, shipped with
+  the request's first captured rows, and to replace a downstream (talker) request's prompt
+  positions by the thinker's (image/video prompts have 3D positions). Decode positions follow
+  from `mrope_position_delta`, which the override sets too.
 - Everything runs in the stage process (UniProcExecutor), so the stage loop, scheduler and
   runner share `StepIO` directly: no serialization of hidden states inside vLLM.
 """
@@ -52,6 +58,9 @@ class CapturedRows:
     start: int  # position of the first row in the request's sequence
     last: torch.Tensor  # [n, hidden]: last layer after the final norm (what lm_head sees)
     layers: dict[int, torch.Tensor]  # HF-numbered intermediate layers (0 = embeddings)
+    # M-RoPE models, on the request's first rows only: the prompt's positions [3, L] (int64)
+    # and the delta that continues them (position of row i >= L is i + delta on every axis).
+    positions: tuple[torch.Tensor, int] | None = None
 
 
 @dataclass
@@ -62,6 +71,7 @@ class CapturedStep:
     host: torch.Tensor
     done: Any  # a torch.cuda.Event recorded after the copy, or None when already complete
     spans: dict[str, tuple[int, int, int]]  # request id -> (first row, end row, start position)
+    positions: dict[str, tuple[torch.Tensor, int]] = field(default_factory=dict)  # see CapturedRows
 
     def ready(self) -> bool:
         return self.done is None or self.done.query()
@@ -105,6 +115,14 @@ class StepIO:
         self.pending: deque[CapturedStep] = deque()
         self.step_embeds: dict[str, StepEmbeds] = {}
         self.prompt_lens: dict[str, int] = {}
+        # M-RoPE prompt positions given for a request ([3, P] int64, delta): the first P prompt
+        # rows take them, later rows continue as text at index + delta (a talker's prompt is
+        # the thinker's prompt plus two rows).
+        self.positions: dict[str, tuple[torch.Tensor, int]] = {}
+        # Capturing stages: prompt positions recorded by the runner, not yet attached to a
+        # capture; and the requests already recorded (a preempted request is re-initialized).
+        self.source_positions: dict[str, tuple[torch.Tensor, int]] = {}
+        self.positions_recorded: set[str] = set()
         # Requests the runner could not serve as asked (request id -> reason): the stage
         # loop fails exactly these requests; the engine keeps running.
         self.failed: dict[str, str] = {}
@@ -133,7 +151,8 @@ class StepIO:
                 n += 1
                 for rid, (a, b, start) in step.spans.items():
                     layers = {k: step.host[1 + i, a:b] for i, k in enumerate(self.capture_layers)}
-                    out.setdefault(rid, []).append(CapturedRows(start=start, last=step.host[0, a:b], layers=layers))
+                    rows = CapturedRows(start, step.host[0, a:b], layers, step.positions.get(rid))
+                    out.setdefault(rid, []).append(rows)
         return out
 
     def forget(self, request_id: str) -> None:
@@ -141,6 +160,13 @@ class StepIO:
             self.step_embeds.pop(request_id, None)
             self.prompt_lens.pop(request_id, None)
             self.failed.pop(request_id, None)
+            self.finished(request_id)
+
+    def finished(self, request_id: str) -> None:
+        """Drop the per-request position state (captured positions already taken stay there)."""
+        self.positions.pop(request_id, None)
+        self.source_positions.pop(request_id, None)
+        self.positions_recorded.discard(request_id)
 
     def decode_ready(self, request_id: str, num_computed_tokens: int) -> bool:
         """May the next step of this request run? Prefill always may; a decode step needs its
@@ -186,6 +212,24 @@ class OmniRunnerMixin:
             self._omni_capture(req_ids, qsl, starts, hidden, aux)
         return out
 
+    def _init_mrope_positions(self, req_state: Any) -> None:
+        """vLLM 0.25.0's V1 runner calls this for every new (and every resumed) request of an
+        M-RoPE model; `req_state` is its `CachedRequestState`."""
+        super()._init_mrope_positions(req_state)  # type: ignore[misc]
+        io = self.omni_io
+        rid = req_state.req_id
+        given = io.positions.get(rid)
+        if given is not None:
+            pos, delta = given
+            n = req_state.mrope_positions.shape[1]  # the prompt (+ outputs, when resumed)
+            full = (torch.arange(n, dtype=torch.int64) + delta).expand(3, n).clone()
+            full[:, : pos.shape[1]] = pos
+            req_state.mrope_positions = full
+            req_state.mrope_position_delta = delta
+        elif io.capturing and rid not in io.positions_recorded:
+            io.positions_recorded.add(rid)
+            io.source_positions[rid] = (req_state.mrope_positions.clone(), int(req_state.mrope_position_delta))
+
     def _omni_add_step_embeds(
         self, req_ids: list[str], qsl: list[int], starts: list[int], inputs_embeds: torch.Tensor | None
     ) -> None:
@@ -221,8 +265,10 @@ class OmniRunnerMixin:
         n = qsl[-1]
         parts = [hidden[:n], *(a[:n] for a in aux)]
         spans = {rid: (qsl[i], qsl[i + 1], starts[i]) for i, rid in enumerate(req_ids) if qsl[i + 1] > qsl[i]}
+        recorded = self.omni_io.source_positions
+        positions = {rid: recorded.pop(rid) for rid in spans if rid in recorded}  # with the first rows
         if hidden.device.type != "cuda":
-            self.omni_io.add_capture(CapturedStep(host=torch.stack(parts), done=None, spans=spans))
+            self.omni_io.add_capture(CapturedStep(host=torch.stack(parts), done=None, spans=spans, positions=positions))
             return
         # One gather on the compute stream (graph outputs are overwritten by the next replay),
         # then one device-to-host copy on a side stream into pinned memory.
@@ -235,7 +281,7 @@ class OmniRunnerMixin:
             done = torch.cuda.Event()
             done.record(copy_stream)
         gathered.record_stream(copy_stream)  # not reused by the allocator before the copy ends
-        self.omni_io.add_capture(CapturedStep(host=host, done=done, spans=spans))
+        self.omni_io.add_capture(CapturedStep(host=host, done=done, spans=spans, positions=positions))
 
 
 def install_runner_hooks(worker: Any, io: StepIO) -> None:

@@ -116,7 +116,18 @@ def main(argv: list[str] | None = None) -> int:
             prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
             step_embeds=processor is not None and processor.step_embeds_enabled,
         )
-        engine = AREngine(resolve_model(stage.model), stage.engine_args, features)
+        model = resolve_model(stage.model)
+        engine_args = dict(stage.engine_args)
+        if stage.model_part == "talker":
+            # Our vLLM model of Qwen2.5-Omni's talker, loaded from a view of the checkpoint
+            # whose config is the talker's (omni_mp.models.talker_view); codec ids are not text.
+            from omni_mp.engines.vllm_hooks_talker import register_talker
+            from omni_mp.models.talker_view import talker_view_dir
+
+            register_talker()
+            model = str(talker_view_dir(model))
+            engine_args["skip_tokenizer_init"] = True
+        engine = AREngine(model, engine_args, features)
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
     starting.set()
     beat.join()

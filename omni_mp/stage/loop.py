@@ -217,7 +217,7 @@ class StageLoop:
         step_embeds = None
         if self.processor is not None and self.processor.step_embeds_enabled:
             fill = stage_input.step_fill
-            step_embeds = StepEmbeds(fill=torch.zeros(self.engine.hidden_size) if fill is None else fill)
+            step_embeds = StepEmbeds(fill=torch.zeros(self.engine.inputs_embeds_size) if fill is None else fill)
         sampling = state.sampling
         if stage_input.stop_token_ids or stage_input.suppress_token_ids:
             sampling = msgspec.structs.replace(
@@ -335,9 +335,6 @@ class StageLoop:
         captured: dict[str, list[CapturedRows]] = {}
         if self.hidden_layers is not None:
             captured = self.engine.collect_hidden({o.request_id for o in outputs if o.finished})
-            for rid, pos in self.engine.take_positions().items():
-                if rid in self.requests:
-                    self.requests[rid].positions_out = pos
         chunks: list[StageOutputChunk] = []
         done: list[StageDone] = []
         rows = 0
@@ -358,10 +355,10 @@ class StageLoop:
                     self._fail(rid, "internal_error", f"stage {self.stage.id}: {err}")
                     continue
                 rows += 0 if info is None else info["hidden_states"].shape[0]
-            if state.positions_out is not None:  # M-RoPE: the prompt's positions go with its first chunk
-                pos, delta = state.positions_out
-                state.positions_out = None
-                info = {**(info or {}), "mrope_positions": pos, "mrope_delta": delta}
+                # M-RoPE: the prompt's positions come with its first rows, and go with them.
+                pos = next((r.positions for r in captured[rid] if r.positions is not None), None)
+                if pos is not None:
+                    info = {**(info or {}), "mrope_positions": pos[0], "mrope_delta": pos[1]}
             first = not state.sent_first
             state.sent_first = True
             step_info = out.info if out is not None else None  # e.g. a diffusion stage's audio chunk

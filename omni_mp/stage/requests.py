@@ -26,7 +26,6 @@ class StageRequestState:
     output_token_ids: list[int] = field(default_factory=list)
     sent_first: bool = False  # the first chunk (which carries the prompt ids) went out
     hidden_next: int = 0  # position of the next hidden-state row to emit
-    positions_out: tuple[torch.Tensor, int] | None = None  # M-RoPE prompt positions not yet sent
     step_rows_pushed: int = 0  # per-step extra embeddings handed to the engine
     inputs_pushed: int = 0  # input ids handed to the engine after its prompt (streamed inputs)
     t_registered: float = field(default_factory=time.time)

@@ -136,9 +136,6 @@ class DiffusionEngine:
         names = getattr(self.model, "speakers", None)  # models without voices have none
         return None if names is None else frozenset(names)
 
-    def take_positions(self) -> dict[str, tuple[torch.Tensor, int]]:
-        return {}
-
     def submit(
         self,
         request_id: str,
