@@ -107,7 +107,6 @@ class AREngine:
             suppressed = set(p.suppress_token_ids)
             allowed = [t for t in range(self.vocab_size) if t not in suppressed]
         return SamplingParams(
-            allowed_token_ids=allowed,
             max_tokens=p.max_tokens,
             min_tokens=p.min_tokens,
             temperature=p.temperature,
