@@ -42,6 +42,7 @@ class OmniShapesSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     scale: int = 1  # 1: transformers' default sizes; > 1: heads and layers divided by it
     seed: int = 0
     token2wav_weights: bool = True  # write model.safetensors with random token2wav.* tensors
+    layout: int = 2  # bumped when what is written changes: the cache key is the spec
 
 
 SHAPES_7B = OmniShapesSpec()
@@ -79,7 +80,9 @@ def omni_shapes_config(spec: OmniShapesSpec = SHAPES_7B) -> Any:
     text = {"rope_parameters": rope, "tie_word_embeddings": False, "eos_token_id": THINKER_EOS}
     text.update(_scaled_decoder(text_d, spec.scale))
     width = text.get("hidden_size", text_d["hidden_size"])
-    thinker: dict[str, Any] = {"text_config": text}
+    # The released thinker config names its vision start/end ids (get_rope_index reads them);
+    # transformers' default thinker config lacks them.
+    thinker: dict[str, Any] = {"text_config": text, "vision_start_token_id": 151652, "vision_end_token_id": 151653}
     talker: dict[str, Any] = {"rope_parameters": rope, "head_dim": HEAD_DIM, "embedding_size": width}
     talker.update(_scaled_decoder(talker_d, spec.scale))
     token2wav: dict[str, Any] = {}
