@@ -57,6 +57,21 @@ class MediaLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_image_pixels: Annotated[int, Meta(ge=1, le=2**28)] = 16_777_216  # 4096 x 4096
 
 
+class StageMemory(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A stage's GPU memory budget, per device it is pinned to (omni_mp.control.memory_budget).
+
+    Checked before any stage starts: the budgets of the stages sharing a device must fit in
+    it, and each budget must hold the stage's weights, a minimum KV cache (one
+    `max_model_len` request, AR stages) or its activations (`max_batch` trajectories,
+    diffusion stages), and `reserve_gib`. An AR stage then gets the rest as its KV cache
+    (vLLM's `kv_cache_memory_bytes`) instead of a `gpu_memory_utilization` share of the
+    device, so several engines can share one GPU whatever order they start in."""
+
+    gpu_gib: Annotated[float, Meta(gt=0.0, le=1e5)]
+    # CUDA context, CUDA graph pools, allocator slack: what no estimate below counts.
+    reserve_gib: Annotated[float, Meta(ge=0.0, le=1e5)] = 2.0
+
+
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     id: Annotated[int, Meta(ge=0, le=2**31)]
     model: str  # a checkpoint dir, or the name of a built-in tiny model (omni_mp.models.tiny)
@@ -81,6 +96,7 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     sampling: SamplingParamsMsg = msgspec.field(default_factory=SamplingParamsMsg)
     restart: RestartPolicy = RestartPolicy()
     diffusion: DiffusionStageConfig = DiffusionStageConfig()  # `kind: diffusion` only
+    memory: StageMemory | None = None  # GPU stages: a memory budget per device (see StageMemory)
     # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) and the cores its threads bind to
     # (VLLM_CPU_OMP_THREADS_BIND); None = one core per stage, round-robin.
     cpu_kv_cache_gib: int = 1
@@ -255,6 +271,18 @@ def _check_kind(s: StageConfig, where: str) -> None:
             raise ConfigError(f"`{where}.engine_args.{key}`: set by the diffusion engine")
 
 
+# Set from `memory` (omni_mp.control.memory_budget); writing them as well would be ambiguous.
+BUDGET_ENGINE_ARGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+
+
+def _check_memory(s: StageConfig, where: str) -> None:
+    if not s.devices:
+        raise ConfigError(f"`{where}.memory`: a GPU budget needs `devices`; CPU stages use `cpu_kv_cache_gib`")
+    for key in BUDGET_ENGINE_ARGS:
+        if key in s.engine_args:
+            raise ConfigError(f"`{where}.engine_args.{key}`: set from `{where}.memory`; write one or the other")
+
+
 def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> PipelineConfig:
     ids = [s.id for s in cfg.stages]
     if not cfg.stages:
@@ -299,6 +327,8 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
             raise ConfigError(f"`{where}.hidden_states.layers`: layer indices must be >= 0")
         if any(d < 0 for d in s.devices) or len(set(s.devices)) != len(s.devices):
             raise ConfigError(f"`{where}.devices`: GPU ids must be distinct and >= 0, got {s.devices}")
+        if s.memory is not None:
+            _check_memory(s, where)
         if s.cpu_kv_cache_gib < 1:
             raise ConfigError(f"`{where}.cpu_kv_cache_gib`: must be >= 1, got {s.cpu_kv_cache_gib}")
         if s.cpu_cores is not None:

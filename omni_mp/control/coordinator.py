@@ -34,6 +34,7 @@ from omni_mp.audio import AUDIO_KEY, AudioParts
 from omni_mp.config import PipelineConfig
 from omni_mp.control.endpoints import CONTROL_HWM, RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
+from omni_mp.control.memory_budget import resolve_memory_budgets
 from omni_mp.control.ray_placement import RayPlacement
 from omni_mp.control.requests import Rejected, RequestTable, check_submit
 from omni_mp.control.stage_handle import StageHandle
@@ -83,7 +84,9 @@ class Coordinator:
         log_dir: Path | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
-        self.cfg = cfg
+        # Before anything is bound or spawned: a budget that cannot fit fails here
+        # (MemoryBudgetError, a ValueError), with every number named.
+        self.cfg = cfg = resolve_memory_budgets(cfg, progress=progress)
         self.run_id = new_run_id()
         self.endpoints = RunEndpoints(cfg.endpoints, self.run_id)
         bind = client_bind or self.endpoints.client()

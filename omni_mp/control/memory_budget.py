@@ -1,0 +1,378 @@
+"""Per-stage GPU memory budgets (`stages[i].memory`), checked before any stage starts.
+
+1. Per device: the budgets of the stages pinned to it must fit in its free memory, read
+   without creating a CUDA context in the coordinator (NVML, else `nvidia-smi`). With no
+   NVIDIA driver (a CPU-only host) or stages on Ray nodes, this check is skipped and logged.
+2. Per stage: the budget must hold the weights (from the checkpoint's safetensors headers, or
+   for `load_format: dummy` / no weights, the parameter count of the HF model built on the
+   `meta` device), plus a minimum KV cache (one `max_model_len` request, what vLLM itself
+   requires) and an activation estimate (AR) or `max_batch` trajectories' activations
+   (diffusion), plus the stage's fixed `reserve_gib`.
+3. AR stages get `kv_cache_memory_bytes` = budget - weights - activations - reserve. vLLM
+   0.25.0 then skips its own profiling-based sizing, but its start-up check still wants
+   `gpu_memory_utilization` x total free when the worker starts; that is set to the stage's
+   share (budget less one CUDA context, over the total), which holds whatever order stages
+   sharing a device start in, since their budgets fit together.
+Every violation is reported at once, each with its numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import struct
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from omni_mp.config import PipelineConfig, StageConfig
+
+log = logging.getLogger("omni_mp.control.memory_budget")
+
+GiB = 2**30
+# A process's CUDA context (driver, cuBLAS workspaces) is outside torch's counters; vLLM's
+# start-up snapshot already sees it as used, so the utilization share leaves it out.
+CUDA_CONTEXT_BYTES = GiB
+BLOCK_TOKENS = 16  # vLLM's default KV block size: the minimum KV cache rounds up to it
+DEFAULT_BATCHED_TOKENS = 8192  # vLLM's max_num_batched_tokens default for the offline engine
+DEFAULT_MAX_SEQS = 256
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+class MemoryBudgetError(ValueError):
+    """A budget cannot fit; the message names every stage and device with its numbers."""
+
+
+class DeviceMemory(msgspec.Struct, frozen=True):
+    index: int
+    total_bytes: int
+    free_bytes: int
+
+
+class StageNeeds(msgspec.Struct, frozen=True):
+    """What one stage needs on each of its devices, besides its KV cache beyond the minimum."""
+
+    weight_bytes: int
+    weight_source: str  # where the weight estimate came from
+    min_kv_bytes: int  # one max_model_len request (AR); 0 for diffusion
+    activation_bytes: int  # one max_num_batched_tokens forward (AR); max_batch trajectories (diffusion)
+
+
+class StagePlan(msgspec.Struct, frozen=True):
+    stage_id: int
+    devices: list[int]
+    budget_bytes: int
+    reserve_bytes: int
+    needs: StageNeeds
+    kv_cache_bytes: int | None  # AR stages: what vLLM gets as kv_cache_memory_bytes
+    gpu_memory_utilization: float | None  # AR stages with a known device total
+
+
+class MemoryPlan(msgspec.Struct, frozen=True):
+    stages: list[StagePlan]
+    devices: dict[int, DeviceMemory] | None  # None: not known (no NVIDIA driver, or Ray)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+# ---- devices --------------------------------------------------------------------------------
+def query_devices() -> dict[int, DeviceMemory] | None:
+    """Total and free memory of every NVIDIA GPU of this host, without a CUDA context; None
+    when there is no driver. Indices are NVML's (PCI order); CUDA's default order can differ
+    on hosts with mixed GPU models (set CUDA_DEVICE_ORDER=PCI_BUS_ID there)."""
+    try:
+        import pynvml
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            try:
+                out = {}
+                for i in range(pynvml.nvmlDeviceGetCount()):
+                    info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+                    out[i] = DeviceMemory(i, int(info.total), int(info.free))
+                return out
+            finally:
+                pynvml.nvmlShutdown()
+        except pynvml.NVMLError as err:
+            log.info("NVML unavailable (%s); trying nvidia-smi", err)
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        res = subprocess.run(
+            [smi, "--query-gpu=index,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as err:
+        log.info("nvidia-smi failed (%s)", err)
+        return None
+    return parse_nvidia_smi(res.stdout)
+
+
+def parse_nvidia_smi(text: str) -> dict[int, DeviceMemory]:
+    """`index, total MiB, free MiB` lines -> devices."""
+    out = {}
+    for line in text.strip().splitlines():
+        idx, total, free = (int(x.strip()) for x in line.split(","))
+        out[idx] = DeviceMemory(idx, total * 2**20, free * 2**20)
+    return out
+
+
+# ---- what a stage needs -----------------------------------------------------------------------
+def _dtype_bytes(stage: StageConfig, hf_dtype: str | None) -> int:
+    if stage.kind == "diffusion":
+        return 4  # the diffusion engine runs fp32 (omni_mp.engines.diffusion.engine)
+    name = str(stage.engine_args.get("dtype", "auto"))
+    if name == "auto":
+        name = (hf_dtype or "bfloat16").replace("torch.", "")
+        name = "bfloat16" if name == "float32" else name  # vLLM's "auto" serves fp32 checkpoints in bf16 on GPUs
+    try:
+        return _DTYPE_BYTES[name]
+    except KeyError:
+        raise MemoryBudgetError(f"stage {stage.id}: cannot size dtype {name!r}") from None
+
+
+def stage_part(stage: StageConfig, model_type: str) -> str:
+    """Which part of a checkpoint the stage runs: 'token2wav', 'thinker', 'talker', or 'all'."""
+    if stage.kind == "diffusion":
+        return "token2wav"
+    if model_type != "qwen2_5_omni":
+        return "all"
+    # `model_part` selects a part of a multi-part checkpoint (the talker stage); without it
+    # vLLM's registered omni class runs the thinker.
+    return str(getattr(stage, "model_part", None) or "thinker")
+
+
+def _skipped_towers(stage: StageConfig) -> set[str]:
+    """Thinker towers vLLM does not build: those whose modalities all have limit 0."""
+    limits = stage.engine_args.get("limit_mm_per_prompt") or {}
+    skipped = set()
+    if limits.get("audio") == 0:
+        skipped.add("audio_tower.")
+    if limits.get("image") == 0 and limits.get("video") == 0:
+        skipped.add("visual.")
+    return skipped
+
+
+def _part_prefixes(part: str) -> tuple[str, ...]:
+    return () if part == "all" else (f"{part}.",)
+
+
+def safetensors_params(model_dir: Path, part: str, skip: set[str] = frozenset()) -> int | None:  # type: ignore[assignment]
+    """Parameter count of `part` from the safetensors headers (8-byte length + JSON), or None
+    when the dir has no safetensors or none of the part's tensors."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    prefixes = _part_prefixes(part)
+    total, found = 0, False
+    for path in files:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for key, meta in header.items():
+            if key == "__metadata__" or (prefixes and not key.startswith(prefixes)):
+                continue
+            inner = key[len(prefixes[0]) :] if prefixes else key
+            if any(inner.startswith(s) for s in skip):
+                continue
+            numel = 1
+            for d in meta["shape"]:
+                numel *= d
+            total += numel
+            found = True
+    return total if found else None
+
+
+def meta_params(model_dir: Path, part: str, skip: set[str] = frozenset()) -> int:  # type: ignore[assignment]
+    """Parameter count of `part` from its config alone: the HF model built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        if part == "all":
+            model = AutoModelForCausalLM.from_config(config)
+        else:
+            from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m
+
+            cls, sub = {
+                "thinker": (m.Qwen2_5OmniThinkerForConditionalGeneration, config.thinker_config),
+                "talker": (m.Qwen2_5OmniTalkerForConditionalGeneration, config.talker_config),
+                "token2wav": (m.Qwen2_5OmniToken2WavModel, config.token2wav_config),
+            }[part]
+            model = cls._from_config(sub)
+    return sum(p.numel() for name, p in model.named_parameters() if not any(name.startswith(s) for s in skip))
+
+
+def _text_config(config: dict[str, Any], part: str) -> dict[str, Any]:
+    if part == "thinker":
+        return config["thinker_config"]["text_config"]
+    if part == "talker":
+        return config["talker_config"]
+    return config.get("text_config", config)
+
+
+def estimate_needs(stage: StageConfig, model_dir: Path) -> StageNeeds:
+    config = json.loads((model_dir / "config.json").read_text())
+    part = stage_part(stage, config.get("model_type", ""))
+    skip = _skipped_towers(stage) if part == "thinker" else set()
+    hf_dtype = config.get("dtype") or config.get("torch_dtype")
+    width = _dtype_bytes(stage, hf_dtype)
+    params = None
+    if stage.engine_args.get("load_format", "auto") != "dummy":
+        params = safetensors_params(model_dir, part, skip)
+        source = f"safetensors headers ({part})"
+    if params is None:
+        params = meta_params(model_dir, part, skip)
+        source = f"parameter count of the config ({part}, meta device)"
+    weights = params * width
+    if stage.kind == "diffusion":
+        return StageNeeds(weights, source, 0, _diffusion_activations(stage, config))
+    text = _text_config(config, part)
+    heads = text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // heads
+    kv_heads = text.get("num_key_value_heads") or heads
+    per_token = 2 * text["num_hidden_layers"] * kv_heads * head_dim * width
+    max_len = int(stage.engine_args.get("max_model_len") or text.get("max_position_embeddings", 32768))
+    min_kv = per_token * (-(-max_len // BLOCK_TOKENS) * BLOCK_TOKENS)
+    tokens = int(stage.engine_args.get("max_num_batched_tokens") or max(DEFAULT_BATCHED_TOKENS, max_len))
+    seqs = int(stage.engine_args.get("max_num_seqs") or DEFAULT_MAX_SEQS)
+    # One prefill chunk's peak: the MLP's gate/up output plus a few hidden-width buffers, and
+    # the sampler's fp32 logits and probabilities for every sequence.
+    act = tokens * (2 * text["intermediate_size"] + 6 * text["hidden_size"]) * width
+    act += seqs * text["vocab_size"] * 4 * 2
+    return StageNeeds(weights, source, min_kv, act)
+
+
+def _diffusion_activations(stage: StageConfig, config: dict[str, Any]) -> int:
+    """`max_batch` trajectories of token2wav at once, fp32: per mel frame, the DiT's widest
+    buffers (x2 for classifier-free guidance) and BigVGAN's widest stage with its temporaries."""
+    t2w = config.get("token2wav_config", {})
+    dit, voc = t2w.get("dit_config", {}), t2w.get("bigvgan_config", {})
+    d = stage.diffusion
+    repeats = dit.get("repeats", 2)
+    window = max(d.streaming.first_chunk, d.streaming.chunk) + d.streaming.left_context + d.streaming.right_context
+    frames = repeats * (window if d.stream else d.max_input_len)
+    hidden = dit.get("hidden_size", 1024)
+    dit_bytes = 2 * frames * hidden * (4 + 2 * dit.get("ff_mult", 2)) * 4
+    channels, length, widest = voc.get("upsample_initial_channel", 1536), 1, 0
+    for rate in voc.get("upsample_rates", [5, 3, 2, 2, 2, 2]):
+        channels, length = channels // 2, length * rate
+        widest = max(widest, channels * length)
+    voc_bytes = frames * widest * 4 * 8  # snake activations and residual sums keep ~8 live copies
+    return d.max_batch * (dit_bytes + voc_bytes)
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+def plan_memory(
+    cfg: PipelineConfig,
+    devices: dict[int, DeviceMemory] | None,
+    *,
+    needs: Callable[[StageConfig], StageNeeds] | None = None,
+) -> MemoryPlan:
+    """Check every budget of `cfg` against `devices` (None: device totals unknown, that check
+    is skipped) and the stages' needs; raise MemoryBudgetError naming every problem."""
+    from omni_mp.models.tiny import resolve_model
+
+    estimate = needs or (lambda s: estimate_needs(s, Path(resolve_model(s.model))))
+    problems: list[str] = []
+    plans: list[StagePlan] = []
+    for s in cfg.stages:
+        if s.memory is None:
+            continue
+        n = estimate(s)
+        budget, reserve = int(s.memory.gpu_gib * GiB), int(s.memory.reserve_gib * GiB)
+        # Tensor parallel stages hold 1/len(devices) of the weights on each device.
+        weights = n.weight_bytes // max(1, len(s.devices))
+        need = weights + n.min_kv_bytes + n.activation_bytes + reserve
+        what = "min KV cache (one max_model_len request)" if s.kind == "ar" else "no KV cache"
+        if budget < need:
+            problems.append(
+                f"stage {s.id}: memory.gpu_gib {s.memory.gpu_gib:g} ({_gib(budget)}) < {_gib(need)} needed = "
+                f"weights {_gib(weights)} [{n.weight_source}] + {what} {_gib(n.min_kv_bytes)} + "
+                f"activations {_gib(n.activation_bytes)} + reserve {_gib(reserve)}"
+            )
+        kv = budget - weights - n.activation_bytes - reserve if s.kind == "ar" else None
+        util = None
+        if s.kind == "ar" and devices is not None and all(d in devices for d in s.devices):
+            total = min(devices[d].total_bytes for d in s.devices)
+            util = round(max(budget - CUDA_CONTEXT_BYTES, GiB // 4) / total, 4)
+        plans.append(StagePlan(s.id, list(s.devices), budget, reserve, n, kv, util))
+    if devices is not None:
+        problems += _device_problems(plans, devices)
+    if problems:
+        raise MemoryBudgetError("GPU memory budgets do not fit:\n  " + "\n  ".join(problems))
+    return MemoryPlan(plans, devices)
+
+
+def _device_problems(plans: list[StagePlan], devices: dict[int, DeviceMemory]) -> list[str]:
+    problems = []
+    on: dict[int, list[StagePlan]] = {}
+    for p in plans:
+        for d in p.devices:
+            on.setdefault(d, []).append(p)
+    for d, ps in sorted(on.items()):
+        if d not in devices:
+            problems.append(f"device {d}: not found (this host has GPUs {sorted(devices)})")
+            continue
+        dev, used = devices[d], sum(p.budget_bytes for p in ps)
+        if used > dev.free_bytes:
+            parts = " + ".join(f"stage {p.stage_id} {_gib(p.budget_bytes)}" for p in ps)
+            problems.append(
+                f"device {d}: budgets {parts} = {_gib(used)} > {_gib(dev.free_bytes)} free "
+                f"(of {_gib(dev.total_bytes)} total)"
+            )
+    return problems
+
+
+def apply_memory_plan(cfg: PipelineConfig, plan: MemoryPlan) -> PipelineConfig:
+    """`cfg` with each AR stage's budget turned into vLLM engine args."""
+    by_id = {p.stage_id: p for p in plan.stages}
+    stages = []
+    for s in cfg.stages:
+        p = by_id.get(s.id)
+        if p is not None and p.kv_cache_bytes is not None:
+            args = {**s.engine_args, "kv_cache_memory_bytes": p.kv_cache_bytes}
+            if p.gpu_memory_utilization is not None:
+                args["gpu_memory_utilization"] = p.gpu_memory_utilization
+            s = msgspec.structs.replace(s, engine_args=args)
+        stages.append(s)
+    return msgspec.structs.replace(cfg, stages=stages)
+
+
+def resolve_memory_budgets(
+    cfg: PipelineConfig,
+    *,
+    progress: Callable[[str], None] | None = None,
+    devices: dict[int, DeviceMemory] | None | str = "query",
+) -> PipelineConfig:
+    """The coordinator's entry: `cfg` unchanged when no stage has a budget; else checked
+    (MemoryBudgetError) and with the budgets applied. `devices="query"`: ask this host."""
+    say = progress or (lambda m: log.info("%s", m))
+    if not any(s.memory is not None for s in cfg.stages):
+        return cfg
+    if devices == "query":
+        if cfg.placement.kind == "ray":
+            devices = None
+            say("memory budgets: stages run on Ray nodes; device totals not checked here")
+        else:
+            devices = query_devices()
+            if devices is None:
+                say("memory budgets: no NVIDIA driver on this host; device totals not checked")
+    assert not isinstance(devices, str)
+    plan = plan_memory(cfg, devices)
+    for p in plan.stages:
+        kv = "" if p.kv_cache_bytes is None else f", KV cache {_gib(p.kv_cache_bytes)}"
+        say(
+            f"stage {p.stage_id}: budget {_gib(p.budget_bytes)} on GPU {p.devices}: weights "
+            f"{_gib(p.needs.weight_bytes)}, activations {_gib(p.needs.activation_bytes)}{kv}"
+        )
+    return apply_memory_plan(cfg, plan)
