@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 import yaml
-from omni_mp.models.token2wav import TOKEN2WAV_SPECS, build_token2wav
+from omni_mp.models.qwen2_5_omni import TOKEN2WAV_SPECS, build_token2wav
 
 from omni_mp.config import ConfigError, parse_config
 from omni_mp.control.memory_budget import (

@@ -89,7 +89,7 @@ def omni_shapes_config(spec: OmniShapesSpec = SHAPES_7B) -> Any:
     if spec.scale > 1:
         # Toy encoders (text-only prompts never reach them) and token2wav; the codec vocab keeps
         # its 8193 DiT embeddings so every real codec id stays valid.
-        from omni_mp.models.token2wav import Token2WavSpec, omni_config
+        from omni_mp.models.qwen2_5_omni import Token2WavSpec, omni_config
 
         tiny = omni_config(Token2WavSpec(num_embeds=default.token2wav_config.dit_config.num_embeds))
         thinker["audio_config"] = {**tiny.thinker_config.audio_config.to_dict(), "output_dim": width}
