@@ -87,7 +87,8 @@ def test_qwen2_5_omni_talker_inputs_stream_like_the_whole_reply() -> None:
     proc = PROCESSORS["qwen2_5_omni_talker"].bind(stage, model_dir)
     embed = load_tensors(model_dir, ["thinker.model.embed_tokens.weight"])["thinker.model.embed_tokens.weight"]
     gen = torch.Generator().manual_seed(0)
-    prompt, reply = [5, 300, 300, 7], [11, 12, 13, 14, 15, 16]  # 300: the audio placeholder id
+    # 300: the audio placeholder id, zero in the prompt; a reply token with that id keeps its embedding.
+    prompt, reply = [5, 300, 300, 7], [11, 300, 13, 14, 15, 16]
     L, N = len(prompt), len(reply)
     hidden = torch.randn(L + N - 1, embed.shape[1], generator=gen)  # the last reply token is never fed back
 
@@ -101,7 +102,7 @@ def test_qwen2_5_omni_talker_inputs_stream_like_the_whole_reply() -> None:
     torch.testing.assert_close(first.prompt_embeds[0], hidden[0] + embed[5])
     rows, complete = proc.step_embeds({0: whole}, 0)
     assert complete and rows is not None and rows.shape[0] == N  # r_1..r_{N-2}, text end, text pad
-    torch.testing.assert_close(rows[0], embed[12] + hidden[L + 1])
+    torch.testing.assert_close(rows[0], embed[300] + hidden[L + 1])
     torch.testing.assert_close(rows[-1], first.step_fill)
 
     streamed: list[torch.Tensor] = []

@@ -3,10 +3,10 @@
 
 Notation: prompt ids x (length L), thinker reply y_0..y_{N-1}, last-layer thinker hidden
 states h (one row per token the thinker computed: the prompt and y_0..y_{N-2}; the last reply
-token is never fed back), embed_t the thinker's token embedding (zero at audio/image/video
-placeholders), r_j = embed_t(y_j) + h[L + j]. All rows are in the thinker's width E, before
-the talker's `thinker_to_talker_proj` (which the talker model applies; omni_mp.engines.
-vllm_hooks_talker):
+token is never fed back), embed_t the thinker's token embedding (zero at the audio/image/video
+placeholders of the prompt), r_j = embed_t(y_j) + h[L + j]. All rows are in the thinker's
+width E, before the talker's `thinker_to_talker_proj` (which the talker model applies;
+omni_mp.engines.vllm_hooks_talker):
 - prompt, L + 2 rows: embed_t(x_i) + h[i]; embed_t(speaker bos) + codec(pad);
   r_0 + codec(bos). Ready once the thinker has fed y_0 back (after its first decode step).
 - decode step k adds s_k: r_{k+1} while the reply lasts (streamed as the thinker writes),
@@ -80,12 +80,16 @@ class _BoundTalkerInputs(Qwen25OmniTalkerInputs):
         self.speakers = frozenset(self.speaker_bos)
         self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else min(self.speakers)
 
-    def _embed(self, ids: list[int], dtype: torch.dtype) -> torch.Tensor:
+    def _embed(self, ids: list[int], dtype: torch.dtype, *, prompt: int = 0) -> torch.Tensor:
+        """embed_t(ids); among the first `prompt` rows (the thinker's prompt), media
+        placeholders get zeros: transformers zeroes them where the media embeddings were merged
+        in. Reply tokens keep their embedding whatever their id (a random thinker may reply
+        with a placeholder id; the reference embeds it like any token)."""
         t = torch.tensor(ids, dtype=torch.long)
         if t.numel() and not 0 <= int(t.min()) <= int(t.max()) < self.embed.shape[0]:
             raise ProcessorError(f"thinker token ids outside the vocabulary of {self.embed.shape[0]}")
         rows = self.embed[t].to(dtype)
-        rows[torch.isin(t, self.placeholder_ids)] = 0  # media placeholders carry no token embedding
+        rows[:prompt][torch.isin(t[:prompt], self.placeholder_ids)] = 0
         return rows
 
     def prompt(self, upstream: Mapping[int, UpstreamResult], ctx: RequestContext) -> StageInput | None:
@@ -105,7 +109,7 @@ class _BoundTalkerInputs(Qwen25OmniTalkerInputs):
             raise ProcessorError(f"unknown speaker {speaker!r}; this model has {sorted(self.speakers)}")
         hidden = up.hidden_states(0, n + 1)
         ids = [*up.prompt_token_ids, self.speaker_bos[speaker], up.output_token_ids[0]]
-        rows = self._embed(ids, hidden.dtype)
+        rows = self._embed(ids, hidden.dtype, prompt=n)
         rows[:n] += hidden[:n]
         rows[n] += self.codec_pad_row.to(hidden.dtype)
         rows[n + 1] += hidden[n] + self.codec_bos_row.to(hidden.dtype)
