@@ -13,7 +13,6 @@ import psutil
 import pytest
 import torch
 import yaml
-from omni_mp.models.qwen2_5_omni import TOKEN2WAV_SPECS, build_token2wav
 
 from omni_mp.config import ConfigError, parse_config
 from omni_mp.control.memory_budget import (
@@ -29,6 +28,7 @@ from omni_mp.control.memory_budget import (
     resolve_memory_budgets,
     safetensors_params,
 )
+from omni_mp.models.qwen2_5_omni import TOKEN2WAV_SPECS, build_token2wav
 
 REPO = Path(__file__).resolve().parent.parent
 
