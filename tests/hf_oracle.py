@@ -133,9 +133,9 @@ class OmniResult:
 
 @functools.cache
 def _omni_processor(model_dir: str) -> Any:
-    from omni_mp.models.qwen2_5_omni import load_processor
+    from transformers import Qwen2_5OmniProcessor
 
-    return load_processor(model_dir)
+    return Qwen2_5OmniProcessor.from_pretrained(model_dir)
 
 
 def omni_inputs(model_dir: str | Path, text: str, audio: Any = None, image: Any = None) -> Any:

@@ -18,8 +18,13 @@ Deviations from transformers' default init (the rest is transformers' own, seede
 - BigVGAN convs get PyTorch's conv init (uniform +-1/sqrt(fan_in)): the default is near-silent.
 - OmniSpec: thinker text model and talker decoder matrices ~ N(0, `lm_init_std`) instead of 0.02,
   so greedy top-2 logit margins are large enough for token-exact comparisons across engines.
-- OmniSpec: `talker.codec_head` rows of the stop codes (pad, end) scaled by `stop_code_scale`, so a
-  random talker stops rarely but reachably (typical replies: tens to ~150 codes, not 1).
+- OmniSpec: the talker stops like the real one, on codec pad once the thinker's text is used up.
+  The `<|tts_pad|>` embedding (what the talker is fed after the text) is scaled up so that it
+  dominates the talker's residual stream, and the codec pad row of `codec_head` points along its
+  projection; the end row is scaled down. A random head instead stops at step 0 or never,
+  depending on the prompt (measured at scales 0.8, 1, 1.2, 1.5). The thinker's `lm_head` rows of the
+  special tokens but `<|im_end|>` and of the ids past the tokenizer are zero, so the thinker
+  never writes them (a `<|tts_pad|>` in the reply would stop the talker early).
 Other deviations: `num_embeds` (DiT codec vocab) covers every id an upstream stage can emit
 (tiny-qwen2's 320, or the talker's codec vocab); speakers get reference mels of different
 lengths, so batching across speakers is exercised.
@@ -70,12 +75,17 @@ class OmniSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     seed: int = 0
     tokenizer_vocab: int = 320  # BPE trained to exactly this size, special tokens included
-    thinker_vocab: int = 352  # > tokenizer_vocab, like the real model (the extra rows are never used)
+    thinker_vocab: int = 352  # > tokenizer_vocab, like the real model (the extra ids are never written)
     # Thinker text model and talker decoder matrices ~ N(0, std); at 0.02 greedy top-2 margins
     # are ~1e-3, too close for token-exact comparisons across engines.
     lm_init_std: float = 0.1
-    # Scale of the codec_head rows of the stop codes (pad, end): a random talker stops rarely.
-    stop_code_scale: float = 0.5
+    # The talker's stop (module docstring): <|tts_pad|> embedding x tts_pad_embed_scale (norm ~40
+    # vs ~1 for the other talker inputs); codec pad row = pad_code_norm x the unit direction of
+    # its projection (logit ~4.5 after the text vs ~2.5 for the best random row); end row x
+    # end_code_scale (rare). Measured: 48 codes for 48 thinker tokens on text/audio/image prompts.
+    tts_pad_embed_scale: float = 50.0
+    pad_code_norm: float = 0.5
+    end_code_scale: float = 0.5
     token2wav: Token2WavSpec = Token2WavSpec(num_embeds=CODEC_VOCAB)  # every codec id is a valid DiT id
 
 
@@ -84,6 +94,8 @@ TOKEN2WAV_SPECS: dict[str, Token2WavSpec] = {
     "token2wav-default-size": Token2WavSpec(default_size=True, speakers=(("Chelsie", 300), ("Ethan", 300))),
 }
 OMNI_SPECS: dict[str, OmniSpec] = {"tiny-qwen2_5-omni": OmniSpec()}
+# Bump when _build_omni changes without a spec change: the cache is keyed by the spec.
+OMNI_BUILD = 2
 
 # The real Qwen2.5-Omni token strings. The talker's text ids (tts_text_start/end/pad) and the
 # speakers' bos tokens get tokens of their own (the real ones are ids past the tokenizer).
@@ -337,72 +349,16 @@ def _train_tokenizer(spec: OmniSpec, out_dir: Path) -> Any:
     )
 
 
-def _processor_class() -> type:
-    from transformers import Qwen2_5OmniProcessor
-
-    class OmniProcessor(Qwen2_5OmniProcessor):
-        """Qwen2_5OmniProcessor that accepts a video processor built without torchvision (the
-        Qwen2-VL video processor cannot be constructed without it; images and audio need none)."""
-
-        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-            if argument_name == "video_processor":
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-
-    return OmniProcessor
-
-
-_VIDEO_PROCESSOR = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2}
-
-
 def _save_processor(tok: Any, out_dir: Path) -> None:
-    import json
+    from transformers import Qwen2_5OmniProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor, WhisperFeatureExtractor
 
-    from transformers import Qwen2VLImageProcessor, WhisperFeatureExtractor
-    from transformers.video_processing_utils import BaseVideoProcessor
-
-    processor = _processor_class()(
+    Qwen2_5OmniProcessor(
         image_processor=Qwen2VLImageProcessor(),
-        video_processor=BaseVideoProcessor(**_VIDEO_PROCESSOR),
+        video_processor=Qwen2VLVideoProcessor(),
         feature_extractor=WhisperFeatureExtractor(feature_size=128),  # Omni's audio tower takes 128 mel bins
         tokenizer=tok,
         chat_template=CHAT_TEMPLATE,
-    )
-    processor.save_pretrained(out_dir)
-    # Name the real classes, so that Qwen2_5OmniProcessor / AutoProcessor load the files.
-    for name in ("processor_config.json", "tokenizer_config.json"):
-        path = out_dir / name
-        cfg = json.loads(path.read_text())
-        cfg["processor_class"] = "Qwen2_5OmniProcessor"
-        if "video_processor" in cfg:
-            cfg["video_processor"]["video_processor_type"] = "Qwen2VLVideoProcessor"
-        path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
-def load_processor(model_dir: str | Path) -> Any:
-    """The checkpoint's Qwen2_5OmniProcessor. Without torchvision (which transformers needs for
-    any Qwen2-VL video processor), the same processor class is assembled from the saved parts
-    with a torchvision-free video processor: text, audio and images work, videos do not."""
-    from transformers.utils import is_torchvision_available
-
-    if is_torchvision_available():
-        from transformers import Qwen2_5OmniProcessor
-
-        return Qwen2_5OmniProcessor.from_pretrained(model_dir)
-    import json
-
-    from transformers import AutoTokenizer, Qwen2VLImageProcessor, WhisperFeatureExtractor
-    from transformers.video_processing_utils import BaseVideoProcessor
-
-    cfg = json.loads((Path(model_dir) / "processor_config.json").read_text())
-    video = {k: v for k, v in cfg["video_processor"].items() if k != "video_processor_type"}
-    return _processor_class()(
-        image_processor=Qwen2VLImageProcessor.from_pretrained(model_dir),  # the PIL backend
-        video_processor=BaseVideoProcessor(**video),
-        feature_extractor=WhisperFeatureExtractor.from_pretrained(model_dir),
-        tokenizer=AutoTokenizer.from_pretrained(model_dir),
-        chat_template=(Path(model_dir) / "chat_template.jinja").read_text(),
-    )
+    ).save_pretrained(out_dir)
 
 
 def _build_omni(spec: OmniSpec, out_dir: Path) -> None:
@@ -432,7 +388,17 @@ def _build_omni(spec: OmniSpec, out_dir: Path) -> None:
             for _, p in sorted(part.named_parameters()):
                 if p.ndim >= 2:
                     p.normal_(0.0, spec.lm_init_std, generator=gen)
-        model.talker.codec_head.weight[list(CODEC_STOP_IDS)] *= spec.stop_code_scale
+        # Logit 0 never wins over ~350 random logits: like the real thinker, it writes no special
+        # token but <|im_end|> (a <|tts_pad|> would stop the talker, a <|AUDIO|> is a placeholder)
+        # and no id past the tokenizer (it would not detokenize).
+        specials = SPECIAL_TOKENS + [speaker_token(name) for name, _ in t2w.speakers]
+        model.thinker.lm_head.weight[[tid(t) for t in specials if t != "<|im_end|>"]] = 0.0
+        model.thinker.lm_head.weight[spec.tokenizer_vocab :] = 0.0
+        tts_pad = model.thinker.get_input_embeddings().weight[tts_ids["tts_text_pad_token_id"]]
+        tts_pad *= spec.tts_pad_embed_scale
+        direction = model.talker.thinker_to_talker_proj.weight @ tts_pad
+        model.talker.codec_head.weight[CODEC_PAD] = spec.pad_code_norm * direction / direction.norm()
+        model.talker.codec_head.weight[CODEC_END] *= spec.end_code_scale
     model.save_pretrained(out_dir, safe_serialization=True)
     _save_speakers(out_dir, config, t2w, [tid(speaker_token(name)) for name, _ in t2w.speakers], gen)
     _save_processor(tok, out_dir)
@@ -441,7 +407,9 @@ def _build_omni(spec: OmniSpec, out_dir: Path) -> None:
 def build_omni(spec: OmniSpec, cache_dir: Path | None = None, *, verbose: bool = True) -> Path:
     """The full tiny Qwen2.5-Omni checkpoint dir (model, spk_dict.pt, processor) for `spec`,
     built once and cached."""
-    return build_cached("qwen2_5_omni", spec, lambda out: _build_omni(spec, out), cache_dir=cache_dir, verbose=verbose)
+    return build_cached(
+        f"qwen2_5_omni-b{OMNI_BUILD}", spec, lambda out: _build_omni(spec, out), cache_dir=cache_dir, verbose=verbose
+    )
 
 
 def build_named(name: str) -> Path | None:
