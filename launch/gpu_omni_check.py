@@ -6,6 +6,7 @@ the talker codes and the audio agree; with `--oracle`, also against transformers
 
     python launch/gpu_omni_check.py                # every stage on GPU 0
     python launch/gpu_omni_check.py --gpus 2       # thinker on GPU 0, talker + token2wav on GPU 1
+    python launch/gpu_omni_check.py --gpus 0       # CPU: torch.compile without graphs
 
 Exit code 0 when eager and graphs agree everywhere, 1 otherwise.
 """
@@ -61,15 +62,19 @@ REQUESTS: list[dict[str, Any]] = [
 
 
 def config(eager: bool, gpus: int) -> Any:
+    """The YAML's pipeline with every stage on the GPU(s) (gpus 0: on the CPU, as in the YAML)."""
     raw = yaml.safe_load((REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml").read_text())
     raw = copy.deepcopy(raw)
     raw["name"] = f"tiny_qwen2_5_omni_{'eager' if eager else 'graphs'}"
     for stage in raw["stages"]:
-        stage["devices"] = [0] if gpus == 1 or stage["id"] == 0 else [1]
         args = stage.setdefault("engine_args", {})
         if stage.get("kind") != "diffusion":
             args["enforce_eager"] = eager
-            # Three engines share a GPU: fixed KV caches instead of a share of the whole GPU.
+        if gpus == 0:
+            continue
+        stage["devices"] = [0] if gpus == 1 or stage["id"] == 0 else [1]
+        if stage.get("kind") != "diffusion":
+            # Engines share a GPU: fixed KV caches instead of a share of the whole GPU.
             args["kv_cache_memory_bytes"] = 1 << 30
     return parse_config(raw)
 
@@ -102,7 +107,7 @@ def outputs(done: Finished) -> tuple[list[int], list[int], torch.Tensor]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gpus", type=int, choices=(1, 2), default=1)
+    p.add_argument("--gpus", type=int, choices=(0, 1, 2), default=1, help="0: on the CPU (torch.compile, no graphs)")
     p.add_argument("--oracle", action="store_true", help="also compare with transformers on the CPU")
     p.add_argument("--out", type=Path, default=Path("omni_check.json"))
     args = p.parse_args()
