@@ -147,8 +147,17 @@ def main() -> int:
                 seed=100 + i,
                 thinker_max_new_tokens=THINKER_TOKENS,
             )
-            row["transformers_thinker_equal"] = te == want.thinker_ids
-            row["transformers_codes_equal"] = ce == want.codes
+            # A GPU token that differs from transformers (CPU) is reported with the transformers
+            # top-2 logit margin at the first difference (near ties flip on kernel rounding).
+            for what, got, ref, margins in (
+                ("thinker", te, want.thinker_ids, want.thinker_margins),
+                ("codes", ce, want.codes, want.code_margins),
+            ):
+                first = next((k for k, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), None)
+                row[f"transformers_{what}_equal"] = got == ref
+                if first is not None:
+                    row[f"transformers_{what}_first_diff"] = first
+                    row[f"transformers_{what}_margin_there"] = margins[first] if first < len(margins) else None
         ok &= agree
         rows.append(row)
         print(f"[check] req{i} {'AGREE' if agree else 'DIFFER'}: {json.dumps(row)}", flush=True)
