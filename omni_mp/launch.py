@@ -27,7 +27,7 @@ import msgspec
 from omni_mp.audio import write_wav
 from omni_mp.wire.payload import Finished
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_chain.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
