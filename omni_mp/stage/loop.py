@@ -407,7 +407,7 @@ class StageLoop:
         return StageDone(
             request_id=state.request_id,
             stage_id=self.stage.id,
-            num_prompt_tokens=state.prompt_len,
+            num_prompt_tokens=state.prompt_len + state.inputs_pushed,  # with inputs streamed in after the start
             num_output_tokens=len(state.output_token_ids),
             t_registered=state.t_registered,
             t_started=state.t_started or now,
