@@ -1,26 +1,64 @@
-"""Qwen2.5-Omni at 7B shapes (random weights), omni_mp against transformers (issue 12).
+"""Qwen2.5-Omni at 7B shapes (random weights): omni_mp's thinker -> talker -> token2wav against
+transformers (issue 12).
 
-    python benchmarks/omni_gpu.py --gpus 2       # thinker on GPU 0, talker + token2wav on GPU 1 (budgets there)
-    python benchmarks/omni_gpu.py --gpus 1       # all three on GPU 0, with memory budgets
-    python benchmarks/omni_gpu.py --smoke        # CPU, tiny sizes: checks the script runs
+The pipeline is stage_configs/qwen2_5_omni.yaml's, on a config-only checkpoint dir at
+transformers' default `Qwen2_5OmniConfig` sizes (omni_mp/models/qwen2_5_omni_shapes.py):
+  stage 0 thinker   vLLM's Qwen2.5-Omni thinker, `load_format: dummy`, hidden states streamed;
+  stage 1 talker    `model_part: talker` (our vLLM talker from a view of the dir), processor
+                    qwen2_5_omni_talker, `load_format: dummy`;
+  stage 2 token2wav `kind: diffusion`, processor codec_tokens, the dir's random fp32 tensors.
+Fixed lengths: every request has a distinct random prompt of --prompt-len ids, the thinker
+writes exactly --thinker-tokens tokens (`ignore_eos`), the talker exactly --talker-codes codes
+(`suppress_token_ids` = every talker id >= 8192: its control ids, so it never stops on pad/end
+and token2wav gets only real codec ids; 50 codes = 1 s of audio). NOTE: transformers' default
+talker config is thinker-sized (hidden 3584, 28 layers; the released checkpoint's is 896 / 24):
+kept, as the issue asks for transformers' default config, and said in the report.
 
-Phases, each in a fresh subprocess (GPU memory returned between them); each writes
-`<out>/<phase>.json`, and the report is made from every phase file in `--out`, so phases can
-run in separate invocations (a device call has a 10-minute limit) and still make one table:
+Phases, each in a fresh subprocess (GPU memory returned between them, each with an empty vLLM
+compile cache unless --compile-cache shared); each writes `<out>/<phase>.json`, and the report
+is made from every phase file in `--out`, so phases can run in separate invocations:
   hf        transformers `Qwen2_5OmniForConditionalGeneration` built from the same config on the
-            GPU in bf16 (token2wav fp32), `generate()` with fixed lengths: one request at a time,
-            then batched (up to --hf-max-batch). No streaming: first audio = end of generate.
-  stream    omni_mp thinker -> talker -> token2wav through the embedded client, streaming
-            between stages; per concurrency: time to first audio chunk (p50/p90), RTF, audio
-            seconds per second, thinker tokens/s; the thinker -> talker per-step transport
-            cost from the stage timelines at the highest concurrency; cold start (all stages
-            start in parallel) to Ready.
-  nostream  the same with `wait_for_upstream: true` on the talker and token2wav (each starts
-            when its upstream finished) and one-shot token2wav.
-  cold0, cold1, cold2   each stage alone: time to Ready.
-Every request has a distinct random prompt of --prompt-len ids and does exactly
---thinker-tokens thinker tokens and --talker-codes codes (EOS ignored; 50 codes = 1 s of audio).
-Outputs: omni_gpu.json, omni_gpu.md (the README table), omni_gpu.png (latency vs concurrency).
+            GPU in bf16 (token2wav fp32), `generate()` with the same fixed lengths: one request
+            at a time, then batched (up to --hf-max-batch). No streaming: first audio = end.
+  stream    omni_mp, streaming between stages: cold start (stages start in parallel) to
+            Ready; one warm-up round at the highest concurrency; per concurrency level: time
+            to first audio chunk (p50/p90), RTF, audio seconds per second, thinker tokens/s;
+            the thinker -> talker transport per step from the stage timelines
+            (OMNI_MP_PROFILE_DIR): thinker build + send and wire bytes, talker receive +
+            decode and handling (p50, microseconds), at the highest concurrency.
+  nostream  the same with `wait_for_upstream: true` on the talker and token2wav (each starts a
+            request when its upstream finished it) and one-shot token2wav.
+  cold0, cold1, cold2   each stage alone (same config): time to Ready.
+Outputs in --out: omni_gpu.json, omni_gpu.md (the table), omni_gpu.png (if matplotlib is
+there; the report says when it is not). `--phases ''` only re-renders the report.
+Preflight: the script first lists any missing module (vllm, zmq, msgspec, torchvision,
+transformers, safetensors) or omni_mp piece and exits 2.
+
+On the lent GPU machines (no network; vLLM 0.25.0, pyzmq, msgspec from the wheel carry of
+/work/shared/gpu/README.md; the image has torch 2.11.0, torchvision 0.26.0, transformers 5.17.0
+and matplotlib). Every command below is one device call, under the 10-minute limit:
+ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
+
+(a) --gpus 1, one H200 (kind nvidia-h200): all three stages on GPU 0 with memory budgets
+    0.42 / 0.38 / 0.12 of the GPU (thinker / talker / token2wav: ~59 / 53 / 17 GiB of an H200;
+    the budget check needs ~16 / 14 / 4 GiB), two calls, back to back on the warm machine:
+  A  (with the last wheel chunk: install, then)
+     $ENV && python3 benchmarks/omni_gpu.py --gpus 1 --phases stream,nostream --deadline-s 530 --out $OUT/omni_gpu
+     ~7-8 min: per phase a cold start with compile (~100-130 s; the three engines start in
+     parallel), a warm-up round of 64, rounds at 1, 8, 32, 64 (~60-90 s, token2wav-bound at 64).
+  B  (carry ["outputs/omni_gpu"] holding call A's stream.json and nostream.json, so the report
+     merges all phases and plots with the image's matplotlib)
+     $ENV && mkdir -p $OUT && cp -r outputs/omni_gpu $OUT/ && python3 benchmarks/omni_gpu.py --gpus 1 \
+       --phases hf,cold0,cold1,cold2 --deadline-s 570 --out $OUT/omni_gpu
+     ~6-7 min: transformers (~1.5-2 min: build, warm-up, one request, batch of 8), then each
+     stage alone (~2 min for the thinker and the talker each with compile, ~40 s token2wav).
+     If the machine went back between A and B, redo the wheel carry and install first.
+(b) --gpus 2 (kind nvidia-h200-x2: thinker on GPU 0; talker + token2wav on GPU 1 with budgets
+    0.7 / 0.15 of it, the thinker 0.85 of GPU 0): the same two calls with `--gpus 2`.
+Locally, to re-render from fetched phase files: python benchmarks/omni_gpu.py --gpus N --phases '' --out DIR
+CPU check of every phase at tiny sizes (the 7B-shape config scaled down 28x, the same dummy
+load path for all three stages; ~5 min on 2 cores):
+  PYTHONPATH=$PWD python benchmarks/omni_gpu.py --smoke --out /tmp/omni_smoke
 """
 
 from __future__ import annotations
@@ -42,6 +80,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ["hf", "stream", "nostream", "cold0", "cold1", "cold2"]
+T_START = time.perf_counter()
+RENDER_MARGIN_S = 15  # kept at the end of --deadline-s for the report
 CODEC_IDS = 8192  # real codec ids; the rest of the talker's 8448 are control ids (pad, bos, eos, ...)
 SAMPLES_PER_CODE, SAMPLE_RATE = 480, 24000
 # Memory budgets of thinker / talker / token2wav as fractions of a device, per layout.
@@ -123,7 +163,7 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
         wavs = wav if isinstance(wav, list) else [wav]
         return wall, sum(w.numel() for w in wavs) / SAMPLE_RATE
 
-    out: dict[str, Any] = {"build_s": build_s, "device": str(device)}
+    out: dict[str, Any] = {"build_s": build_s, "device": device_name()}
     generate(prompts(1, args.prompt_len, 7))  # warm-up
     walls, audio = [], 0.0
     for r in range(args.rounds):
@@ -149,21 +189,42 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---- omni_mp ----------------------------------------------------------------------------------
-def omni_missing() -> list[str]:
-    """The omni pipeline pieces this checkout lacks (the smoke run then uses a stand-in)."""
-    from omni_mp.config import StageConfig
-    from omni_mp.processors import PROCESSORS
-    from omni_mp.wire.payload import SamplingParamsMsg
+REQUIRED = {  # module -> what needs it
+    "vllm": "every omni_mp AR stage (vLLM 0.25.0)",
+    "zmq": "omni_mp's transport (pyzmq)",
+    "msgspec": "omni_mp's wire format",
+    "torchvision": "vLLM's Qwen2.5-Omni thinker (its processor module imports it)",
+    "transformers": "the baseline and the configs",
+    "safetensors": "token2wav weights",
+}
 
-    missing = []
-    if "qwen2_5_omni_talker" not in PROCESSORS:
-        missing.append("processor qwen2_5_omni_talker")
-    for field in ("model_part", "wait_for_upstream"):
-        if field not in StageConfig.__struct_fields__:
-            missing.append(f"stage field {field}")
-    if "allowed_token_ids" not in SamplingParamsMsg.__struct_fields__:
-        # A random talker picks control ids (>= 8193) now and then; token2wav cannot embed them.
-        missing.append("sampling allowed_token_ids (to keep a random talker on real codec ids)")
+
+def preflight(args: argparse.Namespace) -> list[str]:
+    """What this host lacks for the phases asked for, one line each (empty: all there)."""
+    import importlib.util
+
+    phases = set(filter(None, args.phases.split(",")))
+    need = dict(REQUIRED)
+    if phases <= {"hf"}:
+        need = {k: v for k, v in need.items() if k in ("transformers", "safetensors")}
+    missing = [f"python module {m!r} (for {why})" for m, why in need.items() if importlib.util.find_spec(m) is None]
+    if not missing and phases - {"hf"}:
+        from omni_mp.config import StageConfig
+        from omni_mp.processors import PROCESSORS
+        from omni_mp.wire.payload import SamplingParamsMsg
+
+        if "qwen2_5_omni_talker" not in PROCESSORS:
+            missing.append("omni_mp processor qwen2_5_omni_talker")
+        for field in ("model_part", "wait_for_upstream"):
+            if field not in StageConfig.__struct_fields__:
+                missing.append(f"omni_mp stage field {field}")
+        if "suppress_token_ids" not in SamplingParamsMsg.__struct_fields__:
+            missing.append("omni_mp SamplingParamsMsg.suppress_token_ids")
+    if importlib.util.find_spec("transformers") is not None and "hf" in phases:
+        import transformers
+
+        if not hasattr(transformers, "Qwen2_5OmniForConditionalGeneration"):
+            missing.append(f"transformers {transformers.__version__} has no Qwen2_5OmniForConditionalGeneration")
     return missing
 
 
@@ -178,32 +239,48 @@ def budgets_gib(args: argparse.Namespace) -> list[float]:
     return [round(devices[0].total_bytes * f / GiB, 1) for f in SHARES[args.gpus]]
 
 
+def talker_suppressed(model: Path) -> list[int]:
+    """The talker ids token2wav must never get: every id from CODEC_IDS up (the talker's control
+    ids: codec pad, bos, end, mask, ...). Suppressing pad and end also means a random talker
+    never stops early: every request makes exactly max_tokens codes."""
+    config = json.loads((model / "config.json").read_text())
+    vocab = int(config["talker_config"]["vocab_size"])
+    num_embeds = int(config["token2wav_config"]["dit_config"]["num_embeds"])
+    assert num_embeds >= CODEC_IDS, f"token2wav embeds only {num_embeds} codec ids"
+    return list(range(CODEC_IDS, vocab))
+
+
 def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
-    """The pipeline of stage_configs/qwen2_5_omni.yaml's shape at the benchmark's sizes."""
+    """The pipeline of stage_configs/qwen2_5_omni.yaml's shape at the benchmark's sizes:
+    thinker (hidden states) -> talker (model_part: talker) -> token2wav, random weights
+    (`load_format: dummy`; token2wav's random tensors are in the dir), fixed lengths."""
     from omni_mp.models.qwen2_5_omni_shapes import thinker_engine_args
 
-    model = str(model_dir(args))
+    model = model_dir(args)
     conc = max(args.concurrency)
-    devs = [[0], [1], [1]] if args.gpus == 2 else [[0], [0], [0]]
-    common = {"dtype": "bfloat16", "load_format": "dummy", "skip_tokenizer_init": True, "seed": 0}
-    common.update({"max_num_seqs": conc, "enable_prefix_caching": False})
-    fixed = {"temperature": 0.0, "ignore_eos": True}
+    if args.smoke:  # CPU: fp32, eager, no devices and no budgets
+        devs: list[list[int]] = [[], [], []]
+        common: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
+    else:
+        devs = [[0], [1], [1]] if args.gpus == 2 else [[0], [0], [0]]
+        common = {"dtype": "bfloat16"}
+    common.update({"seed": 0, "max_num_seqs": conc, "enable_prefix_caching": False})
     thinker = {
-        "id": 0, "model": model, "devices": devs[0], "hidden_states": {},
+        "id": 0, "model": str(model), "devices": devs[0], "hidden_states": {},
         "engine_args": {**common, **thinker_engine_args(), "max_model_len": args.prompt_len + args.thinker_tokens + 64},
-        "sampling": {**fixed, "max_tokens": args.thinker_tokens, "min_tokens": args.thinker_tokens},
+        "sampling": {"temperature": 0.0, "ignore_eos": True, "max_tokens": args.thinker_tokens},
     }  # fmt: skip
     talker = {
-        "id": 1, "model": model, "model_part": "talker", "devices": devs[1], "inputs": [0],
+        "id": 1, "model": str(model), "model_part": "talker", "devices": devs[1], "inputs": [0],
         "processor": "qwen2_5_omni_talker",
-        "engine_args": {**common, "max_model_len": args.prompt_len + args.talker_codes + 64},
+        "engine_args": {**common, "load_format": "dummy", "max_model_len": args.prompt_len + args.talker_codes + 64},
         "sampling": {
-            **fixed, "max_tokens": args.talker_codes, "min_tokens": args.talker_codes,
-            "allowed_token_ids": list(range(CODEC_IDS)),
+            "temperature": 0.0, "ignore_eos": True, "max_tokens": args.talker_codes,
+            "suppress_token_ids": talker_suppressed(model),
         },
     }  # fmt: skip
     token2wav = {
-        "id": 2, "model": model, "kind": "diffusion", "devices": devs[2], "inputs": [1],
+        "id": 2, "model": str(model), "kind": "diffusion", "devices": devs[2], "inputs": [1],
         "processor": "codec_tokens", "final_output": True, "engine_args": {"max_model_len": 4096},
         "sampling": {"seed": 0},
         "diffusion": {"default_speaker": "Chelsie", "max_batch": min(conc, 64), "stream": stream},
@@ -211,35 +288,10 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     stages = [thinker, talker, token2wav]
     if not stream:
         talker["wait_for_upstream"] = token2wav["wait_for_upstream"] = True
-    for s, gib in zip(stages, budgets_gib(args), strict=True):
-        s["memory"] = {"gpu_gib": gib}
-    return {"name": "qwen2_5_omni_bench", "timeouts": {"stage_startup_s": 1200}, "stages": stages}
-
-
-def standin_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
-    """CPU smoke stand-in (tiny_tts's shape): a tiny AR stage whose ids are codec ids, then token2wav."""
-    stage0 = {
-        "id": 0, "model": "tiny-qwen2",
-        "engine_args": {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 16},
-        "sampling": {"max_tokens": args.talker_codes, "temperature": 0.0, "ignore_eos": True},
-    }  # fmt: skip
-    token2wav = {
-        "id": 1, "model": "tiny-token2wav", "kind": "diffusion", "inputs": [0], "processor": "codec_tokens",
-        "final_output": True, "engine_args": {"max_model_len": 4096}, "sampling": {"seed": 0},
-        "diffusion": {"default_speaker": "Chelsie", "max_batch": 16, "stream": stream},
-    }  # fmt: skip
-    return {"name": "standin_tts", "stages": [stage0, token2wav]}
-
-
-def pipeline_dict(args: argparse.Namespace, stream: bool) -> tuple[dict[str, Any], str | None]:
-    missing = omni_missing()
-    if not stream and "stage field wait_for_upstream" in missing and not args.smoke:
-        raise SystemExit("streaming off needs the `wait_for_upstream` stage field")
-    if not missing:
-        return omni_pipeline(args, stream), None
     if not args.smoke:
-        raise SystemExit(f"this checkout lacks the omni pipeline pieces: {', '.join(missing)}")
-    return standin_pipeline(args, stream), f"stand-in pipeline tiny-qwen2 -> tiny-token2wav (missing: {missing})"
+        for s, gib in zip(stages, budgets_gib(args), strict=True):
+            s["memory"] = {"gpu_gib": gib}
+    return {"name": "qwen2_5_omni_bench", "timeouts": {"stage_startup_s": 900}, "stages": stages}
 
 
 async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:
@@ -292,78 +344,120 @@ async def _round(endpoint: str, batch: list[list[int]]) -> dict[str, Any]:
     }
 
 
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+
+
 def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     from omni_mp.config import parse_config
     from omni_mp.control.embedded import embedded_pipeline
     from omni_mp.stage.timeline import PROFILE_DIR_ENV
 
-    data, note = pipeline_dict(args, stream)
-    cfg = parse_config(data)
+    cfg = parse_config(omni_pipeline(args, stream))
     profile_dir = Path(tempfile.mkdtemp(prefix="omni_gpu-profile-"))
-    if stream:
-        os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
-    out: dict[str, Any] = {"note": note, "pipeline": cfg.name}
-    vocab = (10, 300) if note else (1000, 150000)  # the stand-in's tiny-qwen2 has 320 ids
+    os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
+    out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name()}
+    out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
     t0 = time.perf_counter()
     t_last = time.time()
     with embedded_pipeline(cfg, progress=lambda m: say(m)) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
+        say(f"{'stream' if stream else 'nostream'}: pipeline ready in {out['cold_start_s']:.1f}s")
+        # One warm-up round at the highest concurrency (allocator growth, every batch size's
+        # first run), then --rounds measured rounds per level, the best kept.
+        warm = asyncio.run(_round(coord.client_endpoint, prompts(max(args.concurrency), args.prompt_len, 1)))
+        out["warmup_wall_s"] = warm["wall_s"]
+        say(f"warm-up round of {max(args.concurrency)} requests: {warm['wall_s']:.1f}s")
         for c in args.concurrency:
             runs = []
-            for r in range(args.rounds + 1):  # the first is a warm-up
+            for r in range(args.rounds):
                 t_last = time.time()
-                batch = prompts(c, args.prompt_len, 1000 * c + r, vocab)
+                batch = prompts(c, args.prompt_len, 1000 * c + r)
                 runs.append(asyncio.run(_round(coord.client_endpoint, batch)))
-            best = min(runs[1:], key=lambda x: x["wall_s"])
+            best = min(runs, key=lambda x: x["wall_s"])
             out[str(c)] = best
             say(
                 f"{'stream' if stream else 'nostream'} c={c}: "
                 f"first audio p50 {best['first_audio_p50_s'] * 1000:.0f} ms, "
-                f"RTF {best['rtf_mean']:.3f}, {best['audio_s_per_s']:.2f} audio s/s"
+                f"p90 {best['first_audio_p90_s'] * 1000:.0f} ms, "
+                f"RTF {best['rtf_mean']:.3f}, {best['audio_s_per_s']:.2f} audio s/s, "
+                f"{best['thinker_tok_s']:.0f} thinker tok/s, {best['audio_s_per_request']:.2f} s audio/request"
             )
-    if stream:
-        out["transport"] = transport_summary(profile_dir, t_last)
+    # the stage processes have exited: their timelines are written
+    out["transport"] = transport_summary(profile_dir, t_last)
     return out
 
 
-def transport_summary(profile_dir: Path, since: float) -> dict[str, Any]:
-    """Entry stage (thinker) steps of the last round that emitted hidden-state rows: p50 of
-    the host time to build and send one step's outputs downstream, and of its wire bytes."""
-    files = sorted(profile_dir.glob("stage0-*.json"))
+def _steps(profile_dir: Path, stage_id: int, since: float) -> list[dict[str, Any]] | str:
+    files = sorted(profile_dir.glob(f"stage{stage_id}-*.json"))
     if not files:
-        return {"error": f"no stage 0 timeline in {profile_dir}"}
+        return f"no stage {stage_id} timeline in {profile_dir}"
     doc = json.loads(files[-1].read_text())
-    rows = [dict(zip(doc["fields"], s, strict=True)) for s in doc["steps"]]
-    steps = [r for r in rows if r["t"] >= since and r["rows"] > 0]
-    if not steps:
-        return {"error": "no steps with hidden-state rows"}
-    return {
-        "steps": len(steps),
-        "build_send_us_p50": 1000 * statistics.median(r["build_ms"] + r["send_ms"] for r in steps),
-        "build_us_p50": 1000 * statistics.median(r["build_ms"] for r in steps),
-        "send_us_p50": 1000 * statistics.median(r["send_ms"] for r in steps),
-        "wire_bytes_p50": statistics.median(r["wire_bytes"] for r in steps),
-        "reqs_per_step_mean": statistics.fmean(r["reqs"] for r in steps),
-        "step_ms_p50": statistics.median(r["step_ms"] for r in steps),
-    }
+    return [dict(zip(doc["fields"], s, strict=True)) for s in doc["steps"] if s[1] >= since]
+
+
+def transport_summary(profile_dir: Path, since: float) -> dict[str, Any]:
+    """Thinker -> talker per engine step, in the last round (the highest concurrency), from the
+    stage timelines (omni_mp.stage.timeline): on the thinker, the steps that emitted hidden-state
+    rows: build (engine thread, outputs -> messages) and send (output thread, encode + send) and
+    their wire bytes; on the talker, the steps that took step-embedding rows: receive + decode
+    (input thread) and handling (engine thread: the processor's rows into the engine)."""
+    out: dict[str, Any] = {}
+    thinker = _steps(profile_dir, 0, since)
+    if isinstance(thinker, str):
+        out["error"] = thinker
+    else:
+        steps = [r for r in thinker if r["rows"] > 0]
+        if steps:
+            out["thinker"] = {
+                "steps": len(steps),
+                "build_send_us_p50": 1000 * statistics.median(r["build_ms"] + r["send_ms"] for r in steps),
+                "build_us_p50": 1000 * statistics.median(r["build_ms"] for r in steps),
+                "send_us_p50": 1000 * statistics.median(r["send_ms"] for r in steps),
+                "wire_bytes_p50": statistics.median(r["wire_bytes"] for r in steps),
+                "rows_per_step_mean": statistics.fmean(r["rows"] for r in steps),
+                "reqs_per_step_mean": statistics.fmean(r["reqs"] for r in steps),
+                "step_ms_p50": statistics.median(r["step_ms"] for r in steps),
+            }
+        else:
+            out["error"] = "no thinker steps with hidden-state rows"
+    talker = _steps(profile_dir, 1, since)
+    if isinstance(talker, str):
+        out["talker_error"] = talker
+    else:
+        steps = [r for r in talker if r["rows"] > 0]
+        if steps and "recv_ms" in steps[0]:
+            out["talker"] = {
+                "steps": len(steps),
+                "recv_handle_us_p50": 1000 * statistics.median(r["recv_ms"] + r["handle_ms"] for r in steps),
+                "recv_us_p50": 1000 * statistics.median(r["recv_ms"] for r in steps),
+                "handle_us_p50": 1000 * statistics.median(r["handle_ms"] for r in steps),
+                "rows_per_step_mean": statistics.fmean(r["rows"] for r in steps),
+                "step_ms_p50": statistics.median(r["step_ms"] for r in steps),
+            }
+        else:
+            out["talker_error"] = "no talker steps with receive times (rows taken)"
+    return out
 
 
 def run_cold(args: argparse.Namespace, stage_id: int) -> dict[str, Any]:
-    """One stage alone as its own pipeline: time until it is Ready."""
+    """One stage alone as its own pipeline (the same stage config, as an entry stage with final
+    output): time until it is Ready."""
     from omni_mp.config import parse_config
     from omni_mp.control.embedded import embedded_pipeline
 
-    data, note = pipeline_dict(args, True)
-    stages = [s for s in data["stages"] if s["id"] == stage_id]
-    if not stages:
-        return {"skipped": f"no stage {stage_id}", "note": note}
-    stage = {k: v for k, v in stages[0].items() if k not in ("inputs", "processor", "wait_for_upstream")}
-    stage.update(final_output=True)  # the same stage otherwise (hidden-state output included)
+    data = omni_pipeline(args, True)
+    stage = next(s for s in data["stages"] if s["id"] == stage_id)
+    stage = {k: v for k, v in stage.items() if k not in ("inputs", "processor", "wait_for_upstream")}
+    stage.update(final_output=True)
     cfg = parse_config({**data, "stages": [stage]})
     t0 = time.perf_counter()
     with embedded_pipeline(cfg, progress=lambda m: say(m)):
         ready = time.perf_counter() - t0
-    return {"ready_s": ready, "note": note}
+    say(f"cold{stage_id}: stage {stage_id} alone ready in {ready:.1f}s")
+    return {"ready_s": ready, "device": device_name()}
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -376,15 +470,37 @@ def hf_latency(hf: dict[str, Any], c: int) -> tuple[float | None, float | None]:
     return serial, (one if c == 1 else b)
 
 
+def sizes_line(args: argparse.Namespace) -> str:
+    from transformers.utils import logging as hf_logging
+
+    from omni_mp.models.qwen2_5_omni_shapes import OmniShapesSpec, omni_shapes_config
+
+    hf_logging.set_verbosity_error()  # transformers' notes on the talker's thinker-vocab ids
+    c = omni_shapes_config(OmniShapesSpec(scale=28 if args.smoke else 1))
+    t, k = c.thinker_config.text_config, c.talker_config
+    return (
+        f"thinker hidden {t.hidden_size}, {t.num_hidden_layers} layers; talker hidden {k.hidden_size}, "
+        f"{k.num_hidden_layers} layers, {k.vocab_size} codec ids; token2wav DiT hidden "
+        f"{c.token2wav_config.dit_config.hidden_size}, {c.token2wav_config.dit_config.num_hidden_layers} blocks"
+    )
+
+
 def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> str:
     hf, st, ns = results.get("hf", {}), results.get("stream", {}), results.get("nostream", {})
+    layout = {1: "all three stages on GPU 0 (memory budgets)", 2: "thinker on GPU 0, talker + token2wav on GPU 1"}
     lines = [
-        f"{device}; Qwen2.5-Omni {'tiny (smoke)' if args.smoke else '7B shapes'}, random weights; "
-        f"--gpus {args.gpus}; {args.prompt_len}-id prompts, {args.thinker_tokens} thinker tokens, "
-        f"{args.talker_codes} codes ({args.talker_codes / 50:.2f} s of audio) per request, EOS ignored",
+        f"{device}; Qwen2.5-Omni {'at 7B shapes scaled down 28x (smoke, CPU)' if args.smoke else 'at 7B shapes'}, "
+        f"random weights (vLLM load_format dummy); {'CPU, no budgets' if args.smoke else layout[args.gpus]}; "
+        f"{args.prompt_len}-id prompts, {args.thinker_tokens} thinker tokens, "
+        f"{args.talker_codes} codes ({args.talker_codes / 50:.2f} s of audio) per request, fixed lengths "
+        "(thinker EOS ignored; talker control ids suppressed)",
+        f"Sizes: {sizes_line(args)}. The talker is transformers' default Qwen2_5OmniConfig talker, which is "
+        "thinker-sized (the released 7B checkpoint's talker is much smaller: hidden 896, 24 layers), "
+        "so the talker costs about what the thinker does, in both omni_mp and transformers.",
     ]
-    notes = {r.get("note") for r in results.values() if isinstance(r, dict) and r.get("note")}
-    lines += [f"NOTE: {n}" for n in sorted(notes)]
+    budgets = results.get("stream", {}).get("budgets_gib") or results.get("nostream", {}).get("budgets_gib")
+    if budgets:
+        lines.append(f"GPU memory budgets, thinker / talker / token2wav: {' / '.join(f'{b:g}' for b in budgets)} GiB")
     if "single" in hf:
         s = hf["single"]
         lines.append(
@@ -423,35 +539,61 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             f"| {ratio(a.get('thinker_tok_s'), hf_tok)} |"
         )
     tr = st.get("transport", {})
-    if "build_send_us_p50" in tr:
+    lines.append(f"\nthinker -> talker transport per engine step (streaming, c={max(args.concurrency)}, last round):")
+    if "thinker" in tr:
+        t = tr["thinker"]
         lines.append(
-            f"\nthinker -> talker per step (c={max(args.concurrency)}, {tr['steps']} steps, "
-            f"{tr['reqs_per_step_mean']:.1f} requests/step): build + send p50 {tr['build_send_us_p50']:.0f} us "
-            f"(build {tr['build_us_p50']:.0f}, send {tr['send_us_p50']:.0f}; goal <= 60 us), "
-            f"{tr['wire_bytes_p50'] / 1024:.1f} KiB on the wire; thinker step p50 {tr['step_ms_p50']:.2f} ms"
+            f"- thinker send side ({t['steps']} steps, {t['reqs_per_step_mean']:.1f} requests and "
+            f"{t['rows_per_step_mean']:.1f} hidden rows per step): build + send p50 {t['build_send_us_p50']:.0f} us "
+            f"(build {t['build_us_p50']:.0f} us, encode + send {t['send_us_p50']:.0f} us; goal <= 60 us), "
+            f"{t['wire_bytes_p50'] / 1024:.1f} KiB on the wire p50; thinker step p50 {t['step_ms_p50']:.2f} ms"
         )
-    elif "error" in tr:
-        lines.append(f"\nthinker -> talker per step: not measured ({tr['error']})")
+    else:
+        lines.append(f"- thinker send side: not measured ({tr.get('error', 'no streaming phase')})")
+    if "talker" in tr:
+        t = tr["talker"]
+        lines.append(
+            f"- talker receive side ({t['steps']} steps, {t['rows_per_step_mean']:.1f} step rows taken per step): "
+            f"receive + handle p50 {t['recv_handle_us_p50']:.0f} us (receive + decode {t['recv_us_p50']:.0f} us on "
+            f"the input thread, handling {t['handle_us_p50']:.0f} us on the engine thread); "
+            f"talker step p50 {t['step_ms_p50']:.2f} ms"
+        )
+    else:
+        lines.append(f"- talker receive side: not measured ({tr.get('talker_error', 'no streaming phase')})")
     colds = {k: v["ready_s"] for k, v in results.items() if k.startswith("cold") and "ready_s" in v}
     if "cold_start_s" in st:
         alone = ", ".join(f"stage {k[4:]} {v:.1f} s" for k, v in sorted(colds.items())) or "not measured"
         slowest = max(colds.values()) if colds else None
         extra = f" ({st['cold_start_s'] / slowest:.2f}x the slowest stage)" if slowest else ""
-        lines.append(f"\ncold start to Ready: whole pipeline {st['cold_start_s']:.1f} s{extra}; alone: {alone}")
+        lines.append(
+            f"\ncold start to Ready: whole pipeline {st['cold_start_s']:.1f} s{extra} (stages start in parallel); "
+            f"each stage alone: {alone}"
+        )
+        caches = {r.get("compile_cache") for k, r in results.items() if k != "hf" and isinstance(r, dict)} - {None}
+        if caches == {"per-phase"} and not args.smoke:
+            lines.append("(every phase started with an empty vLLM compile cache: all of these are first starts)")
+        elif caches:
+            lines.append(f"(vLLM compile cache: {', '.join(sorted(caches))}; shared = warm after the first start)")
+    if "single" in hf:
+        lines.append(
+            "\ntransformers: Qwen2_5OmniForConditionalGeneration.generate() built from the same config (bf16 on "
+            "GPUs, token2wav fp32), no streaming (first audio = end of generate); 'queued' = one request at a time "
+            "(the median request waits for half the others), 'batched' = one generate() over the batch"
+        )
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
     return "\n".join(lines)
 
 
-def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: str) -> None:
+def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: str) -> bool:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        say("matplotlib missing: no plot")
-        return
+        say(f"matplotlib is missing on this host: no {path.name} (the JSON and markdown are written)")
+        return False
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     cs = args.concurrency
     for phase, label in (("stream", "omni_mp, streaming"), ("nostream", "omni_mp, no streaming")):
@@ -479,25 +621,44 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     say(f"wrote {path}")
+    return True
 
 
 # ---- orchestration ----------------------------------------------------------------------------
-def run_phase_process(args: argparse.Namespace, phase: str) -> dict[str, Any]:
+def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | None) -> dict[str, Any]:
+    """`phase` in a fresh process, within --phase-timeout-s and what is left of --deadline-s."""
     result = args.out / f"{phase}.json"
+    timeout = args.phase_timeout_s
+    if deadline is not None:
+        timeout = min(timeout, deadline - time.perf_counter() - RENDER_MARGIN_S)
+        if timeout < 30:
+            data: dict[str, Any] = {"error": f"skipped: {timeout + RENDER_MARGIN_S:.0f}s left of --deadline-s"}
+            say(f"phase {phase} {data['error']}")
+            result.write_text(json.dumps(data))
+            return data
     cmd = [sys.executable, __file__, "--phase", phase, *sys.argv[1:]]
-    say(f"phase {phase} ...")
+    env = dict(os.environ)
+    if args.compile_cache == "per-phase" and not args.smoke:
+        # vLLM's torch.compile / inductor / triton caches live under VLLM_CACHE_ROOT: an empty one
+        # per phase makes every engine start a first start, so the pipeline's cold start and each
+        # stage's alone are measured alike, whatever ran before on this host.
+        env["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix=f"omni_gpu-vllm-cache-{phase}-")
+    say(f"phase {phase} (limit {timeout:.0f}s) ...")
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, timeout=args.phase_timeout_s)
-        code = proc.returncode
+        proc = subprocess.run(cmd, cwd=REPO, timeout=timeout, env=env)
+        code: int | str = proc.returncode
     except subprocess.TimeoutExpired:
-        code = "timeout"
+        code = f"timeout after {timeout:.0f}s"
     if code != 0 or not result.exists():
-        data: dict[str, Any] = {"error": f"exit code {code}"}
+        data = {"error": f"exit code {code}"}
+        say(f"phase {phase} failed: {data['error']}")
         result.write_text(json.dumps(data))
         return data
     data = json.loads(result.read_text())
     data["phase_s"] = time.perf_counter() - t0
+    data["compile_cache"] = "shared" if args.smoke else args.compile_cache
+    say(f"phase {phase} done in {data['phase_s']:.0f}s")
     result.write_text(json.dumps(data))
     return data
 
@@ -509,15 +670,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=2, choices=[1, 2])
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     p.add_argument("--thinker-tokens", type=int, default=128)
-    p.add_argument("--talker-codes", type=int, default=250, help="codes per request (50 = 1 s of audio)")
+    p.add_argument("--talker-codes", type=int, default=200, help="codes per request (50 = 1 s of audio)")
     p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=1, help="measured rounds after one warm-up; best kept")
+    p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
     p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")
     p.add_argument("--budgets-gib", help="thinker,talker,token2wav GPU budgets (default: SHARES of the device)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: a check that every phase runs")
     p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "omni_gpu-models")
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "omni_gpu")
     p.add_argument("--phase-timeout-s", type=float, default=1500)
+    p.add_argument("--deadline-s", type=float, help="the whole invocation's limit: phases that cannot start skip")
+    p.add_argument(
+        "--compile-cache",
+        choices=["per-phase", "shared"],
+        default="per-phase",
+        help="per-phase: an empty vLLM compile cache for every phase (all starts are cold, comparable); "
+        "shared: the host's (starts after the first are warm)",
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.gpus = 1
@@ -547,21 +716,39 @@ def main() -> int:
             data = run_cold(args, int(args.phase[4:]))
         (args.out / f"{args.phase}.json").write_text(json.dumps(data))
         return 0
-    t0 = time.perf_counter()
-    path = model_dir(args)  # once, before any phase (the phases reuse the cached dir)
-    say(f"model dir {path} ready in {time.perf_counter() - t0:.1f}s")
-    for phase in filter(None, args.phases.split(",")):  # none: only re-render the report
-        run_phase_process(args, phase)
-    import torch
-
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    phases = list(filter(None, args.phases.split(",")))  # none: only re-render the report
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        raise SystemExit(f"unknown phases {unknown}; known: {PHASES}")
+    if phases:
+        missing = preflight(args)
+        if missing:
+            say("PREFLIGHT FAILED, this host lacks:")
+            for m in missing:
+                say(f"  - {m}")
+            say("(the GPU image has torch, torchvision, transformers, matplotlib; vLLM 0.25.0, pyzmq and msgspec "
+                "come from the wheel carry in /work/shared/gpu/README.md, then PYTHONPATH=/tmp/site:$PWD)")  # fmt: skip
+            return 2
+        t0 = time.perf_counter()
+        path = model_dir(args)  # once, before any phase (the phases reuse the cached dir)
+        say(f"model dir {path} ready in {time.perf_counter() - t0:.1f}s")
+    t_all = time.perf_counter()
+    deadline = T_START + args.deadline_s if args.deadline_s else None
+    for phase in phases:
+        run_phase_process(args, phase, deadline)
+    if phases:
+        say(f"phases {','.join(phases)} took {time.perf_counter() - t_all:.0f}s")
     results = {f.stem: json.loads(f.read_text()) for f in sorted(args.out.glob("*.json")) if f.stem in PHASES}
+    devices = sorted({r["device"] for r in results.values() if isinstance(r, dict) and r.get("device")})
+    device = " / ".join(devices) or "unknown device"
     text = report(results, args, device)
-    print("\n" + text, flush=True)
     doc = {"device": device, "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
     (args.out / "omni_gpu.json").write_text(json.dumps(doc, indent=1, default=str))
+    if not plot(results, args, args.out / "omni_gpu.png", device):
+        text += "\n\n(no omni_gpu.png: matplotlib is missing on the host that rendered this report)"
     (args.out / "omni_gpu.md").write_text(text + "\n")
-    plot(results, args, args.out / "omni_gpu.png", device)
+    print("\n" + text, flush=True)
+    say(f"wrote {args.out / 'omni_gpu.json'} and {args.out / 'omni_gpu.md'}")
     return 0 if all("error" not in r for r in results.values()) else 1
 
 

@@ -181,3 +181,32 @@ def test_launch_fails_before_any_stage_starts(tmp_path: Path, tiny_qwen2_dir: Pa
     assert proc.returncode == 2, err
     assert "GPU memory budgets do not fit" in err and "stage 0: memory.gpu_gib 0.06" in err
     assert not spawned
+
+
+def test_talker_part_with_dummy_weights_on_a_config_only_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `model_part: talker` stage with `load_format: dummy` on a dir without weight files
+    (the 7B-shape writer's layout, scaled down): sized from the talker config alone, and the
+    stage's talker view needs no weight files either."""
+    from transformers import Qwen2_5OmniConfig
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniTalkerForConditionalGeneration
+
+    from omni_mp.models.qwen2_5_omni_shapes import OmniShapesSpec, write_omni_shapes
+    from omni_mp.models.talker_view import talker_view_dir
+
+    ckpt = write_omni_shapes(tmp_path / "ckpt", OmniShapesSpec(scale=28, token2wav_weights=False))
+    assert not list(ckpt.glob("*.safetensors"))
+    talker = {"id": 0, "model": str(ckpt), "model_part": "talker", "devices": [0], "final_output": True}
+    talker["memory"] = {"gpu_gib": 4}
+    talker["engine_args"] = {"dtype": "bfloat16", "load_format": "dummy", "max_model_len": 512}
+    needs = estimate_needs(parse_config({"name": "t", "stages": [talker]}).stages[0], ckpt)
+    config = Qwen2_5OmniConfig.from_pretrained(ckpt).talker_config
+    with torch.device("meta"):
+        actual = sum(p.numel() for p in Qwen2_5OmniTalkerForConditionalGeneration._from_config(config).parameters())
+    assert needs.weight_bytes == 2 * actual and "talker" in needs.weight_source
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
+    assert needs.min_kv_bytes == 512 * per_token
+    monkeypatch.setenv("OMNI_MP_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        talker_view_dir(ckpt)
+    view = talker_view_dir(ckpt, require_weights=False)
+    assert sorted(p.name for p in view.iterdir()) == ["config.json"]

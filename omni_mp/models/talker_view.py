@@ -32,12 +32,12 @@ TALKER_ARCH = "OmniMpQwen2_5OmniTalker"  # the name register_talker() gives our 
 VIEW_VERSION = 1  # bump when the view's contents change
 
 
-def _weight_files(checkpoint: Path) -> list[Path]:
+def _weight_files(checkpoint: Path, *, require: bool = True) -> list[Path]:
     files = sorted(checkpoint.glob("*.safetensors"))
     index = checkpoint / "model.safetensors.index.json"
     if index.exists():
         files.append(index)
-    if not any(f.suffix == ".safetensors" for f in files):
+    if require and not any(f.suffix == ".safetensors" for f in files):
         raise FileNotFoundError(f"{checkpoint}: no *.safetensors weight files")
     return files
 
@@ -72,10 +72,12 @@ def talker_config_dict(checkpoint: Path) -> dict:
     return cfg
 
 
-def talker_view_dir(checkpoint_dir: str | Path) -> Path:
-    """The view directory for `checkpoint_dir`, written once (file lock, atomic rename) and reused."""
+def talker_view_dir(checkpoint_dir: str | Path, *, require_weights: bool = True) -> Path:
+    """The view directory for `checkpoint_dir`, written once (file lock, atomic rename) and reused.
+    `require_weights=False` (vLLM's `load_format: dummy` reads no weights): a checkpoint dir
+    with only config files still gets a view, with no weight links."""
     checkpoint = Path(checkpoint_dir).resolve()
-    files = _weight_files(checkpoint)
+    files = _weight_files(checkpoint, require=require_weights)
     root = cache_root() / "views"
     target = root / f"talker-{_view_key(checkpoint, files)}"
     if (target / "config.json").exists():

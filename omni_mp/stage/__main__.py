@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             from omni_mp.models.talker_view import talker_view_dir
 
             register_talker()
-            model = str(talker_view_dir(model))
+            model = str(talker_view_dir(model, require_weights=engine_args.get("load_format") != "dummy"))
             engine_args["skip_tokenizer_init"] = True
         engine = AREngine(model, engine_args, features)
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)

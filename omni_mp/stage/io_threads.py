@@ -107,6 +107,14 @@ class InputPump(threading.Thread):
         super().__init__(name=f"stage{stage_id}-input", daemon=True)
         self.link, self.inbox, self.stop, self.stage_id = link, inbox, stop, stage_id
         self.error: BaseException | None = None
+        self._recv_s = 0.0  # receive + decode time of delivered messages, since take_recv_s()
+        self._recv_lock = threading.Lock()
+
+    def take_recv_s(self) -> float:
+        """Seconds spent receiving and decoding messages since the last call (for the timeline)."""
+        with self._recv_lock:
+            s, self._recv_s = self._recv_s, 0.0
+        return s
 
     def run(self) -> None:
         try:
@@ -114,6 +122,7 @@ class InputPump(threading.Thread):
                 if not self.link.socket.poll(POLL_MS):
                     continue
                 while not self.stop.is_set():
+                    t0 = time.perf_counter()
                     try:
                         msg: Message | InputError = self.link.recv(timeout=0)
                     except TimeoutError:
@@ -121,6 +130,8 @@ class InputPump(threading.Thread):
                     except PayloadError as err:
                         log.error("stage %d dropped an invalid message: %s", self.stage_id, err)
                         msg = InputError(err)
+                    with self._recv_lock:
+                        self._recv_s += time.perf_counter() - t0
                     self.inbox.put(msg)
         except Stopped:
             pass

@@ -89,6 +89,7 @@ class StageLoop:
         self.timeline = StepTimeline(stage.id)
         self._alive_at = time.monotonic()
         self._rows_in = 0  # step-embedding rows taken since the last step (for the timeline)
+        self._handle_s = 0.0  # engine thread: handling input messages since the last step (timeline)
         self._stop = threading.Event()
         self.inbox = Inbox(self._stop)
         # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
@@ -289,7 +290,9 @@ class StageLoop:
 
     def _drain_input(self, timeout_s: float) -> None:
         for msg in self.inbox.take(timeout_s):
+            t0 = time.perf_counter()
             self._handle(msg)
+            self._handle_s += time.perf_counter() - t0
             if not self.running:
                 return
 
@@ -398,9 +401,11 @@ class StageLoop:
                     reqs=len(chunks),
                     rows=rows + self._rows_in,
                     build_ms=(time.perf_counter() - t1) * 1000,
+                    recv_ms=self.input.take_recv_s() * 1000,
+                    handle_ms=self._handle_s * 1000,
                 )
             )
-        self._rows_in = 0
+        self._rows_in, self._handle_s = 0, 0.0
         return executed
 
     def _done(self, state: StageRequestState, finish_reason: str | None, now: float) -> StageDone:

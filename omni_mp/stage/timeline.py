@@ -4,7 +4,8 @@ One record per engine step: when it started, how long the step took, how long th
 thread waited for input before it, how many requests produced output, how many hidden-state
 or step-embedding rows moved, how long the engine thread spent building outputs, and (filled
 in by the output thread) how long encoding and sending them took and how many bytes went
-over sockets to downstream stages. Bounded: the newest
+over sockets to downstream stages; on the receive side, how long the input thread spent
+receiving and decoding messages and the engine thread handling them since the previous step. Bounded: the newest
 `MAX_STEPS` steps are kept. Written as JSON when the stage exits.
 """
 
@@ -33,6 +34,11 @@ class StepRecord(msgspec.Struct, array_like=True):
     build_ms: float  # engine thread: outputs -> messages queued
     send_ms: float = 0.0  # output thread: encode + send of this step's messages
     wire_bytes: int = 0  # bytes of them sent to downstream stages over sockets (not shared memory)
+    # Receive side, since the previous step: the input thread's receive + decode of messages
+    # (validation, tensors from buffers or shared memory), and the engine thread's handling
+    # of them (processors building rows, step embeddings handed to the engine).
+    recv_ms: float = 0.0
+    handle_ms: float = 0.0
 
 
 class StepTimeline:

@@ -167,7 +167,6 @@ class SamplingParamsMsg(msgspec.Struct, forbid_unknown_fields=True, omit_default
     seed: int | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] = 1.0
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []
-    suppress_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []  # never sampled
     ignore_eos: bool = False
     # Ids never sampled (transformers' suppress_tokens), e.g. a talker's codec_bos.
     suppress_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []
