@@ -27,7 +27,7 @@ is made from every phase file in `--out`, so phases can run in separate invocati
             (OMNI_MP_PROFILE_DIR): thinker build + send and wire bytes, talker receive +
             decode and handling (p50, microseconds), at the highest concurrency.
   nostream  the same with `wait_for_upstream: true` on the talker and token2wav (each starts a
-            request when its upstream finished it) and one-shot token2wav.
+            request when its upstream finished it; token2wav still emits its audio in chunks).
   cold0, cold1, cold2   each stage alone (same config): time to Ready.
 Outputs in --out: omni_gpu.json, omni_gpu.md (the table), omni_gpu.png (if matplotlib is
 there; the report says when it is not). `--phases ''` only re-renders the report.
@@ -283,7 +283,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "id": 2, "model": str(model), "kind": "diffusion", "devices": devs[2], "inputs": [1],
         "processor": "codec_tokens", "final_output": True, "engine_args": {"max_model_len": 4096},
         "sampling": {"seed": 0},
-        "diffusion": {"default_speaker": "Chelsie", "max_batch": min(conc, 64), "stream": stream},
+        "diffusion": {"default_speaker": "Chelsie", "max_batch": min(conc, 64)},
     }  # fmt: skip
     stages = [thinker, talker, token2wav]
     if not stream:

@@ -72,13 +72,20 @@ class _BoundTalkerInputs(Qwen25OmniTalkerInputs):
         else:
             tensors = load_tensors(model_dir, [THINKER_EMBED, CODEC_EMBED])
             self.embed, codec = tensors[THINKER_EMBED], tensors[CODEC_EMBED]
-        self.codec_pad_row = codec[self.codec_pad]
-        self.codec_bos_row = codec[self.codec_bos]
-        self.text_end_row = self.embed[int(talker["tts_text_end_token_id"])]
-        self.text_pad_row = self.embed[int(talker["tts_text_pad_token_id"])]
+        # Copies, not views: `_table` may replace the table by one in another dtype.
+        self.codec_pad_row = codec[self.codec_pad].clone()
+        self.codec_bos_row = codec[self.codec_bos].clone()
+        self.text_end_row = self.embed[int(talker["tts_text_end_token_id"])].clone()
+        self.text_pad_row = self.embed[int(talker["tts_text_pad_token_id"])].clone()
         self.speaker_bos = {name: int(entry["bos_token"]) for name, entry in load_speakers(model_dir).items()}
         self.speakers = frozenset(self.speaker_bos)
         self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else min(self.speakers)
+
+    def _table(self, dtype: torch.dtype) -> torch.Tensor:
+        """The thinker's embedding table in the dtype of its hidden states (converted once)."""
+        if self.embed.dtype != dtype:
+            self.embed = self.embed.to(dtype)
+        return self.embed
 
     def _embed(self, ids: list[int], dtype: torch.dtype, *, prompt: int = 0) -> torch.Tensor:
         """embed_t(ids); among the first `prompt` rows (the thinker's prompt), media
@@ -88,8 +95,9 @@ class _BoundTalkerInputs(Qwen25OmniTalkerInputs):
         t = torch.tensor(ids, dtype=torch.long)
         if t.numel() and not 0 <= int(t.min()) <= int(t.max()) < self.embed.shape[0]:
             raise ProcessorError(f"thinker token ids outside the vocabulary of {self.embed.shape[0]}")
-        rows = self.embed[t].to(dtype)
-        rows[:prompt][torch.isin(t[:prompt], self.placeholder_ids)] = 0
+        rows = self._table(dtype)[t]
+        if prompt:
+            rows[:prompt][torch.isin(t[:prompt], self.placeholder_ids)] = 0
         return rows
 
     def prompt(self, upstream: Mapping[int, UpstreamResult], ctx: RequestContext) -> StageInput | None:
@@ -133,7 +141,16 @@ class _BoundTalkerInputs(Qwen25OmniTalkerInputs):
         if up.hidden_rows > first:
             hidden = up.hidden_states(first)
             ids = up.output_token_ids[first - n : first - n + hidden.shape[0]]
-            parts.append(self._embed(ids, hidden.dtype) + hidden)
+            if len(ids) == 1:
+                # The streaming case: one new row per thinker step and request, handled on the
+                # talker's engine thread for every request of every thinker step. One table row
+                # (a view) + one add, instead of a gather, a cast and a mask (~4x less time).
+                tok = ids[0]
+                if not 0 <= tok < self.embed.shape[0]:
+                    raise ProcessorError(f"thinker token id {tok} outside the vocabulary of {self.embed.shape[0]}")
+                parts.append((self._table(hidden.dtype)[tok] + hidden[0])[None])
+            else:
+                parts.append(self._embed(ids, hidden.dtype) + hidden)
         if up.finished:
             # The reply's rows end at r_{N-2}; then the text-end and text-pad rows (the pad row
             # also fills every step after, see StageInput.step_fill).
