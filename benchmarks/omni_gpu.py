@@ -68,6 +68,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -370,12 +371,14 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         warm = asyncio.run(_round(coord.client_endpoint, prompts(max(args.concurrency), args.prompt_len, 1)))
         out["warmup_wall_s"] = warm["wall_s"]
         say(f"warm-up round of {max(args.concurrency)} requests: {warm['wall_s']:.1f}s")
+        windows: dict[int, tuple[float, float]] = {}
         for c in args.concurrency:
             runs = []
             for r in range(args.rounds):
                 t_last = time.time()
                 batch = prompts(c, args.prompt_len, 1000 * c + r)
                 runs.append(asyncio.run(_round(coord.client_endpoint, batch)))
+                windows[c] = (t_last, time.time())
             best = min(runs, key=lambda x: x["wall_s"])
             out[str(c)] = best
             say(
@@ -387,6 +390,34 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
             )
     # the stage processes have exited: their timelines are written
     out["transport"] = transport_summary(profile_dir, t_last)
+    out["stage_steps"] = stage_step_summary(profile_dir, windows)
+    shutil.copytree(profile_dir, args.out / f"profile-{'stream' if stream else 'nostream'}", dirs_exist_ok=True)
+    return out
+
+
+def stage_step_summary(profile_dir: Path, windows: dict[int, tuple[float, float]]) -> dict[str, Any]:
+    """Per concurrency level (its last round) and stage: engine steps, step time p50/mean, how
+    busy the engine thread was (sum of step times / round wall time) and its idle waits: the
+    slowest stage is the one busy all the time."""
+    out: dict[str, Any] = {}
+    for c, (t0, t1) in windows.items():
+        level: dict[str, Any] = {}
+        for sid in (0, 1, 2):
+            recs = _steps(profile_dir, sid, t0)
+            if isinstance(recs, str):
+                continue
+            recs = [r for r in recs if r["t"] <= t1]
+            if not recs:
+                continue
+            level[str(sid)] = {
+                "steps": len(recs),
+                "step_ms_p50": statistics.median(r["step_ms"] for r in recs),
+                "step_ms_mean": statistics.fmean(r["step_ms"] for r in recs),
+                "busy": sum(r["step_ms"] + r["build_ms"] for r in recs) / 1000 / max(t1 - t0, 1e-9),
+                "wait_ms_sum": sum(r["wait_ms"] for r in recs),
+                "reqs_per_step_mean": statistics.fmean(r["reqs"] for r in recs),
+            }
+        out[str(c)] = level
     return out
 
 
@@ -560,6 +591,19 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         )
     else:
         lines.append(f"- talker receive side: not measured ({tr.get('talker_error', 'no streaming phase')})")
+    if st.get("stage_steps"):
+        names = {"0": "thinker", "1": "talker", "2": "token2wav"}
+        lines.append("\nengine steps per stage (streaming, last round of each level): steps, step p50 / mean ms, busy")
+        lines.append("| concurrency | " + " | ".join(names.values()) + " |")
+        lines.append("|---|---|---|---|")
+        for c, level in st["stage_steps"].items():
+            cells = [
+                f"{v['steps']} steps, {v['step_ms_p50']:.1f} / {v['step_ms_mean']:.1f} ms, busy {100 * v['busy']:.0f}%"
+                if (v := level.get(sid))
+                else "-"
+                for sid in names
+            ]
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
     colds = {k: v["ready_s"] for k, v in results.items() if k.startswith("cold") and "ready_s" in v}
     if "cold_start_s" in st:
         alone = ", ".join(f"stage {k[4:]} {v:.1f} s" for k, v in sorted(colds.items())) or "not measured"
