@@ -80,7 +80,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ["hf", "stream", "nostream", "cold0", "cold1", "cold2"]
+PHASES = ["hf", "stream", "nostream", "cold0", "cold1", "cold2", "t2w_tf32"]
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15  # kept at the end of --deadline-s for the report
 CODEC_IDS = 8192  # real codec ids; the rest of the talker's 8448 are control ids (pad, bos, eos, ...)
@@ -284,7 +284,9 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "id": 2, "model": str(model), "kind": "diffusion", "devices": devs[2], "inputs": [1],
         "processor": "codec_tokens", "final_output": True, "engine_args": {"max_model_len": 4096},
         "sampling": {"seed": 0},
-        "diffusion": {"default_speaker": "Chelsie", "max_batch": min(conc, 64)},
+        "diffusion": {
+            "default_speaker": "Chelsie", "max_batch": min(conc, 64), "float32_matmul": args.token2wav_matmul,
+        },
     }  # fmt: skip
     stages = [thinker, talker, token2wav]
     if not stream:
@@ -392,6 +394,43 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     out["transport"] = transport_summary(profile_dir, t_last)
     out["stage_steps"] = stage_step_summary(profile_dir, windows)
     shutil.copytree(profile_dir, args.out / f"profile-{'stream' if stream else 'nostream'}", dirs_exist_ok=True)
+    return out
+
+
+def run_t2w_precision(args: argparse.Namespace) -> dict[str, Any]:
+    """token2wav at the benchmark's size on the GPU, one request of --talker-codes codes, the
+    same noise: exact fp32 matmuls vs TF32 ("high"): time and the waveform's relative L2
+    difference. What `diffusion.float32_matmul: high` trades for speed."""
+    import torch
+    from transformers import Qwen2_5OmniConfig
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
+
+    from omni_mp.models.checkpoint import load_prefixed, load_speakers
+
+    path = model_dir(args)
+    config = Qwen2_5OmniConfig.from_pretrained(path).token2wav_config
+    with torch.device("cuda"):
+        t2w = Qwen2_5OmniToken2WavModel._from_config(config, dtype=torch.float32).eval()
+    t2w.load_state_dict(load_prefixed(path, "token2wav."), strict=False)
+    spk = load_speakers(path)["Chelsie"]
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, config.dit_config.num_embeds, (1, args.talker_codes), generator=gen).cuda()
+    out: dict[str, Any] = {"codes": args.talker_codes}
+    wavs = {}
+    for precision in ("highest", "high", "highest", "high"):  # the first pair warms up
+        torch.set_float32_matmul_precision(precision)
+        torch.manual_seed(0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            wav = t2w(codes, spk["cond"].cuda().float(), spk["ref_mel"].cuda().float())
+        torch.cuda.synchronize()
+        out[f"{precision}_s"] = time.perf_counter() - t0
+        wavs[precision] = wav.float().cpu()
+    a, b = wavs["highest"], wavs["high"]
+    out["rel_l2"] = float((a - b).norm() / a.norm())
+    say(f"t2w_tf32: {args.talker_codes} codes: fp32 {out['highest_s']:.3f}s, TF32 {out['high_s']:.3f}s, "
+        f"rel. L2 difference {out['rel_l2']:.2e}")  # fmt: skip
     return out
 
 
@@ -528,7 +567,15 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"Sizes: {sizes_line(args)}. The talker is transformers' default Qwen2_5OmniConfig talker, which is "
         "thinker-sized (the released 7B checkpoint's talker is much smaller: hidden 896, 24 layers), "
         "so the talker costs about what the thinker does, in both omni_mp and transformers.",
+        f"token2wav float32 matmuls: {args.token2wav_matmul} "
+        f"({'exact fp32' if args.token2wav_matmul == 'highest' else 'TF32'})",
     ]
+    t2w = results.get("t2w_tf32", {})
+    if "rel_l2" in t2w:
+        lines.append(
+            f"token2wav alone, {t2w['codes']} codes: fp32 {t2w['highest_s']:.3f} s, TF32 {t2w['high_s']:.3f} s "
+            f"({t2w['highest_s'] / t2w['high_s']:.2f}x), waveform relative L2 difference {t2w['rel_l2']:.2e}"
+        )
     budgets = results.get("stream", {}).get("budgets_gib") or results.get("nostream", {}).get("budgets_gib")
     if budgets:
         lines.append(f"GPU memory budgets, thinker / talker / token2wav: {' / '.join(f'{b:g}' for b in budgets)} GiB")
@@ -716,6 +763,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--thinker-tokens", type=int, default=128)
     p.add_argument("--talker-codes", type=int, default=200, help="codes per request (50 = 1 s of audio)")
     p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument(
+        "--token2wav-matmul",
+        choices=["highest", "high"],
+        default="highest",
+        help="token2wav's float32 matmuls: exact (highest, as transformers) or TF32 (high)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
     p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")
     p.add_argument("--budgets-gib", help="thinker,talker,token2wav GPU budgets (default: SHARES of the device)")
@@ -756,6 +809,8 @@ def main() -> int:
             data = run_hf(args)
         elif args.phase in ("stream", "nostream"):
             data = run_pipeline(args, args.phase == "stream")
+        elif args.phase == "t2w_tf32":
+            data = run_t2w_precision(args)
         else:
             data = run_cold(args, int(args.phase[4:]))
         (args.out / f"{args.phase}.json").write_text(json.dumps(data))

@@ -73,6 +73,8 @@ class DiffusionEngine:
             else:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
         self.core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        # After vLLM's worker init (which sets its own default); the model runs in this process.
+        torch.set_float32_matmul_precision(cfg.float32_matmul)
         self.batcher = self.core.scheduler.batcher
         self.model = self.core.collective_rpc("get_model")[0]
         self.sample_rate: int = self.model.sample_rate

@@ -52,3 +52,6 @@ class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     streaming: StreamingConfig = StreamingConfig()
     max_batch: Annotated[int, Meta(ge=1, le=1024)] = 16  # trajectories advanced together in one step
     max_input_len: Annotated[int, Meta(ge=1)] = 4096  # codes per request (memory bound, checked on arrival)
+    # float32 matmuls on CUDA: "highest" is exact fp32, as transformers runs token2wav; "high"
+    # lets them use TF32 tensor cores (a 10-bit mantissa: faster, not bit-comparable).
+    float32_matmul: Literal["highest", "high"] = "highest"
