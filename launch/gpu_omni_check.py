@@ -8,7 +8,8 @@ the talker codes and the audio agree; with `--oracle`, also against transformers
     python launch/gpu_omni_check.py --gpus 2       # thinker on GPU 0, talker + token2wav on GPU 1
     python launch/gpu_omni_check.py --gpus 0       # CPU: torch.compile without graphs
 
-Exit code 0 when eager and graphs agree everywhere, 1 otherwise.
+Exit code 0 when eager and graphs agree everywhere, 1 otherwise. On hosts whose vLLM lacks
+`blake3` (the lent GPU machines), set VLLM_MM_HASHER_ALGORITHM=sha256 (vLLM hashes media).
 """
 
 from __future__ import annotations
