@@ -439,13 +439,14 @@ def stage_step_summary(profile_dir: Path, windows: dict[int, tuple[float, float]
     busy the engine thread was (sum of step times / round wall time) and its idle waits: the
     slowest stage is the one busy all the time."""
     out: dict[str, Any] = {}
+    since = min((t0 for t0, _ in windows.values()), default=0.0)
+    timelines = {sid: _steps(profile_dir, sid, since) for sid in (0, 1, 2)}  # each file read once
     for c, (t0, t1) in windows.items():
         level: dict[str, Any] = {}
-        for sid in (0, 1, 2):
-            recs = _steps(profile_dir, sid, t0)
-            if isinstance(recs, str):
+        for sid, all_recs in timelines.items():
+            if isinstance(all_recs, str):
                 continue
-            recs = [r for r in recs if r["t"] <= t1]
+            recs = [r for r in all_recs if t0 <= r["t"] <= t1]
             if not recs:
                 continue
             level[str(sid)] = {
