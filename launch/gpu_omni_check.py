@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
 import math
 import sys
@@ -24,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
@@ -34,20 +32,11 @@ from omni_mp.client import AsyncOmniClient  # noqa: E402
 from omni_mp.config import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
 from omni_mp.wire.payload import Finished, SamplingParamsMsg  # noqa: E402
+from tests.synthetic_media import pattern, tone  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 THINKER_TOKENS = 48  # the YAML's stage 0 max_tokens
 AUDIO_RTOL = 1e-3  # relative L2 between the two runs' waveforms (same codes, same seed)
-
-
-def tone(seconds: float = 2.0, rate: int = 16_000) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * math.pi * (220 + 110 * t) * t)).astype(np.float32)
-
-
-def pattern(size: int = 56) -> np.ndarray:
-    y, x = np.mgrid[0:size, 0:size]
-    return np.stack([(x * 4) % 256, (y * 4) % 256, ((x + y) * 2) % 256], axis=-1).astype(np.uint8)
 
 
 REQUESTS: list[dict[str, Any]] = [
@@ -65,7 +54,6 @@ REQUESTS: list[dict[str, Any]] = [
 def config(eager: bool, gpus: int) -> Any:
     """The YAML's pipeline with every stage on the GPU(s) (gpus 0: on the CPU, as in the YAML)."""
     raw = yaml.safe_load((REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml").read_text())
-    raw = copy.deepcopy(raw)
     raw["name"] = f"tiny_qwen2_5_omni_{'eager' if eager else 'graphs'}"
     for stage in raw["stages"]:
         args = stage.setdefault("engine_args", {})

@@ -56,6 +56,14 @@ def assert_same_tokens(got: list[int], want: list[int], margins: list[float], wh
     )
 
 
+def assert_close_audio(got: torch.Tensor, want: torch.Tensor) -> None:
+    """A streamed waveform against transformers' one-shot one: float32, the same length, and a
+    relative L2 error within the streamed-vs-one-shot tolerance of test_diffusion_engine."""
+    assert got.dtype == torch.float32 and got.shape == want.shape, (got.shape, want.shape)
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel <= 1e-3, f"relative L2 error {rel:.2e} against transformers"
+
+
 def greedy_hidden(model_dir: str | Path, prompt_ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
     """`n` greedy tokens and, per `output_hidden_states` index, the hidden states of every
     token the model computed: the prompt and the generated tokens but the last, [L+n-1, H]."""

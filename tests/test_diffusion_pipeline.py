@@ -21,7 +21,7 @@ from omni_mp.client import OmniClient
 from omni_mp.engines.diffusion.params import DiffusionParams
 from omni_mp.models.tiny import resolve_model
 from omni_mp.wire.payload import Finished, SamplingParamsMsg
-from tests.hf_oracle import greedy, token2wav, tokenize
+from tests.hf_oracle import assert_close_audio, greedy, token2wav, tokenize
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 
 pytestmark = pytest.mark.engine
@@ -35,12 +35,6 @@ def oracle(prompt: str, seed: int) -> torch.Tensor:
     m0 = resolve_model("tiny-qwen2")
     codes, _ = greedy(m0, tokenize(m0, prompt), N)
     return token2wav(resolve_model("tiny-token2wav"), codes, DiffusionParams(seed=seed, speaker="Chelsie"))
-
-
-def assert_close_audio(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.dtype == torch.float32 and got.shape == want.shape
-    rel = ((got - want).norm() / want.norm()).item()
-    assert rel <= 1e-3, f"relative L2 error {rel:.2e} against transformers"
 
 
 @pytest.fixture(scope="module")

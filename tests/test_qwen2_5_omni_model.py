@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -23,19 +22,10 @@ from omni_mp.models.qwen2_5_omni import (
 )
 from omni_mp.models.tiny import resolve_model
 from tests.hf_oracle import omni_generate, omni_inputs
+from tests.synthetic_media import pattern, tone
 
 THINKER_TOKENS = 16
 MIN_MARGIN = 1e-5  # below this a top-2 tie may flip on rounding alone
-
-
-def tone(seconds: float = 2.0, rate: int = 16_000) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * math.pi * (220 + 110 * t) * t)).astype(np.float32)
-
-
-def pattern(size: int = 56) -> np.ndarray:
-    y, x = np.mgrid[0:size, 0:size]
-    return np.stack([(x * 4) % 256, (y * 4) % 256, ((x + y) * 2) % 256], axis=-1).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import math
 import subprocess
 import sys
 import time
@@ -28,30 +27,15 @@ from omni_mp.audio import read_wav
 from omni_mp.client import OmniClient, RequestError
 from omni_mp.models.tiny import resolve_model
 from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk
-from tests.hf_oracle import assert_same_tokens, omni_generate
+from tests.hf_oracle import assert_close_audio, assert_same_tokens, omni_generate
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
 
 CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 THINKER_TOKENS = 48  # stage 0's max_tokens in the YAML
 MIN_MARGIN = 1e-5  # below this a top-2 tie may flip on rounding alone: pick other prompts
-
-
-def tone(seconds: float = 2.0, rate: int = 16_000) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * math.pi * (220 + 110 * t) * t)).astype(np.float32)
-
-
-def pattern(size: int = 56) -> np.ndarray:
-    y, x = np.mgrid[0:size, 0:size]
-    return np.stack([(x * 4) % 256, (y * 4) % 256, ((x + y) * 2) % 256], axis=-1).astype(np.uint8)
-
-
-def assert_close_audio(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.dtype == torch.float32 and got.shape == want.shape, (got.shape, want.shape)
-    rel = ((got - want).norm() / want.norm()).item()
-    assert rel <= 1e-3, f"relative L2 error {rel:.2e} against transformers"
 
 
 def check_against_transformers(
