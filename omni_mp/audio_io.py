@@ -31,9 +31,9 @@ class AudioFileError(ValueError):
     """An audio file that cannot be used; the message names the file and why."""
 
 
-def _check_rate(rate: int, what: str) -> None:
+def _check_rate(rate: int, what: str, error: type[ValueError] = ValueError) -> None:
     if not MIN_RATE <= rate <= MAX_RATE:
-        raise ValueError(f"{what}: sample rate {rate} Hz is outside {MIN_RATE}..{MAX_RATE} Hz")
+        raise error(f"{what}: sample rate {rate} Hz is outside {MIN_RATE}..{MAX_RATE} Hz")
 
 
 def downmix(frames: np.ndarray) -> np.ndarray:
@@ -66,7 +66,7 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
         raise AudioFileError(f"{p}: not a readable audio file ({reason})") from None
     if frames.shape[0] == 0:
         raise AudioFileError(f"{p}: no audio samples")
-    _check_rate(rate, str(p))
+    _check_rate(rate, str(p), AudioFileError)
     samples = downmix(frames)
     if not np.isfinite(samples).all():
         raise AudioFileError(f"{p}: samples must be finite (NaN or infinity found)")
