@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omni_mp.audio import read_wav
+from omni_mp.audio_io import read_audio
 from omni_mp.wire.payload import AudioInput, ImageInput, MultiModalInput
 
-AudioLike = str | Path | tuple[torch.Tensor | np.ndarray, int]  # a WAV file, or (samples, sample_rate)
+AudioLike = str | Path | tuple[torch.Tensor | np.ndarray, int]  # an audio file (WAV, FLAC, ...), or (samples, rate)
 ImageLike = str | Path | torch.Tensor | np.ndarray  # an image file (PNG, JPEG, ...), or uint8 [H, W, 3]
 
 
@@ -26,7 +26,7 @@ def read_image(path: str | Path) -> torch.Tensor:
 def multi_modal_input(audios: Sequence[AudioLike] = (), images: Sequence[ImageLike] = ()) -> MultiModalInput | None:
     out = MultiModalInput()
     for a in audios:
-        samples, rate = read_wav(a) if isinstance(a, str | Path) else a
+        samples, rate = read_audio(a) if isinstance(a, str | Path) else a
         out.audios.append(
             AudioInput(samples=torch.as_tensor(samples, dtype=torch.float32).reshape(-1), sample_rate=rate)
         )
