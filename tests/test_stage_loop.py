@@ -35,7 +35,7 @@ from omni_mp.wire.payload import (
 )
 from omni_mp.wire.transport import MessageReceiver, MessageSender
 from tests.hf_oracle import greedy, tokenize
-from tests.launcher import in_process_engine
+from tests.launcher import engine_is_empty, in_process_engine
 
 pytestmark = pytest.mark.engine
 
@@ -137,7 +137,7 @@ class Harness:
         assert not self.thread.is_alive()
         engine = self.loop.engine
         engine.abort(list(self.loop.requests))
-        while engine.has_work():  # leave the shared engine empty for the next test
+        while not engine_is_empty(engine):  # leave the shared engine empty for the next test
             engine.step()
         for link in [self.upstream, self.events, *self._links]:
             link.close()
@@ -221,7 +221,7 @@ def test_a_full_orphan_buffer_fails_the_request_it_cannot_keep(harness: Harness)
 
 def _drop_rows_of(loop: StageLoop, rid: str, at_call: int) -> None:
     """Fault injection: lose one step's captured rows of `rid` (a gap in its hidden states)."""
-    collect, calls = loop.engine.collect_hidden, {"n": 0}
+    collect, calls = loop.engine.io.collect, {"n": 0}
 
     def lossy(finishing: set[str]) -> dict[str, Any]:
         out = collect(finishing)
@@ -231,7 +231,7 @@ def _drop_rows_of(loop: StageLoop, rid: str, at_call: int) -> None:
                 del out[rid]
         return out
 
-    loop.engine.collect_hidden = lossy
+    loop.engine.io.collect = lossy
 
 
 @pytest.mark.harness(tweak=lambda loop: _drop_rows_of(loop, "gap", 3))
@@ -247,7 +247,7 @@ def test_a_hidden_row_gap_fails_that_request_only(harness: Harness) -> None:
     harness.feed("next", prompt_ids())
     harness.wait_for(done_of("next"))
     try:
-        del harness.loop.engine.collect_hidden  # back to the engine's own method
+        del harness.loop.engine.io.collect  # back to the engine's own method
     except AttributeError:
         pass
 
