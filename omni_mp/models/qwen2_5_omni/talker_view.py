@@ -3,7 +3,7 @@
 vLLM 0.25.0 has no talker model, and a full omni directory resolves to its thinker. The view is a
 small directory of our own: `config.json` is the checkpoint's `talker_config` as a standalone
 config (model_type `qwen2_5_omni_talker`, which transformers' AutoConfig knows) naming our vLLM
-model class (`omni_mp.engines.vllm_hooks_talker`, registered by `register_talker()`), and the
+model class (`omni_mp.models.qwen2_5_omni.vllm_hooks_talker`, registered by `register_talker()`), and the
 weight files are symlinks to the checkpoint's own (the model loads only `talker.*` keys).
 
 `projection_size` = `embedding_size`: vLLM sizes its persistent `inputs_embeds` buffer by
@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from omni_mp.models.tiny import _file_lock, cache_root
+from omni_mp.models.cache import cache_root, file_lock
 
 TALKER_ARCH = "OmniMpQwen2_5OmniTalker"  # the name register_talker() gives our vLLM model class
 VIEW_VERSION = 1  # bump when the view's contents change
@@ -82,7 +82,7 @@ def talker_view_dir(checkpoint_dir: str | Path, *, require_weights: bool = True)
     target = root / f"talker-{_view_key(checkpoint, files)}"
     if (target / "config.json").exists():
         return target
-    with _file_lock(root / f".{target.name}.lock"):
+    with file_lock(root / f".{target.name}.lock"):
         if (target / "config.json").exists():
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
