@@ -280,7 +280,7 @@ def plan_memory(
 ) -> MemoryPlan:
     """Check every budget of `cfg` against `devices` (None: device totals unknown, that check
     is skipped) and the stages' needs; raise MemoryBudgetError naming every problem."""
-    from omni_mp.models.tiny import resolve_model
+    from omni_mp.models.registry import resolve_model
 
     estimate = needs or (lambda s: estimate_needs(s, Path(resolve_model(s.model))))
     problems: list[str] = []
