@@ -32,7 +32,7 @@ import zmq
 
 from omni_mp.audio import AUDIO_KEY, AudioParts
 from omni_mp.config import PipelineConfig
-from omni_mp.control.endpoints import CONTROL_HWM, RunEndpoints, new_run_id
+from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.memory_budget import resolve_memory_budgets
 from omni_mp.control.ray_placement import RayPlacement
@@ -61,7 +61,7 @@ from omni_mp.wire.payload import (
     StatusRequest,
     Submit,
 )
-from omni_mp.wire.transport import MessageReceiver, MessageSender
+from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.control.coordinator")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
 from omni_mp.control.endpoints import RunEndpoints
-from omni_mp.control.procutil import popen
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
+from omni_mp.procs import popen
 
 
 def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None) -> dict[str, str]:

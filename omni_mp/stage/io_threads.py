@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import zmq
 
-from omni_mp.control.endpoints import CONTROL_HWM
 from omni_mp.wire.payload import (
     Abort,
     Connect,
@@ -40,7 +39,7 @@ from omni_mp.wire.payload import (
     StageRequest,
 )
 from omni_mp.wire.shm_pool import ShmPoolConfig
-from omni_mp.wire.transport import MessageReceiver, MessageSender
+from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.stage")
 
