@@ -58,8 +58,10 @@ def test_a_stage_that_hangs_before_it_is_ready_is_killed(tmp_path: Path) -> None
         pid = h.pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
-        assert sup.check(h.spawned_at + 1.0, set()) == []
-        deaths = sup.check(h.spawned_at + 2.5, set())
+        assert h.run is not None
+        spawned_at = h.run.spawned_at
+        assert sup.check(spawned_at + 1.0, set()) == []
+        deaths = sup.check(spawned_at + 2.5, set())
         assert [sid for sid, _ in deaths] == [0] and "not ready 2s after it started" in deaths[0][1]
     finally:
         h.kill()
