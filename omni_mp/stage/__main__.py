@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
 
-    from omni_mp.control.procutil import die_with_parent
+    from omni_mp.procs import die_with_parent
 
     die_with_parent(args.parent_pid)
     cores = os.environ.get("OMNI_MP_CPU_CORES")
@@ -58,11 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     import zmq
 
     from omni_mp.config import config_from_json
-    from omni_mp.control.endpoints import CONTROL_HWM
     from omni_mp.keys import STAGE_DOMAIN, SecureContext, pipeline_identity
     from omni_mp.stage.io_threads import Heartbeater
     from omni_mp.wire.payload import Ready
-    from omni_mp.wire.transport import MessageReceiver, MessageSender
+    from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
     cfg = config_from_json(os.environ["OMNI_MP_PIPELINE_CONFIG"])
     stage = cfg.stage(args.stage_id)
