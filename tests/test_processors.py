@@ -15,7 +15,7 @@ def test_hidden_rows_by_range_touch_only_their_chunks() -> None:
     up = UpstreamResult(stage_id=0)
     full = torch.arange(40.0).reshape(20, 2)
     for a, b in [(0, 7), (7, 8), (8, 15), (15, 20)]:
-        up.add_hidden(full[a:b])
+        up.hidden.append(full[a:b])
     for start in range(20):
         for end in range(start + 1, 21):
             assert torch.equal(up.hidden_states(start, end), full[start:end])
@@ -28,14 +28,14 @@ def test_thinker_to_talker_builds_prompt_then_streams_step_rows() -> None:
     rows = torch.randn(9, 4)
     assert proc.prompt({0: up}, CTX) is None  # nothing yet
     up.prompt_token_ids = [1, 2, 3, 4, 5]
-    up.add_hidden(rows[:3])
+    up.hidden.append(rows[:3])
     assert proc.prompt({0: up}, CTX) is None  # the prompt's rows are not all there
-    up.add_hidden(rows[3:6])
+    up.hidden.append(rows[3:6])
     prompt = proc.prompt({0: up}, CTX)
     assert prompt is not None and torch.equal(prompt.prompt_embeds, rows[:5])
     got, complete = proc.step_embeds({0: up}, 0)
     assert torch.equal(got, rows[5:6]) and not complete
-    up.add_hidden(rows[6:9])
+    up.hidden.append(rows[6:9])
     up.finished = True
     got, complete = proc.step_embeds({0: up}, 1)
     assert torch.equal(got, rows[6:9]) and complete
@@ -72,7 +72,7 @@ def test_codec_tokens_start_on_the_first_ids_and_drop_the_stop_token() -> None:
 
 def _omni_upstream(prompt: list[int], reply: list[int], hidden: torch.Tensor, finished: bool) -> UpstreamResult:
     up = UpstreamResult(stage_id=0, prompt_token_ids=prompt, output_token_ids=list(reply), finished=finished)
-    up.add_hidden(hidden)
+    up.hidden.append(hidden)
     return up
 
 
