@@ -1,6 +1,6 @@
 """Layering: a stage process imports nothing of the control plane (what both need lives in
-`omni_mp.procs` and `omni_mp.wire`), and the control plane names no `vllm_hooks*` module (vLLM
-internals are reached only through an engine or a model family)."""
+`omni_mp.procs` and `omni_mp.wire`), and neither the control plane nor the stage loop names a
+`vllm_hooks*` module (vLLM internals are reached only through an engine or a model family)."""
 
 from __future__ import annotations
 
@@ -75,10 +75,13 @@ def test_the_stage_process_imports_nothing_of_the_control_plane(module: str) -> 
     assert not loaded, f"importing {module} loads {sorted(loaded)}"
 
 
-@pytest.mark.parametrize("module", sorted(CONTROL))
-def test_the_control_plane_names_no_vllm_hooks_module(module: str) -> None:
-    package = module if CONTROL[module].stem == "__init__" else module.rsplit(".", 1)[0]
-    named = {n for n in named_imports(CONTROL[module].read_text(), package) if is_vllm_hooks(n)}
+@pytest.mark.parametrize("module", sorted({**CONTROL, **STAGE}))
+def test_neither_plane_names_a_vllm_hooks_module(module: str) -> None:
+    """The stage loop reaches vLLM only through the engine protocol (omni_mp.engines.base),
+    the control plane not at all: vLLM internals stay in the `vllm_hooks*` modules."""
+    path = {**CONTROL, **STAGE}[module]
+    package = module if path.stem == "__init__" else module.rsplit(".", 1)[0]
+    named = {n for n in named_imports(path.read_text(), package) if is_vllm_hooks(n)}
     assert not named, f"{module} imports {sorted(named)}"
 
 
