@@ -60,8 +60,17 @@ def test_every_reference_resolves() -> None:
     for family in registry.families():
         for kind in registry.KINDS:
             for name, ref in getattr(family, kind).items():
-                target = load_ref(ref)  # prompt formats are objects, the rest classes or functions
-                assert kind == "prompt_formats" or callable(target), (family.name, kind, name, ref)
+                target = load_ref(ref)  # prompt formats and sizings are objects, the rest classes or functions
+                assert kind in ("prompt_formats", "checkpoint_types") or callable(target), (
+                    family.name,
+                    kind,
+                    name,
+                    ref,
+                )
+    for model_type in registry.names("checkpoint_types"):
+        sizing = registry.checkpoint_sizing(model_type)
+        assert sizing is not None and callable(sizing.part) and callable(sizing.diffusion_activations)
+    assert registry.checkpoint_sizing("qwen2") is None  # a plain causal LM: sized whole
     for name in registry.names("processors"):
         assert isinstance(registry.stage_processor(name), StageProcessor)
         assert registry.stage_processor(name) is registry.stage_processor(name)  # one shared instance

@@ -28,6 +28,8 @@ class Family(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     diffusion_models: dict[str, str] = {}
     # built-in checkpoint name (a stage's `model:`) -> a function (name) -> its built dir
     builtin_models: dict[str, str] = {}
+    # a checkpoint's config.json `model_type` -> its CheckpointSizing (GPU memory planning)
+    checkpoint_types: dict[str, str] = {}
 
 
 class PromptFormat(Protocol):
@@ -51,6 +53,31 @@ class ModelPart(Protocol):
     def __call__(self, model_dir: str, engine_args: dict[str, Any]) -> EngineModel:
         """The engine model of this part of the checkpoint in `model_dir` (registering any
         vLLM model class of ours it needs)."""
+        ...
+
+
+class CheckpointSizing(Protocol):
+    """How the memory planner sizes a stage on one of the family's checkpoints (a checkpoint
+    of no family is sized whole, as a causal LM)."""
+
+    def part(self, stage: Any) -> str:
+        """The part of the checkpoint the stage runs: its weights' name prefix ('all': whole)."""
+        ...
+
+    def skipped(self, stage: Any, part: str) -> set[str]:
+        """Weight-name prefixes inside `part` the engine does not build for this stage."""
+        ...
+
+    def meta_model(self, config: Any, part: str) -> tuple[type, Any]:
+        """`part`'s Hugging Face class and config (its parameter count without weights)."""
+        ...
+
+    def text_config(self, config: dict[str, Any], part: str) -> dict[str, Any]:
+        """The config of `part`'s decoder (an AR stage's KV cache and activations)."""
+        ...
+
+    def diffusion_activations(self, stage: Any, config: dict[str, Any]) -> int:
+        """Activation bytes of a diffusion stage on this checkpoint."""
         ...
 
 

@@ -13,7 +13,7 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from omni_mp.models.family import EngineModel, Family, PromptFormat, load_ref
+from omni_mp.models.family import CheckpointSizing, EngineModel, Family, PromptFormat, load_ref
 
 if TYPE_CHECKING:
     import torch
@@ -39,14 +39,17 @@ FAMILY_PACKAGES: tuple[str, ...] = (
     "omni_mp.models.qwen2_5_omni",
 )  # fmt: skip
 
-Kind = Literal["processors", "prompt_formats", "model_parts", "diffusion_models", "builtin_models"]
-KINDS: tuple[Kind, ...] = ("processors", "prompt_formats", "model_parts", "diffusion_models", "builtin_models")
+Kind = Literal["processors", "prompt_formats", "model_parts", "diffusion_models", "builtin_models", "checkpoint_types"]
+KINDS: tuple[Kind, ...] = (
+    "processors", "prompt_formats", "model_parts", "diffusion_models", "builtin_models", "checkpoint_types"
+)  # fmt: skip
 _WHAT = {
     "processors": "processor",
     "prompt_formats": "prompt format",
     "model_parts": "model part",
     "diffusion_models": "diffusion model type",
     "builtin_models": "built-in model",
+    "checkpoint_types": "checkpoint model_type",
 }
 
 
@@ -120,3 +123,11 @@ def resolve_model(name_or_path: str) -> str:
     if name_or_path in names("builtin_models"):
         return str(builtin_model(name_or_path))
     return name_or_path
+
+
+def checkpoint_sizing(model_type: str) -> CheckpointSizing | None:
+    """How to size a checkpoint of `model_type` (config.json) for GPU memory planning; None:
+    no family claims it (it is sized whole, as a causal LM)."""
+    if model_type not in names("checkpoint_types"):
+        return None
+    return load_ref(_ref("checkpoint_types", model_type))

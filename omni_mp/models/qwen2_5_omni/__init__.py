@@ -6,6 +6,7 @@
   loaded from a `talker_view` of the checkpoint.
 - `token2wav`: the DiT + BigVGAN as a DiffusionModel (`diffusion.model_type: qwen2_5_omni_token2wav`).
 - `speakers`: the checkpoint's `spk_dict.pt`.
+- `sizing`: what the GPU memory planner needs to know of its checkpoints.
 - `tiny` (tests) and `shapes` (benchmarks): checkpoint dirs written locally; never imported
   at run time but through the registry's built-in names.
 
@@ -23,6 +24,7 @@ FAMILY = Family(
     prompt_formats={"qwen2_5_omni": f"{_PKG}.prompt:PROMPT_FORMAT"},
     model_parts={"talker": f"{_PKG}.vllm_hooks_talker:talker_engine_model"},
     diffusion_models={"qwen2_5_omni_token2wav": f"{_PKG}.token2wav:Token2WavModel.from_checkpoint"},
+    checkpoint_types={"qwen2_5_omni": f"{_PKG}.sizing:SIZING"},
     builtin_models={
         name: f"{_PKG}.tiny:build_named" for name in ("tiny-qwen2_5-omni", "tiny-token2wav", "token2wav-default-size")
     },
