@@ -377,8 +377,8 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
         raise ConfigError(f"`stages[{where}].ray_resources`: only with `placement.kind: ray`")
     if cfg.endpoints.transport == "tcp" and cfg.security.keys is None:
         raise ConfigError(
-            "`security.keys`: tcp endpoints require CURVE keys; create a key directory with `omni-mp keys DIR` "
-            "and name it here"
+            "`security.keys`: tcp endpoints need CURVE keys: create them with `omni-mp keys DIR --client NAME` "
+            "and set `security: {keys: DIR}` here"
         )
     if cfg.security.keys is not None:
         from omni_mp.keys import KeyFileError, pipeline_identity
@@ -392,6 +392,18 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
     if not cfg.final_stages:
         raise ConfigError("`stages`: no stage has `final_output: true`")
     return cfg
+
+
+def check_models(cfg: PipelineConfig) -> None:
+    """Every stage's `model` is a built-in name or a checkpoint dir on this host (placement
+    local; Ray nodes hold their own). Cheap: checked before anything imports vLLM or starts."""
+    if cfg.placement.kind != "local":
+        return
+    for i, s in enumerate(cfg.stages):
+        try:
+            registry.check_model(s.model)
+        except registry.RegistryError as err:
+            raise ConfigError(f"`stages[{i}].model`: {err}") from None
 
 
 def _check_acyclic(cfg: PipelineConfig) -> None:
