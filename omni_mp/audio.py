@@ -16,8 +16,7 @@ from pathlib import Path
 
 import torch
 
-AUDIO_KEY = "audio"
-SAMPLE_RATE_KEY = "sample_rate"
+from omni_mp.wire.messages import AUDIO_KEY, SAMPLE_RATE_KEY
 
 
 def audio_info(samples: torch.Tensor, sample_rate: int) -> dict[str, torch.Tensor | int]:

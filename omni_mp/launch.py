@@ -25,7 +25,7 @@ from pathlib import Path
 import msgspec
 
 from omni_mp.audio import write_wav
-from omni_mp.wire.payload import Finished
+from omni_mp.wire.messages import Finished
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 

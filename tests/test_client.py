@@ -10,15 +10,8 @@ import zmq
 import zmq.asyncio
 
 from omni_mp.client import STREAM_QUEUE, AsyncOmniClient, RequestError
-from omni_mp.wire.payload import (
-    Abort,
-    StageOutputChunk,
-    StatusReply,
-    StatusRequest,
-    Submit,
-    decode,
-    encode,
-)
+from omni_mp.wire.codec import decode, encode
+from omni_mp.wire.messages import Abort, StageOutputChunk, StatusReply, StatusRequest, Submit
 
 
 async def _serve(router: zmq.asyncio.Socket, seen: list[object]) -> None:

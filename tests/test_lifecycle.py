@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from omni_mp.client import OmniClient, RequestError
-from omni_mp.wire.payload import SamplingParamsMsg
+from omni_mp.wire.messages import SamplingParamsMsg
 from tests.launcher import REPO, abstract_sockets_of, serve
 
 pytestmark = pytest.mark.engine

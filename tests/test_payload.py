@@ -1,4 +1,4 @@
-"""Codec round trips (hypothesis, bit-exact) and adversarial inputs for omni_mp.wire.payload."""
+"""Codec round trips (hypothesis, bit-exact) and adversarial inputs for omni_mp.wire.codec."""
 
 from __future__ import annotations
 
@@ -14,18 +14,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_mp.wire.payload import (
-    DEFAULT_LIMITS,
+from omni_mp.wire.codec import DEFAULT_LIMITS, Limits, PayloadError, decode, encode, validate
+from omni_mp.wire.messages import (
     MESSAGE_TYPES,
     PACKED_ROWS,
-    SUPPORTED_DTYPES,
     Abort,
     ErrorEvent,
     Finished,
     Heartbeat,
-    Limits,
     MessageBase,
-    PayloadError,
     PromptEmbeds,
     Ready,
     SamplingParamsMsg,
@@ -35,10 +32,8 @@ from omni_mp.wire.payload import (
     StageRequest,
     StageResult,
     TensorRef,
-    decode,
-    encode,
-    validate,
 )
+from omni_mp.wire.torch_tensors import TORCH_DTYPES as SUPPORTED_DTYPES
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -358,7 +353,7 @@ def test_huge_tensor_header_allocates_nothing() -> None:
     script = textwrap.dedent(
         """
         import resource, msgspec
-        from omni_mp.wire.payload import Limits, PayloadError, decode
+        from omni_mp.wire.codec import Limits, PayloadError, decode
         huge = {"dtype": "float32", "shape": [10**6, 10**6], "nbytes": 4 * 10**12, "loc": 1}
         body = msgspec.msgpack.encode({"t": "StageRequest", "request_id": "r", "stage_id": 0,
                                        "additional_information": {"h": huge}})

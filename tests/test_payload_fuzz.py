@@ -6,19 +6,11 @@ import functools
 import random
 import time
 
+import numpy as np
 import torch
 
-from omni_mp.wire.payload import (
-    Abort,
-    Limits,
-    PayloadError,
-    PromptEmbeds,
-    SamplingParamsMsg,
-    StageOutputChunk,
-    StageRequest,
-    decode,
-    encode,
-)
+from omni_mp.wire.codec import Limits, PayloadError, decode, encode
+from omni_mp.wire.messages import Abort, PromptEmbeds, SamplingParamsMsg, StageOutputChunk, StageRequest
 from omni_mp.wire.shm_pool import ShmPool, ShmPoolConfig, ShmReader, ShmRef
 
 ITERATIONS = 10_000
@@ -97,9 +89,9 @@ def test_mutated_frames_only_raise_payload_error() -> None:
     assert time.monotonic() - start < 20
 
 
-def place(pool: ShmPool, placed: list[ShmRef], data: torch.Tensor) -> ShmRef | None:
+def place(pool: ShmPool, placed: list[ShmRef], data: np.ndarray) -> ShmRef | None:
     """A BufferPlacer that remembers what it put in the pool."""
-    if not pool.accepts(data.numel()):
+    if not pool.accepts(data.size):
         return None
     placed.append(pool.put(data))
     return placed[-1]

@@ -19,7 +19,7 @@ import torch
 
 from omni_mp.engines.vllm_hooks import StepEmbeds
 from omni_mp.models.tiny import resolve_model
-from omni_mp.wire.payload import SamplingParamsMsg
+from omni_mp.wire.messages import SamplingParamsMsg
 from tests.hf_oracle import assert_same_tokens
 from tests.launcher import in_process_engine
 

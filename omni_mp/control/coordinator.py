@@ -41,14 +41,14 @@ from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.control.wiring import Wiring
 from omni_mp.keys import CLIENT_DOMAIN, STAGE_DOMAIN, SecureContext, pipeline_identity
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import PayloadError
+from omni_mp.wire.messages import (
     Abort,
     Connected,
     ErrorEvent,
     Finished,
     Heartbeat,
     Message,
-    PayloadError,
     Ready,
     Shutdown,
     StageDone,

@@ -10,7 +10,7 @@ acknowledgement cannot match the new address).
 from __future__ import annotations
 
 from omni_mp.config import PipelineConfig
-from omni_mp.wire.payload import Connect, StageEndpoint
+from omni_mp.wire.messages import Connect, StageEndpoint
 
 
 class Wiring:

@@ -20,7 +20,7 @@ import torch
 
 from omni_mp.engines.base import EngineInputError, PromptIds, StepOutput
 from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds, StepIO, engine_core_cls, gated_scheduler_cls
-from omni_mp.wire.payload import SamplingParamsMsg
+from omni_mp.wire.messages import SamplingParamsMsg
 
 
 @dataclass(frozen=True, slots=True)

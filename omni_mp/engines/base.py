@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from omni_mp.wire.payload import AdditionalInformation, SamplingParamsMsg
+from omni_mp.wire.messages import AdditionalInformation, SamplingParamsMsg
 
 
 @dataclass(frozen=True, slots=True)

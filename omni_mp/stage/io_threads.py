@@ -26,15 +26,14 @@ from dataclasses import dataclass
 import zmq
 
 from omni_mp.control.endpoints import CONTROL_HWM
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import Limits, PayloadError
+from omni_mp.wire.messages import (
     Abort,
     Connect,
     Connected,
     ErrorEvent,
     Heartbeat,
-    Limits,
     Message,
-    PayloadError,
     Shutdown,
     StageOutputBatch,
     StageRequest,

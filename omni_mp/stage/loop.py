@@ -29,14 +29,13 @@ from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, 
 from omni_mp.stage.media import MediaError, build_entry_input
 from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
 from omni_mp.stage.timeline import StepRecord, StepTimeline
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import Limits, PayloadError
+from omni_mp.wire.messages import (
     Abort,
     AdditionalInformation,
     Connect,
     ErrorEvent,
-    Limits,
     Message,
-    PayloadError,
     Shutdown,
     StageDone,
     StageOutputBatch,

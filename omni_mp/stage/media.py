@@ -9,7 +9,7 @@ import torch
 from omni_mp.audio import resample
 from omni_mp.config import StageConfig
 from omni_mp.processors import StageInput
-from omni_mp.wire.payload import MultiModalInput
+from omni_mp.wire.messages import MultiModalInput
 
 # What each prompt format's processor takes: audio sample rate.
 _AUDIO_RATES = {"qwen2_5_omni": 16_000}

@@ -9,7 +9,7 @@ import msgspec
 import torch
 
 from omni_mp.processors import ProcessorError, RequestContext, UpstreamResult
-from omni_mp.wire.payload import SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import SamplingParamsMsg, StageOutputChunk
 
 
 @dataclass
