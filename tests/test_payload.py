@@ -156,7 +156,7 @@ def test_every_message_type_round_trips() -> None:
             prompt_embeds=PromptEmbeds(torch.randn(2, 4, dtype=torch.bfloat16)),
             additional_information=info,
             sampling_params=SamplingParamsMsg(max_tokens=4, temperature=0.7, top_k=5, seed=3, stop_token_ids=[2]),
-            deadline=1.7e9,
+            deadline_s=17.5,
         ),
         StageOutputChunk(request_id="r", stage_id=0, token_ids=[5], finished=True, finish_reason="stop"),
         StageOutputBatch(chunks=[StageOutputChunk(request_id="r", stage_id=0, token_ids=[5])]),

@@ -38,7 +38,7 @@ def seed_messages() -> list[object]:
                 "tokens": [4, 5],
             },
             sampling_params=SamplingParamsMsg(temperature=0.8, stop_token_ids=[2]),
-            deadline=1.0,
+            deadline_s=1.0,
         ),
         StageOutputChunk(request_id="r", stage_id=0, token_ids=[9, 8], additional_information={"x": torch.ones(4)}),
         Abort(request_id="r", reason="x"),

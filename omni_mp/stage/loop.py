@@ -128,7 +128,7 @@ class StageLoop:
         state = StageRequestState(
             request_id=rid,
             sampling=msg.sampling_params or self.stage.sampling,
-            deadline=msg.deadline,
+            deadline=None if msg.deadline_s is None else time.monotonic() + msg.deadline_s,
             inputs=list(self.stage.inputs),
             ctx=RequestContext(speaker=msg.speaker),
         )

@@ -70,7 +70,7 @@ class StageRequestState:
             up.finish_reason = chunk.finish_reason
 
     def expired(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
+        return self.deadline is not None and time.monotonic() >= self.deadline  # a monotonic deadline
 
 
 def _private_copy(chunk: StageOutputChunk) -> StageOutputChunk:

@@ -183,7 +183,9 @@ class StageRequest(MessageBase):
     speaker: SpeakerName | None = None  # stages that speak use it; None: their default
     additional_information: AdditionalInformation | None = None
     sampling_params: SamplingParamsMsg | None = None
-    deadline: float | None = None  # unix time, seconds
+    # Seconds left of the request's deadline when sent: relative, so that no two hosts' clocks
+    # need agree; the stage adds it to its own monotonic clock on receipt.
+    deadline_s: Annotated[float, Meta(ge=0.0, le=1e7)] | None = None
 
 
 class StageOutputChunk(MessageBase):
