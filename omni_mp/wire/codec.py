@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from omni_mp.wire.messages import REQUEST_ID_PATTERN, Message, PromptEmbeds, TensorRef
+from omni_mp.wire.messages import REQUEST_ID_PATTERN, Message, PromptEmbeds, StageOutputBatch, TensorRef
 from omni_mp.wire.shm_pool import ShmReader, ShmRef, ShmRegion
 from omni_mp.wire.tensor_codec import (
     DEFAULT_LIMITS,
@@ -48,6 +48,7 @@ __all__ = [
     "decode",
     "decode_with_regions",
     "encode",
+    "split_unsendable",
     "torch_arrays",
     "validate",
 ]
@@ -186,6 +187,29 @@ def validate(msg: Message, limits: Limits = DEFAULT_LIMITS) -> None:
     message fails loudly on the sender rather than being rejected by the receiver or
     dropped silently by ZMQ MAXMSGSIZE."""
     _check(msg, limits, True)
+
+
+def split_unsendable(msg: Message, err: PayloadError, limits: Limits) -> tuple[Message | None, dict[str, str]]:
+    """After encoding `msg` raised `err`: what of it may still be sent, and the requests that
+    fail instead, with why (request id -> the limit broken). A step's batch keeps the chunks
+    within the limits; when none breaks one on its own (the batch as a whole is too large),
+    every request in it fails. Any other message fails its one request. A message that
+    names no request (a stage bug, not a request's data) raises `err` again."""
+    if isinstance(msg, StageOutputBatch):
+        failed: dict[str, str] = {}
+        for chunk in msg.chunks:
+            try:
+                _check(chunk, limits, True)
+            except PayloadError as chunk_err:
+                failed.setdefault(chunk.request_id, str(chunk_err))
+        keep = [chunk for chunk in msg.chunks if chunk.request_id not in failed]
+        if failed and keep:
+            return StageOutputBatch(chunks=keep, packed=msg.packed), failed
+        return None, failed | {chunk.request_id: str(err) for chunk in keep}
+    request_id = getattr(msg, "request_id", None)
+    if request_id is None:
+        raise err
+    return None, {request_id: str(err)}
 
 
 def encode(msg: Message, limits: Limits = DEFAULT_LIMITS, *, place: BufferPlacer | None = None) -> list[Buffer]:
