@@ -211,7 +211,8 @@ class OutputPump(threading.Thread):
         wire_bytes = 0  # what went over the downstream sockets (shared memory excluded)
         # Every link encodes with the stage's limits, so a message that cannot be encoded
         # fails on the first link, before any of it was sent: its requests fail instead
-        # (the coordinator then aborts them everywhere) and the rest goes out.
+        # (the coordinator then aborts them everywhere) and the rest goes out. Each round
+        # sends fewer chunks or nothing, so this ends.
         while msg is not None:
             try:
                 wire_bytes = self._deliver(item, msg)
