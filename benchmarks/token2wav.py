@@ -48,7 +48,7 @@ def run_engine(eng: DiffusionEngine, reqs: list[list[int]], stream: bool) -> tup
     for i, codes in enumerate(reqs):
         eng.submit(f"r{i}", codes, DiffusionParams(seed=i), stream=stream)
     first: dict[str, float] = {}
-    while eng.has_work():
+    while eng.batcher.num_unfinished():
         outs, _ = eng.step()
         now = time.perf_counter() - t0
         for o in outs:

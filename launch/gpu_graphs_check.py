@@ -104,9 +104,10 @@ async def run_requests(endpoint: str) -> list[dict[str, Any]]:
                 break
             assert isinstance(ev, StageOutputChunk)
             tokens[ev.stage_id] += ev.token_ids
-            for key, value in (ev.additional_information or {}).items():
-                if key.startswith("hidden_states"):
-                    rows.setdefault(key, []).append(value.clone())
+            if ev.hidden is not None:
+                rows.setdefault("hidden_states", []).append(ev.hidden.last.clone())
+                for lr in ev.hidden.layers:
+                    rows.setdefault(f"hidden_states.layer{lr.layer}", []).append(lr.rows.clone())
         return {"tokens": tokens, "hidden": {k: torch.cat(v) for k, v in rows.items()}}
 
     async with AsyncOmniClient(endpoint) as client:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 
-from omni_mp.audio import write_wav
+from omni_mp.audio_io import write_wav
 from omni_mp.wire.messages import Finished
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_qwen2_5_omni.yaml"
@@ -77,7 +77,7 @@ def _say(msg: str) -> None:
 
 
 def _write_audio(res: Finished, out_dir: Path | None, stem: str) -> tuple[Finished, dict[str, str]]:
-    """Write each audio output as `<stem>.stage<id>.wav` (float32); returns the result without
+    """Write each audio output as `<stem>.stage<id>.wav` (16-bit PCM); returns the result without
     the samples (its JSON record stays small) and the file name per stage id."""
     outputs, files = [], {}
     for out in res.outputs:

@@ -1,7 +1,6 @@
 """Media files a client sends (audio and images), read into what `Submit.multi_modal` carries.
 
-Torch-free on import (the client imports it): arrays stay numpy, tensors stay torch. Reading
-a WAV file uses omni_mp.audio, which imports torch (at that call only)."""
+Torch-free (the client imports it): arrays stay numpy, tensors stay torch."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
+from omni_mp.audio_io import read_audio
 from omni_mp.wire.messages import AudioInput, ImageInput, MultiModalInput
 from omni_mp.wire.tensor_codec import NUMPY_ARRAYS, array_codec
 
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     import torch
 
 # (Strings: torch is named for type checkers only.)
-AudioLike: TypeAlias = "str | Path | tuple[torch.Tensor | np.ndarray, int]"  # a WAV file, or (samples, rate)
-ImageLike: TypeAlias = "str | Path | torch.Tensor | np.ndarray"  # an image file, or uint8 [H, W, 3]
+AudioLike: TypeAlias = "str | Path | tuple[torch.Tensor | np.ndarray, int]"  # an audio file, or (samples, rate)
+ImageLike: TypeAlias = "str | Path | torch.Tensor | np.ndarray"  # an image file (PNG, JPEG, ...), or uint8 [H, W, 3]
 
 
 def read_image(path: str | Path) -> np.ndarray:
@@ -37,16 +37,10 @@ def _samples(samples: Any) -> Any:
     return np.asarray(samples, dtype=np.float32).reshape(-1)
 
 
-def _read_wav(path: str | Path) -> tuple[Any, int]:
-    from omni_mp.audio import read_wav  # imports torch: only when a file is read
-
-    return read_wav(path)
-
-
 def multi_modal_input(audios: Sequence[AudioLike] = (), images: Sequence[ImageLike] = ()) -> MultiModalInput | None:
     out = MultiModalInput()
     for a in audios:
-        samples, rate = _read_wav(a) if isinstance(a, str | Path) else a
+        samples, rate = read_audio(a) if isinstance(a, str | Path) else a
         out.audios.append(AudioInput(samples=_samples(samples), sample_rate=rate))
     for im in images:
         pixels = read_image(im) if isinstance(im, str | Path) else im

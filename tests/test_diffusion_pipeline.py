@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_mp.audio import read_wav
+from omni_mp.audio_io import read_audio
 from omni_mp.client import OmniClient
 from omni_mp.engines.diffusion.params import DiffusionParams
 from omni_mp.models.tiny import resolve_model
@@ -86,9 +86,9 @@ def test_cli_writes_wav(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     record = json.loads((tmp_path / "req0.json").read_text())
     assert record["audio_files"] == {"1": "req0.stage1.wav"}
-    samples, rate = read_wav(tmp_path / "req0.stage1.wav")
+    samples, rate = read_audio(tmp_path / "req0.stage1.wav")
     assert rate == 24000
-    assert_close_audio(samples, oracle(prompt, seed=0))
+    assert_close_audio(torch.from_numpy(samples), oracle(prompt, seed=0))
 
 
 @pytest.fixture(scope="module")

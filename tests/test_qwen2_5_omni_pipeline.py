@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni_mp.audio import read_wav
+from omni_mp.audio_io import read_audio
 from omni_mp.client import OmniClient, RequestError
 from omni_mp.models.tiny import resolve_model
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
@@ -147,9 +147,9 @@ def test_bad_media_fail_only_that_request(client: OmniClient) -> None:
 def test_cli_takes_audio_and_image_files_and_writes_wav(tmp_path: Path) -> None:
     from PIL import Image
 
-    from omni_mp.audio import write_wav
+    from omni_mp.audio_io import write_wav
 
-    write_wav(tmp_path / "in.wav", torch.from_numpy(tone()), 16_000)
+    write_wav(tmp_path / "in.wav", tone(), 16_000, float32=True)  # the oracle gets the same samples
     Image.fromarray(pattern()).save(tmp_path / "in.png")
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(CONFIG), "--prompt", "What is this?"]
@@ -158,11 +158,11 @@ def test_cli_takes_audio_and_image_files_and_writes_wav(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     record = json.loads((out / "req0.json").read_text())
     assert record["audio_files"] == {"2": "req0.stage2.wav"}
-    samples, rate = read_wav(out / "req0.stage2.wav")
+    samples, rate = read_audio(out / "req0.stage2.wav")
     assert rate == 24_000
     want = omni_generate(
         resolve_model("tiny-qwen2_5-omni"), "What is this?", audio=tone(), image=pattern(), speaker="Ethan",
         seed=0, thinker_max_new_tokens=THINKER_TOKENS,
     )  # fmt: skip
-    assert_close_audio(samples, want.wav)
+    assert_close_audio(torch.from_numpy(samples), want.wav)
     assert "s audio" in proc.stdout and "req0:" in proc.stdout  # the one-line summary

@@ -16,15 +16,15 @@ from omni_mp.client import AsyncOmniClient, OmniClient, RequestError
 from omni_mp.config import load_config
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.wire.codec import Limits, PayloadError, decode, encode, split_unsendable
-from omni_mp.wire.messages import PACKED_ROWS, ErrorEvent, SamplingParamsMsg, StageOutputBatch, StageOutputChunk
+from omni_mp.wire.messages import ErrorEvent, HiddenRows, SamplingParamsMsg, StageOutputBatch, StageOutputChunk
 from tests.launcher import REPO
 
 LIMITS = Limits(max_string_length=100, max_tensor_bytes=4096)
 
 
 def chunk(rid: str, text: str | None = None, rows: int = 1) -> StageOutputChunk:
-    info = {"hidden": torch.ones(rows, 8)}
-    return StageOutputChunk(request_id=rid, stage_id=0, token_ids=[1], text=text, additional_information=info)
+    hidden = HiddenRows(start=0, last=torch.ones(rows, 8))
+    return StageOutputChunk(request_id=rid, stage_id=0, token_ids=[1], text=text, hidden=hidden)
 
 
 def encode_error(msg: StageOutputBatch | ErrorEvent) -> PayloadError:
@@ -34,7 +34,7 @@ def encode_error(msg: StageOutputBatch | ErrorEvent) -> PayloadError:
 
 
 def test_a_batch_keeps_the_chunks_within_the_limits_and_fails_the_others() -> None:
-    batch = StageOutputBatch.pack([chunk("a"), chunk("b", text="x" * 101), chunk("c", rows=2)], ["hidden"])
+    batch = StageOutputBatch.pack([chunk("a"), chunk("b", text="x" * 101), chunk("c", rows=2)])
     rest, failed = split_unsendable(batch, encode_error(batch), LIMITS)
     assert list(failed) == ["b"] and "max_string_length=100" in failed["b"]
     assert isinstance(rest, StageOutputBatch)
@@ -42,14 +42,14 @@ def test_a_batch_keeps_the_chunks_within_the_limits_and_fails_the_others() -> No
     assert isinstance(got, StageOutputBatch)
     chunks = got.unpacked()
     assert [c.request_id for c in chunks] == ["a", "c"]
-    assert [c.additional_information["hidden"].shape[0] for c in chunks] == [1, 2]  # rows kept their owners
-    assert all(PACKED_ROWS not in c.additional_information for c in chunks)
+    assert [c.hidden.last.shape[0] for c in chunks] == [1, 2]  # rows kept their owners
+    assert all(c.hidden.packed is None for c in chunks)
 
 
 def test_a_batch_too_large_as_a_whole_fails_every_request_in_it() -> None:
     """No chunk breaks a limit on its own, their packed rows do (4 x 1280 bytes > 4 KiB)."""
     chunks = [chunk(rid, rows=40) for rid in "abcd"]
-    batch = StageOutputBatch.pack(chunks, ["hidden"])
+    batch = StageOutputBatch.pack(chunks)
     rest, failed = split_unsendable(batch, encode_error(batch), LIMITS)
     assert rest is None and sorted(failed) == list("abcd")
     assert all("max_tensor_bytes=4096" in reason for reason in failed.values())

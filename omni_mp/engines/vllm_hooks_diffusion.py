@@ -26,6 +26,7 @@ from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest, StepPla
 from omni_mp.engines.diffusion.chunking import check_streaming
 from omni_mp.engines.diffusion.params import DiffusionStageConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
+from omni_mp.engines.vllm_hooks import CoreDriver
 
 log = logging.getLogger("omni_mp.diffusion")
 
@@ -174,3 +175,23 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
 
     def shutdown(self) -> None:
         self.model_runner = None
+
+
+class DiffusionCoreDriver(CoreDriver):
+    """The diffusion engine's view of its `EngineCore`: our scheduler's batcher and the
+    worker's model (both in this process)."""
+
+    @property
+    def batcher(self) -> Batcher:
+        return self.core.scheduler.batcher
+
+    def add(self, request: Any) -> None:
+        """Our scheduler takes our request type as it is (no vLLM `Request` is made of it)."""
+        self.core.add_request(request)
+
+    def model(self) -> Any:
+        return self.core.collective_rpc("get_model")[0]
+
+    def can_step(self) -> bool:
+        """A step would advance something (not only requests waiting for upstream ids)."""
+        return self.batcher.runnable()

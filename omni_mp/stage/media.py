@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from omni_mp.audio import resample
+from omni_mp.audio_io import resample
 from omni_mp.config import StageConfig
 from omni_mp.processors import StageInput
 from omni_mp.wire.messages import MultiModalInput
@@ -54,8 +54,8 @@ def build_entry_input(stage: StageConfig, text: str, media: MultiModalInput | No
     rate = _AUDIO_RATES[stage.prompt_format]
     data: dict[str, list] = {}
     if media.audios:
-        # Copies (the received tensors are views of the message buffer), at the processor's rate.
-        data["audio"] = [resample(a.samples, a.sample_rate, rate).clone().numpy() for a in media.audios]
+        # New arrays (the received tensors are views of the message buffer), at the processor's rate.
+        data["audio"] = [resample(a.samples.numpy(), a.sample_rate, rate) for a in media.audios]
     if media.images:
         data["image"] = [img.pixels.clone().numpy() for img in media.images]
     prompt = omni_prompt_text(text, n_audio=len(media.audios), n_image=len(media.images))

@@ -22,7 +22,17 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from omni_mp.wire.messages import REQUEST_ID_PATTERN, Message, PromptEmbeds, StageOutputBatch, TensorRef
+from omni_mp.wire.messages import (
+    REQUEST_ID_PATTERN,
+    HiddenRows,
+    LayerRows,
+    Message,
+    MRopePositions,
+    PackedRows,
+    PromptEmbeds,
+    StageOutputBatch,
+    TensorRef,
+)
 from omni_mp.wire.shm_pool import ShmReader, ShmRef, ShmRegion
 from omni_mp.wire.tensor_codec import (
     DEFAULT_LIMITS,
@@ -143,8 +153,7 @@ def _check(msg: msgspec.Struct, limits: Limits, sending: bool, body_bytes: int =
                     raise PayloadError(f"{path}: key {shown(name)} is not a str of 1..{limits.max_name_length} chars")
         elif (header := _header(value, path, sending)) is not None:
             check_header(*header, limits, path)
-            if type(container) is PromptEmbeds and len(header[1]) != 2:
-                raise PayloadError(f"{path}: prompt embeds must be 2-D [num_tokens, hidden], got shape {header[1]}")
+            _check_shape(type(container), header, path)
             slots.append(_Slot(container, key, path, header))
             total += header[2]
         else:
@@ -157,6 +166,18 @@ def _check(msg: msgspec.Struct, limits: Limits, sending: bool, body_bytes: int =
         )
     _check_total(msg, body_bytes + total, limits)
     return slots
+
+
+# Tensors whose shape the schema fixes: checked before any tensor exists.
+_ROWS_2D = (PromptEmbeds, HiddenRows, LayerRows, PackedRows)
+
+
+def _check_shape(container: type, header: Header, path: str) -> None:
+    dtype, shape, _ = header
+    if container in _ROWS_2D and len(shape) != 2:
+        raise PayloadError(f"{path}: must be 2-D [rows, hidden], got shape {shape}")
+    if container is MRopePositions and (dtype != "int64" or len(shape) != 2 or shape[0] != 3):
+        raise PayloadError(f"{path}: M-RoPE positions must be int64 [3, prompt_len], got {dtype} {shape}")
 
 
 def _header(value: Any, path: str, sending: bool) -> Header | None:
