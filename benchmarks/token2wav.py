@@ -30,7 +30,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from omni_mp.engines.diffusion.engine import DiffusionEngine  # noqa: E402
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig  # noqa: E402
-from omni_mp.models.qwen2_5_omni import TOKEN2WAV_SPECS, build_token2wav  # noqa: E402
+from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav  # noqa: E402
 
 
 def _codes(n: int, vocab: int, seed: int) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from omni_mp.models.tiny import resolve_model
+from omni_mp.models.registry import resolve_model
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -22,7 +22,7 @@ from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest
 from omni_mp.engines.diffusion.engine import DiffusionEngine
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig, StreamingConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
-from omni_mp.models.qwen2_5_omni import TOKEN2WAV_SPECS, build_token2wav
+from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
 from tests.hf_oracle import token2wav
 from tests.launcher import engine_is_empty
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from omni_mp.engines.base import Extension
-from omni_mp.models.tiny import resolve_model
+from omni_mp.models.registry import resolve_model
 from omni_mp.wire.messages import SamplingParamsMsg
 from tests.hf_oracle import assert_same_tokens
 from tests.launcher import engine_is_empty, in_process_engine, start_request
@@ -126,8 +126,8 @@ def hf_talker(
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
     from omni_mp.engines.ar import AREngine, EngineFeatures
-    from omni_mp.engines.vllm_hooks_talker import register_talker
-    from omni_mp.models.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.vllm_hooks_talker import register_talker
 
     register_talker()
     view = talker_view_dir(resolve_model(CKPT))
@@ -290,7 +290,7 @@ def test_wrong_inputs_are_refused_with_the_reason(engine: Any) -> None:
 def test_talker_view_config() -> None:
     import json
 
-    from omni_mp.models.talker_view import TALKER_ARCH, talker_view_dir
+    from omni_mp.models.qwen2_5_omni.talker_view import TALKER_ARCH, talker_view_dir
 
     view = talker_view_dir(resolve_model(CKPT))
     assert talker_view_dir(resolve_model(CKPT)) == view  # cached
@@ -306,8 +306,8 @@ def test_a_capturing_stage_ships_its_prompt_positions() -> None:
     vLLM's Qwen2.5-Omni thinker needs torchvision, which this venv lacks, so the M-RoPE model
     here is the talker itself; for a text prompt the positions are arange on all axes, delta 0."""
     from omni_mp.engines.ar import EngineFeatures
-    from omni_mp.engines.vllm_hooks_talker import register_talker
-    from omni_mp.models.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.vllm_hooks_talker import register_talker
 
     register_talker()
     args = {"dtype": "float32", "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 2}

@@ -39,12 +39,10 @@ def stage_config(vllm_config: Any) -> DiffusionStageConfig:
 
 
 def load_model(model_dir: str, cfg: DiffusionStageConfig, device: torch.device) -> Any:
-    """The DiffusionModel named by `cfg.model_type` (one model today)."""
-    from omni_mp.engines.diffusion.token2wav import Token2WavModel
+    """The DiffusionModel named by `cfg.model_type` (a model family's, from the registry)."""
+    from omni_mp.models.registry import diffusion_model
 
-    if cfg.model_type == "qwen2_5_omni_token2wav":
-        return Token2WavModel.from_checkpoint(model_dir, device)
-    raise ValueError(f"unknown diffusion model_type {cfg.model_type!r}")
+    return diffusion_model(cfg.model_type, model_dir, device)
 
 
 def _base_classes() -> tuple[type, type]:

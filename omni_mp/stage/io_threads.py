@@ -26,7 +26,6 @@ from typing import Any
 
 import zmq
 
-from omni_mp.control.endpoints import CONTROL_HWM
 from omni_mp.wire.codec import Limits, PayloadError, split_unsendable
 from omni_mp.wire.messages import (
     Connect,
@@ -38,7 +37,7 @@ from omni_mp.wire.messages import (
     StageOutputChunk,
 )
 from omni_mp.wire.shm_pool import ShmPoolConfig
-from omni_mp.wire.transport import MessageReceiver, MessageSender
+from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.stage")
 

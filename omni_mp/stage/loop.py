@@ -21,8 +21,8 @@ import zmq
 
 from omni_mp.config import PipelineConfig, StageConfig
 from omni_mp.engines.base import EngineInputError, Extension, PreparedRequest, StageEngine
-from omni_mp.models.tiny import resolve_model
-from omni_mp.processors import PROCESSORS, ProcessorError, RequestContext
+from omni_mp.models.registry import resolve_model, stage_processor
+from omni_mp.processors import ProcessorError, RequestContext
 from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
 from omni_mp.stage.prepare import Prepared, PrepareJob, Preparer
 from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
@@ -63,7 +63,7 @@ class StageLoop:
         self.engine = engine
         self.limits: Limits = cfg.limits
         self.processor = (
-            PROCESSORS[stage.processor].bind(stage, resolve_model(stage.model)) if stage.processor else None
+            stage_processor(stage.processor).bind(stage, resolve_model(stage.model)) if stage.processor else None
         )
         # The voices this stage can speak in (None: it does not speak), checked at registration
         # so a bad name fails the request before any stage works on it.
