@@ -21,19 +21,20 @@ def test_a_stage_request_carries_the_seconds_left_not_a_clock_reading() -> None:
     stages = [{"id": 0, "model": "tiny-qwen2", "final_output": True}]
     cfg = parse_config({"name": "t", "stages": stages}, check_engine_args=False)
     coord = Coordinator(cfg)  # not started: the test plays its one stage
+    endpoint = f"ipc://@omni_mp-test-deadline-{os.getpid()}"
+    stage_input = MessageReceiver(coord.ctx, endpoint, cfg.limits)
     try:
-        endpoint = f"ipc://@omni_mp-test-deadline-{os.getpid()}"
-        stage_input = MessageReceiver(coord.ctx, endpoint, cfg.limits)
         coord.links[0] = StageLink(MessageSender(coord.ctx, endpoint, cfg.limits), cfg.limits, max_queue=8)
-        coord.wiring.on_ready(0, endpoint)
+        msg = Submit(request_id="r", prompt="hi", deadline_s=30.0)
+        req = coord.table.admit(b"client", msg, time.time(), msg.deadline_s, {0})
         before = time.monotonic()
-        coord._on_client_message(b"client", Submit(request_id="r", prompt="hi", deadline_s=30.0))
+        coord._register(req, msg, {}, before + 30.0)  # what admission does, by the coordinator's clock
         got = stage_input.recv(timeout=5)
         waited = time.monotonic() - before
         assert isinstance(got, StageRequest) and got.deadline_s is not None
         assert 30.0 - waited <= got.deadline_s <= 30.0
-        stage_input.close()
     finally:
+        stage_input.close()
         coord.shutdown()
 
 
