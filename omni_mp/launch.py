@@ -21,11 +21,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from omni_mp.audio_io import write_wav
 from omni_mp.wire.messages import Finished
+
+if TYPE_CHECKING:
+    from omni_mp.config import PipelineConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 
@@ -72,8 +76,48 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def _check_media(cfg: PipelineConfig, audios: list[Path], images: list[Path]) -> None:
+    """Read every --audio and --image file now, before any stage starts, and check that the
+    entry stages take that much media (ValueError or OSError naming the file or the limit)."""
+    if not audios and not images:
+        return
+    from omni_mp.media_files import multi_modal_input
+
+    for path in [*audios, *images]:
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+    try:
+        multi_modal_input(audios, images)
+    except (ValueError, OSError) as err:  # PIL's UnidentifiedImageError is an OSError
+        raise ValueError(f"cannot read the media files: {err}") from None
+    for stage in cfg.entry_stages:
+        limits = stage.media
+        if stage.prompt_format is None:
+            raise ValueError(f"stage {stage.id} takes no media (it has no `prompt_format`): drop --audio/--image")
+        if len(audios) > limits.max_audios or len(images) > limits.max_images:
+            raise ValueError(
+                f"stage {stage.id} takes at most {limits.max_audios} audios and {limits.max_images} images "
+                f"per request, got {len(audios)} and {len(images)}"
+            )
+
+
 def _say(msg: str) -> None:
     print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
+
+
+def _say_what_the_demo_is(cfg: PipelineConfig, output_dir: Path | None) -> None:
+    """Built-in tiny checkpoints have random weights: say so, so that gibberish text and noise
+    are not taken for a fault; and say where the results go."""
+    from omni_mp.models.registry import names
+
+    tiny = sorted({s.model for s in cfg.stages} & set(names("builtin_models")))
+    if tiny:
+        _say(
+            f"note: {', '.join(tiny)} = built-in tiny model(s) with random weights (for trying omni_mp out): "
+            "the text is gibberish and the audio is noise; point `model:` at a real checkpoint for real answers"
+        )
+    if output_dir is not None:
+        _say(f"results go to {output_dir.resolve()}/ (one JSON per request, one WAV per audio output)")
 
 
 def _write_audio(res: Finished, out_dir: Path | None, stem: str) -> tuple[Finished, dict[str, str]]:
@@ -168,13 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["keys"]:
         return _keys_main(argv[1:])
     args = _parse(argv)
-    from omni_mp.config import ConfigError, load_config  # (after `keys`, which needs no torch)
+    from omni_mp.config import ConfigError, check_models, load_config, validate  # (after `keys`: no torch)
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config)
+        # The quick checks first: a mistyped model or file is reported before vLLM is imported.
+        cfg = load_config(args.config, check_engine_args=False)
+        check_models(cfg)
         prompts = _prompts(args)
-    except (ConfigError, OSError) as err:
+        _check_media(cfg, args.audio, args.image)
+        cfg = validate(cfg)  # engine_args against vLLM's EngineArgs
+    except (ConfigError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
@@ -214,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = threading.Thread(target=serve, name="coordinator")
     server.start()
+    _say_what_the_demo_is(cfg, args.output_dir if prompts else None)
     try:
         if not prompts:
             print(f"omni_mp serving pipeline {cfg.name!r} on {coord.client_endpoint}", flush=True)
@@ -225,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             with OmniClient(coord.client_endpoint, limits=cfg.limits, keys=keys) as client:
                 code = _run_prompts(client, prompts, args, server)
     finally:
+        _say("shutting down the pipeline")
         coord.stop()
         server.join()
     if crashed or code is None:
@@ -233,5 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def cli() -> None:
+    """The `omni-mp` command: `main`, then a prompt exit (see omni_mp.procs.exit_now)."""
+    from omni_mp.procs import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()
