@@ -364,7 +364,7 @@ class StageLoop:
                 waited = time.perf_counter() - t_wait
                 if not self.running:
                     break
-                self._expire(time.time())
+                self._expire(time.monotonic())
                 idle_step = not self._step(waited) if self.engine.can_step() else False
         finally:
             self._stop.set()

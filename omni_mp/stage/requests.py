@@ -63,7 +63,8 @@ class StageRequestState:
             up.finish_reason = chunk.finish_reason
 
     def expired(self, now: float) -> bool:
-        return self.deadline is not None and time.monotonic() >= self.deadline  # a monotonic deadline
+        """`now`: time.monotonic() of this process, like `deadline`."""
+        return self.deadline is not None and now >= self.deadline
 
 
 def _private_copy(chunk: StageOutputChunk) -> StageOutputChunk:
