@@ -12,7 +12,7 @@ from omni_mp.config import StageConfig
 from omni_mp.media_limits import MediaError, check_media_sizes, stage_media_limits
 from omni_mp.models.registry import prompt_format
 from omni_mp.processors import StageInput
-from omni_mp.wire.payload import MultiModalInput
+from omni_mp.wire.messages import MultiModalInput
 
 __all__ = ["MediaError", "build_entry_input", "check_media"]
 
