@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
-from omni_mp.audio_io import read_audio
+from omni_mp.audio_io import check_rate, read_audio
 from omni_mp.wire.messages import AudioInput, ImageInput, MultiModalInput
 from omni_mp.wire.tensor_codec import NUMPY_ARRAYS, array_codec
 
@@ -22,26 +22,68 @@ AudioLike: TypeAlias = "str | Path | tuple[torch.Tensor | np.ndarray, int]"  # a
 ImageLike: TypeAlias = "str | Path | torch.Tensor | np.ndarray"  # an image file (PNG, JPEG, ...), or uint8 [H, W, 3]
 
 
-def read_image(path: str | Path) -> np.ndarray:
-    """An image file as uint8 [height, width, 3] RGB."""
+# What read_image decodes at most: the largest image a stage config may take (MediaLimits'
+# bound on max_image_pixels). The size is read from the header, before anything is decoded.
+MAX_READ_PIXELS = 2**28
+# [frames, channels] arrays: at most this many channels (libsndfile's own bound); a wider one
+# is most likely [channels, frames].
+MAX_CHANNELS = 1024
+
+
+class ImageFileError(ValueError):
+    """An image file that cannot be used; the message names the file and why."""
+
+
+def read_image(path: str | Path, max_pixels: int = MAX_READ_PIXELS) -> np.ndarray:
+    """An image file as uint8 [height, width, 3] RGB. One that declares more than `max_pixels`
+    pixels is refused from its header, before it is decoded (a decompression bomb costs
+    nothing); a cut or unreadable file is an ImageFileError naming it."""
     from PIL import Image
 
-    with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
+    p = Path(path)
+    try:
+        with Image.open(p) as img:
+            width, height = img.size
+            if width * height > max_pixels:
+                raise ImageFileError(f"{p}: {width}x{height} pixels; at most {max_pixels} are read")
+            return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
+    except Image.DecompressionBombError:  # PIL's own bound, checked as it opens the file
+        raise ImageFileError(f"{p}: its header declares over {2 * Image.MAX_IMAGE_PIXELS} pixels") from None
+    except (OSError, SyntaxError, ValueError) as err:  # cut, unknown or corrupt (PIL's errors)
+        if isinstance(err, ImageFileError):
+            raise
+        raise ImageFileError(f"{p}: not a readable image ({err})") from None
 
 
-def _samples(samples: Any) -> Any:
-    """Mono float32 samples: a torch tensor stays one, anything else becomes a numpy array."""
+def _samples(samples: Any, where: str) -> Any:
+    """Mono float32 samples: a torch tensor stays one, anything else becomes a numpy array. A
+    [frames, channels] array is down-mixed as audio files are (the mean of the channels)."""
     if array_codec(samples) not in (None, NUMPY_ARRAYS):
-        return samples.float().reshape(-1)
-    return np.asarray(samples, dtype=np.float32).reshape(-1)
+        samples = samples.float()
+    else:
+        samples = np.asarray(samples, dtype=np.float32)
+    shape = tuple(samples.shape)
+    if len(shape) == 2 and 1 <= shape[1] <= MAX_CHANNELS:
+        samples = samples.mean(1) if shape[1] > 1 else samples[:, 0]
+    elif len(shape) != 1:
+        raise ValueError(
+            f"{where}: expected mono [samples] or [frames, channels] (at most {MAX_CHANNELS} channels), "
+            f"got shape {list(shape)}; a [channels, frames] array needs transposing"
+        )
+    if samples.shape[0] == 0:
+        raise ValueError(f"{where}: no audio samples")
+    return samples
 
 
 def multi_modal_input(audios: Sequence[AudioLike] = (), images: Sequence[ImageLike] = ()) -> MultiModalInput | None:
+    """Files are read here (ValueErrors naming the file); arrays are checked for their layout
+    and sample rate. Sizes and values are the pipeline's to check (the coordinator and the
+    entry stage, against the model's limits)."""
     out = MultiModalInput()
-    for a in audios:
+    for i, a in enumerate(audios):
         samples, rate = read_audio(a) if isinstance(a, str | Path) else a
-        out.audios.append(AudioInput(samples=_samples(samples), sample_rate=rate))
+        check_rate(rate, f"audios[{i}]")
+        out.audios.append(AudioInput(samples=_samples(samples, f"audios[{i}]"), sample_rate=rate))
     for im in images:
         pixels = read_image(im) if isinstance(im, str | Path) else im
         if array_codec(pixels) is None:

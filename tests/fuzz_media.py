@@ -107,6 +107,9 @@ def audio_file_cases(tmp: Path, window_s: float) -> list[Case]:
     ]  # fmt: skip
 
 
+OVER_PIL_BOUND = r"lying\.(png|jpg): its header declares over \d+ pixels"
+
+
 def image_file_cases(tmp: Path) -> list[Case]:
     rgb = pattern(32)
     png = tmp / "good.png"
@@ -125,10 +128,10 @@ def image_file_cases(tmp: Path) -> list[Case]:
         Case("png: grayscale", images=[tmp / "gray.png"], same_as=([], [np.repeat(rgb[:, :, :1], 3, axis=2)])),
         Case("png: cut", images=[tmp / "cut.png"], error="cut.png: "),
         Case("png: decompression bomb", images=[tmp / "bomb.png"], error="9000x9000 pixels"),
-        Case("png: size lies", images=[_png_header_only(tmp / "lying.png", 60_000, 60_000)], error="60000x60000 pixels"),
+        Case("png: size lies", images=[_png_header_only(tmp / "lying.png", 60_000, 60_000)], error=OVER_PIL_BOUND),
         Case("png: random bytes", images=[tmp / "noise.png"], error="noise.png: "),
         Case("jpeg: cut", images=[tmp / "cut.jpg"], error="cut.jpg: "),
-        Case("jpeg: size lies", images=[_jpeg_with_size(tmp / "lying.jpg", 65_000, 65_000)], error="65000x65000 pixels"),
+        Case("jpeg: size lies", images=[_jpeg_with_size(tmp / "lying.jpg", 65_000, 65_000)], error=OVER_PIL_BOUND),
         Case("jpeg: 1x1", images=[_one_pixel(tmp / "one.jpg")]),
     ]  # fmt: skip
 

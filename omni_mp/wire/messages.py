@@ -430,6 +430,7 @@ class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
     ready: bool  # serving: engine up and links to its downstream stages open
     restarts: int
     info: StrMap = {}
+    failed: str | None = None  # down for good (its restart budget spent): why it last died
 
 
 class StatusReply(MessageBase):
