@@ -190,6 +190,9 @@ class AsyncOmniClient:
         rid = request_id or uuid.uuid4().hex
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in flight on this client")
+        # Media files are read off the event loop: a large one must not hold up the replies
+        # of the other requests in flight on this client.
+        media = await asyncio.to_thread(multi_modal_input, audios, images) if audios or images else None
         q: asyncio.Queue[_Event] = asyncio.Queue(STREAM_QUEUE + 1)
         self._queues[rid] = q
         finished = False
@@ -200,7 +203,7 @@ class AsyncOmniClient:
                     prompt=prompt,
                     prompt_token_ids=prompt_token_ids,
                     prompt_embeds=None if prompt_embeds is None else PromptEmbeds(data=prompt_embeds),
-                    multi_modal=multi_modal_input(audios, images),
+                    multi_modal=media,
                     speaker=speaker,
                     sampling=[StageSampling(stage_id=k, params=v) for k, v in (sampling or {}).items()],
                     deadline_s=deadline_s,

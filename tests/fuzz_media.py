@@ -101,7 +101,7 @@ def audio_file_cases(tmp: Path, window_s: float) -> list[Case]:
         Case("wav: random bytes", [tmp / "noise.wav"], error="not a readable audio file"),
         Case("wav: empty file", [tmp / "empty.wav"], error="not a readable audio file"),
         Case("wav: longer than the model takes", [too_long], error=rf"{window_s + 1:.2f} s of audio.*{window_s:g} s"),
-        Case("flac: cut in half", [tmp / "cut.flac"], error="(?s).*"),  # an error or the part before the cut
+        Case("flac: cut in half", [tmp / "cut.flac"], error=r"cut\.flac: not a readable audio file"),
         Case("flac: length lies", [long_lie], error="s of audio; at most"),
         Case("flac: 20 min of silence", [bomb], error=rf"1200\.00 s of audio.*{window_s:g} s"),
     ]  # fmt: skip
@@ -159,6 +159,8 @@ def array_cases(window_s: float) -> list[Case]:
         Case("array: rate 0", [(mono, 0)], error="sample rate 0 Hz is outside"),
         Case("array: rate 10**9", [(mono, 10**9)], error="sample rate 1000000000 Hz is outside"),
         Case("array: the longest audio, 48 kHz", [(longest, 48_000)]),
+        Case("array: the longest audio, 384 kHz", [(tone(window_s, 384_000), 384_000)]),
+        Case("array: the largest image", images=[np.full((4096, 4096, 3), 90, np.uint8)]),
         Case("array: 5 audios", [(mono, 16_000)] * 5, error="5 audios: stage 0 takes at most 4"),
         Case("array: float image", images=[pattern(8).astype(np.float32)], error="expected uint8"),
         Case("array: RGBA image", images=[np.zeros((8, 8, 4), np.uint8)], error=r"\[height, width, 3\]"),
