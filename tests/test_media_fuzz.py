@@ -7,8 +7,9 @@ well-formed equivalent exists (a stereo file and the mean of its channels, an RG
 its RGB pixels) the reply is that input's. Meanwhile:
 - the stage's memory stays bounded: its peak resident set during the fuzz (VmHWM, reset just
   before) exceeds its resident set before by at most PEAK_RSS_BOUND;
-- a bystander text request, run back to back throughout, keeps its median latency within 2x
-  its idle median;
+- a bystander text request (32 tokens), run back to back throughout on a client of its own,
+  keeps its median latency within 2x its idle median (each input is sent once the bystander
+  request it overlapped has ended, so each bystander request meets about one input);
 - the stage process never dies (same pid, no restart).
 """
 
@@ -90,6 +91,12 @@ class Bystander(threading.Thread):
         self.client, self.stop, self.latencies = client, threading.Event(), []
         self.errors: list[BaseException] = []
 
+    def wait_past(self, n: int) -> None:
+        """Until more than `n` requests have ended (or the bystander failed)."""
+        deadline = time.monotonic() + DEADLINE_S
+        while len(self.latencies) <= n and not self.errors and time.monotonic() < deadline:
+            time.sleep(0.002)
+
     def run(self) -> None:
         while not self.stop.is_set():
             try:
@@ -155,7 +162,12 @@ def test_hostile_media_get_a_clear_error_or_a_correct_reply(
     outcomes: list[list[int] | str] = []
     try:
         for media in read:
-            outcomes.append(media if isinstance(media, str) else _reply(client, *media))
+            if isinstance(media, str):  # refused by the client's helpers: nothing to send
+                outcomes.append(media)
+                continue
+            n = len(bystander.latencies)
+            outcomes.append(_reply(client, *media))
+            bystander.wait_past(n)  # inputs and bystander requests overlap about one to one
     finally:
         bystander.stop.set()
         bystander.join(timeout=DEADLINE_S)
