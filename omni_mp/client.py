@@ -16,8 +16,8 @@ process when the client is made; `arrays="numpy"` or `"torch"` chooses explicitl
 has no bfloat16: a bfloat16 tensor arrives as torch either way.) Requests may carry numpy
 arrays or torch tensors.
 
-Nothing waits silently: every argument is checked before anything is sent (a `ValueError`
-naming it; media by the rules in `media_files`, multi-channel audio included); a request
+Nothing waits silently: every argument is checked before anything is sent (an
+`InvalidRequest`, a ValueError, naming it; media by the rules in `media_files`, multi-channel audio included); a request
 waits at most `connect_timeout_s` (default 10 s) for a connection to the endpoint (a
 `TimeoutError` naming it); a CURVE handshake that fails (missing, wrong or unlisted keys)
 raises `HandshakeError` at once, saying what to check; a connection lost mid-request fails
@@ -107,8 +107,20 @@ class RequestError(RuntimeError):
 
 
 class InvalidRequest(RequestError, ValueError):
-    """The pipeline refused the request's arguments (code `invalid_input`), e.g. a stage id in
-    `sampling` it does not have: the message names the argument."""
+    """A request's arguments refused (code `invalid_input`), by the client before anything is
+    sent (`client_side`, `stage_id` None) or by the pipeline (e.g. a stage id in `sampling`
+    it does not have): the message names the argument. Both a RequestError and a ValueError."""
+
+    def __init__(self, event: ErrorEvent, client_side: bool = False) -> None:
+        super().__init__(event)
+        self.client_side = client_side
+        if client_side:
+            self.args = (f"request {event.request_id!r}: {event.message}",)
+
+    @classmethod
+    def refused(cls, request_id: str, err: ValueError) -> InvalidRequest:
+        event = ErrorEvent(request_id=request_id, stage_id=None, code="invalid_input", message=str(err))
+        return cls(event, client_side=True)
 
 
 def _request_error(event: ErrorEvent) -> RequestError:
@@ -236,27 +248,31 @@ class AsyncOmniClient:
         `timeout_s` bounds each wait for the next event on the client side (abort +
         TimeoutError), for a coordinator that is gone; `deadline_s` is enforced by the
         pipeline itself. `sampling` values may also be dicts of SamplingParamsMsg fields.
-        Bad arguments raise ValueError before anything is sent (a stage id the pipeline
-        lacks: `InvalidRequest`, a ValueError, from the pipeline's answer).
+        Bad arguments raise `InvalidRequest` (a ValueError, and a RequestError with code
+        `invalid_input`) naming them: before anything is sent, or, for what only the pipeline
+        knows (a stage id it lacks, a prompt too long), from its answer.
         """
-        check_prompt(prompt, prompt_token_ids, prompt_embeds)
-        check_names(request_id, speaker)
-        check_seconds("deadline_s", deadline_s)
-        check_seconds("timeout_s", timeout_s)
-        rid = request_id or uuid.uuid4().hex
-        if rid in self._queues:
-            raise ValueError(f"request id {rid!r} is already in flight on this client")
-        submit = Submit(
-            request_id=rid,
-            prompt=prompt,
-            prompt_token_ids=None if prompt_token_ids is None else list(prompt_token_ids),
-            prompt_embeds=None if prompt_embeds is None else PromptEmbeds(data=prompt_embeds),
-            multi_modal=multi_modal_input(audios, images),
-            speaker=speaker,
-            sampling=stage_sampling(sampling),
-            deadline_s=deadline_s,
-            stream=_stream,
-        )
+        rid = request_id if isinstance(request_id, str) and request_id else uuid.uuid4().hex
+        try:
+            check_prompt(prompt, prompt_token_ids, prompt_embeds)
+            check_names(request_id, speaker)
+            check_seconds("deadline_s", deadline_s)
+            check_seconds("timeout_s", timeout_s)
+            if rid in self._queues:
+                raise ValueError(f"`request_id` {rid!r} is already in flight on this client")
+            submit = Submit(
+                request_id=rid,
+                prompt=prompt,
+                prompt_token_ids=None if prompt_token_ids is None else list(prompt_token_ids),
+                prompt_embeds=None if prompt_embeds is None else PromptEmbeds(data=prompt_embeds),
+                multi_modal=multi_modal_input(audios, images),
+                speaker=speaker,
+                sampling=stage_sampling(sampling),
+                deadline_s=deadline_s,
+                stream=_stream,
+            )
+        except ValueError as err:  # (AudioFileError and PayloadError are ValueErrors too)
+            raise InvalidRequest.refused(rid, err) from None
         self._ensure_reader()
         await self._link.ready()
         q: asyncio.Queue[_Event | _Lost] = asyncio.Queue(STREAM_QUEUE + 1)

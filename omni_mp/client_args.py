@@ -42,7 +42,8 @@ def _check_embeds(embeds: Any) -> None:
         raise ValueError(f"`prompt_embeds` must be a numpy array or torch tensor, got {type(embeds).__name__}")
     dtype, shape, _ = codec.header(embeds, "prompt_embeds")
     if len(shape) != 2 or 0 in shape or "float" not in dtype:
-        raise ValueError(f"`prompt_embeds`: expected floats [tokens, hidden], got {dtype} of shape {list(shape)}")
+        got = f"{dtype} of shape {list(shape)}"
+        raise ValueError(f"`prompt_embeds`: expected floating-point [tokens, hidden], got {got}")
 
 
 def check_prompt(prompt: Any, prompt_token_ids: Any, prompt_embeds: Any) -> None:

@@ -108,7 +108,7 @@ def _image(item: Any, what: str) -> ImageInput:
     dtype, shape, _ = codec.header(pixels, what)  # (a PayloadError, a ValueError naming `what`, if unsupported)
     if dtype != "uint8" or len(shape) != 3 or shape[2] != 3 or 0 in shape:
         raise ValueError(
-            f"{what}: expected an image file or uint8 [height, width, 3] RGB, got {dtype} of shape {list(shape)}"
+            f"{what}: expected uint8 [height, width, 3] RGB (or an image file), got {dtype} of shape {list(shape)}"
         )
     return ImageInput(pixels=pixels)
 

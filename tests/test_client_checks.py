@@ -140,10 +140,10 @@ def _argument_cases(tmp_path: Path) -> list[tuple[dict[str, Any], str]]:
         ({"audios": [(tone, 16_000), tone]}, "audios[1]"),
         ({"audios": [(["a", "b"], 16_000)]}, "audios[0]: samples must be an array of numbers"),
         ({"audios": str(broken["cut_in_fmt.wav"])}, "`audios` must be a list"),
-        ({"images": [np.zeros((4, 4, 3), dtype=np.float32)]}, "images[0]: expected an image file or uint8"),
-        ({"images": [np.zeros((4, 4), dtype=np.uint8)]}, "images[0]: expected an image file or uint8"),
-        ({"images": [torch.zeros(3, 4, 4, dtype=torch.uint8)]}, "images[0]: expected an image file or uint8"),
-        ({"images": [np.zeros((0, 4, 3), dtype=np.uint8)]}, "images[0]: expected an image file or uint8"),
+        ({"images": [np.zeros((4, 4, 3), dtype=np.float32)]}, "images[0]: expected uint8 [height, width, 3]"),
+        ({"images": [np.zeros((4, 4), dtype=np.uint8)]}, "images[0]: expected uint8 [height, width, 3]"),
+        ({"images": [torch.zeros(3, 4, 4, dtype=torch.uint8)]}, "images[0]: expected uint8 [height, width, 3]"),
+        ({"images": [np.zeros((0, 4, 3), dtype=np.uint8)]}, "images[0]: expected uint8 [height, width, 3]"),
         ({"images": [tmp_path / "not_an_image.png"]}, f"images[0]: {tmp_path / 'not_an_image.png'}"),
         ({"images": [tmp_path / "missing.png"]}, f"images[0]: {tmp_path / 'missing.png'}: no such file"),
         ({"sampling": {0: SamplingParamsMsg(temperature=-1.0)}}, "`sampling[0]`: Expected `float` >= 0.0"),
@@ -157,7 +157,8 @@ def _argument_cases(tmp_path: Path) -> list[tuple[dict[str, Any], str]]:
         ({"prompt": None}, "give exactly one of `prompt`"),
         ({"prompt": None, "prompt_token_ids": [1, -2]}, "`prompt_token_ids`: token ids are ints >= 0"),
         ({"prompt": None, "prompt_token_ids": []}, "`prompt_token_ids` must be a non-empty list"),
-        ({"prompt": None, "prompt_embeds": np.zeros((0, 8), dtype=np.float32)}, "`prompt_embeds`: expected floats"),
+        ({"prompt": None, "prompt_embeds": np.zeros((0, 8), dtype=np.float32)}, "`prompt_embeds`: expected floating"),
+        ({"prompt": None, "prompt_embeds": torch.zeros(4, 8, dtype=torch.int32)}, "`prompt_embeds`: expected floating"),
         ({"prompt": None, "prompt_embeds": [[0.0] * 8]}, "`prompt_embeds` must be a numpy array"),
         ({"deadline_s": 0}, "`deadline_s` must be a finite number"),
         ({"timeout_s": float("nan")}, "`timeout_s` must be a finite number"),
@@ -175,10 +176,14 @@ def test_every_bad_argument_is_a_value_error_naming_it(tmp_path: Path) -> None:
         for kwargs, named in _argument_cases(tmp_path):
             args = {"prompt": "Hello", **kwargs}
             for call in (lambda a=args: client.generate(**a), lambda a=args: next(client.stream(**a))):
-                err = _raises_within(2.0, ValueError, call)
+                err = _raises_within(2.0, InvalidRequest, call)
+                assert isinstance(err, ValueError) and err.code == "invalid_input", repr(err)
                 assert named in str(err), (kwargs, str(err))
-                raised_in = traceback.extract_tb(err.__traceback__)[-1].filename
-                assert err.__cause__ is None and "/omni_mp/" in raised_in, (kwargs, repr(err), raised_in)
+                # The check that refused it is ours, not a library's error passed on.
+                origin = err.__context__
+                assert isinstance(origin, ValueError) and origin.__cause__ is None, (kwargs, repr(origin))
+                raised_in = traceback.extract_tb(origin.__traceback__)[-1].filename
+                assert "/omni_mp/" in raised_in, (kwargs, repr(origin), raised_in)
     for bad in (0, -1.0, float("inf"), True):
         with pytest.raises(ValueError, match="`connect_timeout_s`"):
             OmniClient(_nowhere(), connect_timeout_s=bad)
