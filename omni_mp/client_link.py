@@ -20,6 +20,9 @@ from omni_mp.keys import HANDSHAKE_FAILED
 
 # How long a request waits for a connection to the endpoint before it fails.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+# A coordinator that shuts down answers what is in flight, then closes: the reader gets this
+# long to deliver those answers (already in the socket) before the rest are failed as lost.
+LOST_GRACE_S = 0.2
 _WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
 _KEYS_HOWTO = (
     "pass keys=client_identity(DIR, NAME) from the pipeline's key directory (`omni-mp keys DIR --client NAME`)"
@@ -72,6 +75,7 @@ class LinkWatch:
                 self.connected = True
             elif kind == zmq.EVENT_DISCONNECTED and self.connected:
                 self.connected = False
+                await asyncio.sleep(LOST_GRACE_S)
                 on_lost(ConnectionError(f"{self.endpoint}: connection lost; the requests in flight on it are lost"))
             self._changed.set()
 
