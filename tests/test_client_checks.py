@@ -13,6 +13,7 @@ Real sockets throughout; the keyed pipeline (one real stage process) is test_cur
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 import uuid
@@ -24,11 +25,12 @@ import pytest
 import torch
 import zmq
 
-from omni_mp.client import HandshakeError, InvalidRequest, OmniClient
+from omni_mp.client import HandshakeError, InvalidRequest, OmniClient, RequestError
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.keys import CurveIdentity, client_identity, generate
 from omni_mp.media_files import MAX_CHANNELS, audio_samples, multi_modal_input
-from omni_mp.wire.messages import SamplingParamsMsg
+from omni_mp.wire.codec import decode, encode
+from omni_mp.wire.messages import ErrorEvent, SamplingParamsMsg
 from tests.test_audio_io import _broken_files, sine
 from tests.test_curve_pipeline import secured  # noqa: F401  (the keyed pipeline fixture)
 
@@ -82,6 +84,45 @@ def test_keys_against_an_endpoint_without_curve_fail_at_once(tmp_path: Path) -> 
     finally:
         router.close()
         ctx.term()
+
+
+def test_a_lost_connection_fails_what_is_in_flight_after_the_answers_already_sent() -> None:
+    """A scripted coordinator (a real ROUTER) answers the first request with an error, leaves
+    the second unanswered, then closes: the first gets its error, the second a ConnectionError."""
+    endpoint = _nowhere()
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(endpoint)
+    errors: dict[str, BaseException] = {}
+    try:
+        with OmniClient(endpoint, connect_timeout_s=5) as client:
+
+            def run(rid: str) -> None:
+                try:
+                    client.generate("Hello", request_id=rid)
+                except Exception as err:  # noqa: BLE001
+                    errors[rid] = err
+
+            threads = [threading.Thread(target=run, args=(rid,)) for rid in ("answered", "lost")]
+            for t in threads:
+                t.start()
+            seen = []
+            while len(seen) < 2:
+                assert router.poll(5000), "the client sent nothing"
+                ident, *frames = router.recv_multipart()
+                seen.append(decode(frames).request_id)
+            answer = ErrorEvent(request_id="answered", stage_id=None, code="shutdown", message="going away")
+            router.send_multipart([ident, *encode(answer)])
+            router.close(linger=1000)  # the answer goes out, then the connection closes
+            start = time.monotonic()
+            for t in threads:
+                t.join(10)
+            assert time.monotonic() - start <= 3.0
+    finally:
+        ctx.term()
+    assert isinstance(errors["answered"], RequestError) and errors["answered"].code == "shutdown", errors
+    lost = errors["lost"]
+    assert isinstance(lost, ConnectionError) and endpoint in str(lost) and "connection lost" in str(lost), errors
 
 
 def _wrong_server_key(keys: Path, other: Path) -> CurveIdentity:
