@@ -1,0 +1,62 @@
+"""Incremental text of a streamed stage: the new text of each chunk's token ids, and where
+a stop string cuts the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_REPLACEMENT = "\ufffd"  # a multi-byte character cut between tokens: wait for its next token
+
+
+class Detokenizer:
+    """Decodes the growing id list and hands out only the text not handed out before; text
+    that could still become a stop string is held back until it cannot."""
+
+    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.ids: list[int] = []
+        self.text = ""  # decoded so far (up to a stop string, once one is found)
+        self.sent = 0  # characters handed out
+        self.stopped = False
+
+    def _held(self) -> int:
+        """How many trailing characters might start a stop string."""
+        held = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:k]):
+                    held = max(held, k)
+                    break
+        return held
+
+    def _cut(self) -> None:
+        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.stopped = True
+
+    def add(self, ids: list[int], final_text: str | None = None) -> str:
+        """The new text after `ids`; `final_text` (the stage's own decode, on its last chunk)
+        replaces the incremental decode."""
+        if self.stopped:
+            return ""
+        self.ids.extend(ids)
+        text = final_text if final_text is not None else self.tokenizer.decode(self.ids)
+        if final_text is None and text.endswith(_REPLACEMENT):
+            return ""
+        self.text = text
+        self._cut()
+        end = len(self.text) if (self.stopped or final_text is not None) else len(self.text) - self._held()
+        if end <= self.sent:
+            return ""
+        new, self.sent = self.text[self.sent : end], end
+        return new
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    from omni_mp.models.tiny import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(model))
