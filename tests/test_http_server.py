@@ -1,0 +1,428 @@
+"""The OpenAI-compatible HTTP server (omni_mp.http) end to end: one real launcher with
+`--http` and `--api-key` on the tiny Qwen2.5-Omni pipeline (CPU), driven by the official
+`openai` client (and raw httpx where the wire format itself is checked), against what our
+ZMQ client gets from the same pipeline for the same request."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import numpy as np
+import openai
+import psutil
+import pytest
+import soundfile
+import yaml
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+from omni_mp.client import OmniClient
+from omni_mp.config import load_config
+from omni_mp.http.app import SPEECH_PROMPT
+from omni_mp.wire.payload import Finished, SamplingParamsMsg
+from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.synthetic_media import pattern, tone
+
+pytestmark = pytest.mark.engine
+
+BASE_CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
+KEY = "test-key-123"
+MAX_INFLIGHT = 3
+PCM_LSB = 1 / 32768  # one step of 16-bit PCM as soundfile reads it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, pipeline: ServedPipeline, url: str, config: Path) -> None:
+        self.pipeline = pipeline
+        self.url = url
+        self.cfg = load_config(config)
+        self.openai = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The tiny pipeline with a small admission limit (for 429) and one restart of token2wav."""
+    raw = yaml.safe_load(BASE_CONFIG.read_text())
+    raw["admission"] = {"max_inflight": MAX_INFLIGHT}
+    raw["stages"][2]["restart"] = {"max_restarts": 1, "backoff_s": 0.1}
+    config = tmp_path_factory.mktemp("http") / "tiny_http.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    url = f"http://127.0.0.1:{_free_port()}"
+    with serve(config, "--http", url.removeprefix("http://"), "--api-key", KEY) as pipeline:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
+            time.sleep(0.5)
+        yield Served(pipeline, url, config)
+        http_procs = [p for p in pipeline.descendants() if "omni_mp.http" in " ".join(p.cmdline())]
+        assert len(http_procs) == 1
+    assert not psutil.pid_exists(http_procs[0].pid) or http_procs[0].status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture
+def zmq(served: Served) -> Iterator[OmniClient]:
+    with settled_client(served.pipeline.endpoint) as c:
+        yield c  # type: ignore[misc]
+
+
+def _b64_wav(samples: np.ndarray, rate: int, fmt: str = "WAV", subtype: str = "FLOAT") -> str:
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, rate, format=fmt, subtype=subtype)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _png_data_url(pixels: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _audio_sampling(served: Served, seed: int) -> dict[int, SamplingParamsMsg]:
+    """What a request with `seed` means for the stages: the thinker's and the noise's seed."""
+    s0, s2 = served.cfg.stage(0).sampling, served.cfg.stage(2).sampling
+    return {0: msgspec.structs.replace(s0, seed=seed), 2: msgspec.structs.replace(s2, seed=seed)}
+
+
+def _decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    return samples, rate
+
+
+def _assert_pcm_equal(got: np.ndarray, want: np.ndarray) -> None:
+    """16-bit PCM of `want`: the same length, every sample within one PCM step."""
+    want = np.clip(np.asarray(want, dtype=np.float32), -1, 1)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.abs(got - want).max() <= 2 * PCM_LSB
+    assert np.abs(want).max() > 100 * PCM_LSB  # not silence
+
+
+def _text(done: Finished) -> str:
+    return next(o.text for o in done.outputs if o.stage_id == 0)
+
+
+def test_text_only_equals_the_zmq_client(served: Served, zmq: OmniClient) -> None:
+    got = served.openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me a short story about the sea."}]
+    )
+    want = zmq.generate("Tell me a short story about the sea.", deadline_s=600)
+    choice = got.choices[0]
+    assert choice.message.content == _text(want) and choice.message.audio is None
+    assert choice.finish_reason == next(o.finish_reason for o in want.outputs if o.stage_id == 0)
+    t0 = next(t for t in want.stage_timings if t.stage_id == 0)
+    assert got.usage is not None and got.usage.prompt_tokens == t0.num_prompt_tokens
+    assert got.usage.completion_tokens == t0.num_output_tokens
+
+
+def test_text_and_audio_wav_equals_the_zmq_client(served: Served, zmq: OmniClient) -> None:
+    prompt = "Hello there"
+    got = served.openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "wav"}, seed=7,
+    )  # fmt: skip
+    want = zmq.generate(prompt, speaker="Ethan", sampling=_audio_sampling(served, 7), deadline_s=600)
+    msg = got.choices[0].message
+    assert msg.audio is not None and msg.content == _text(want) and msg.audio.transcript == msg.content
+    samples, rate = _decode_wav(base64.b64decode(msg.audio.data))
+    assert rate == 24_000
+    _assert_pcm_equal(samples, want.outputs[-1].audio.numpy())
+    pcm = served.openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "pcm16"}, seed=7,
+    )  # fmt: skip
+    assert pcm.choices[0].message.audio is not None
+    raw = np.frombuffer(base64.b64decode(pcm.choices[0].message.audio.data), dtype="<i2")
+    _assert_pcm_equal(raw.astype(np.float32) / 32768, want.outputs[-1].audio.numpy())
+
+
+def test_streaming_order_and_first_audio_before_the_last_token(served: Served, zmq: OmniClient) -> None:
+    """Text deltas and audio chunks interleave as produced: the first audio comes before the
+    thinker's last token; then the transcript, finish_reason, usage; the PCM equals ZMQ's."""
+    prompt = "Tell me a long story."
+    stream = served.openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], modalities=["text", "audio"],
+        audio={"voice": "Chelsie", "format": "pcm16"}, max_completion_tokens=400, stream=True,
+        stream_options={"include_usage": True}, seed=3,
+    )  # fmt: skip
+    kinds, text, pcm, transcript, usage, finish = [], [], [], None, None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+            kinds.append("usage")
+            continue
+        delta = chunk.choices[0].delta
+        audio = getattr(delta, "audio", None)
+        if delta.content:
+            text.append(delta.content)
+            kinds.append("text")
+        if audio and audio.get("data"):
+            pcm.append(base64.b64decode(audio["data"]))
+            kinds.append("audio")
+        if audio and audio.get("transcript") is not None:
+            transcript = audio["transcript"]
+            kinds.append("transcript")
+        if chunk.choices[0].finish_reason is not None:
+            finish = chunk.choices[0].finish_reason
+            kinds.append("finish")
+    assert kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("text"), "first audio after the last token"
+    assert kinds[-3:] == ["transcript", "finish", "usage"]
+    sampling = _audio_sampling(served, 3)
+    sampling[0] = msgspec.structs.replace(sampling[0], max_tokens=400)
+    want = zmq.generate(prompt, speaker="Chelsie", sampling=sampling, deadline_s=600)
+    assert "".join(text) == transcript == _text(want)
+    assert finish == next(o.finish_reason for o in want.outputs if o.stage_id == 0)
+    assert usage is not None and usage.completion_tokens == len(want.outputs[0].token_ids)
+    audio = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32768
+    _assert_pcm_equal(audio, want.outputs[-1].audio.numpy())
+
+
+def test_sse_wire_format_ends_with_done(served: Served) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=body, headers=_auth(), timeout=600) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3"])
+def test_audio_input_in_any_format_equals_the_zmq_client(served: Served, zmq: OmniClient, fmt: str) -> None:
+    samples = tone()
+    data = {
+        "wav": _b64_wav(samples, 16_000),
+        "flac": "data:audio/flac;base64," + _b64_wav(samples, 16_000, "FLAC", "PCM_16"),
+        "mp3": _b64_wav(samples, 16_000, "MP3", "MPEG_LAYER_III"),
+    }[fmt]
+    decoded, rate = soundfile.read(io.BytesIO(base64.b64decode(data.split(",")[-1])), dtype="float32")
+    content = [
+        {"type": "text", "text": "What do you hear?"},
+        {"type": "input_audio", "input_audio": {"data": data, "format": fmt}},
+    ]
+    got = served.openai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}])
+    want = zmq.generate("What do you hear?", audios=[(decoded, rate)], deadline_s=600)
+    assert got.choices[0].message.content == _text(want)
+
+
+def test_image_input_equals_the_zmq_client(served: Served, zmq: OmniClient) -> None:
+    content = [
+        {"type": "image_url", "image_url": {"url": _png_data_url(pattern())}},
+        {"type": "text", "text": "Describe the picture."},
+    ]
+    got = served.openai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}])
+    want = zmq.generate("Describe the picture.", images=[pattern()], deadline_s=600)
+    assert got.choices[0].message.content == _text(want)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm"])
+def test_speech_streams_the_pipeline_audio(served: Served, zmq: OmniClient, fmt: str) -> None:
+    with served.openai.audio.speech.with_streaming_response.create(
+        model="tiny",
+        voice="Ethan",
+        input="Good morning.",
+        response_format=fmt,  # type: ignore[arg-type]
+    ) as r:
+        assert r.headers["content-type"] == f"audio/{fmt}"
+        parts = list(r.iter_bytes())
+    data = b"".join(parts)
+    if fmt == "wav":
+        samples, rate = _decode_wav(data)
+        assert rate == 24_000
+    else:
+        samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
+    want = zmq.generate(SPEECH_PROMPT.format(input="Good morning."), speaker="Ethan", deadline_s=600)
+    _assert_pcm_equal(samples, want.outputs[-1].audio.numpy())
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def _error(served: Served, body: object, path: str = "/v1/chat/completions") -> tuple[int, dict]:
+    r = httpx.post(f"{served.url}{path}", content=json.dumps(body), headers=_auth(), timeout=600)
+    return r.status_code, r.json()["error"]
+
+
+def test_errors_have_openai_shape_and_name_the_param(served: Served) -> None:
+    hello = [{"role": "user", "content": "Hello"}]
+    ogg = {"voice": "Ethan", "format": "ogg"}
+    bad_b64 = {"type": "input_audio", "input_audio": {"data": "###", "format": "wav"}}
+    cases = [
+        ({"model": "m", "messages": hello, "foo": 1}, "foo"),
+        ({"model": "m", "messages": hello, "temperature": 5}, "temperature"),
+        ({"model": "m", "messages": hello, "top_p": 0}, "top_p"),
+        ({"model": "m", "messages": hello, "n": 2}, "n"),
+        ({"model": "m", "messages": hello, "modalities": ["audio"]}, "modalities"),
+        ({"model": "m", "messages": hello, "modalities": ["text", "audio"]}, "audio"),
+        ({"model": "m", "messages": hello, "modalities": ["text", "audio"], "audio": ogg}, "audio.format"),
+        ({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Look"}, {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}]},
+         "messages[0].content[1].image_url.url"),
+        ({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Hear"}, bad_b64]}]},
+         "messages[0].content[1].input_audio.data"),
+    ]  # fmt: skip
+    for body, param in cases:
+        status, err = _error(served, body)
+        assert status == 400 and err["param"] == param, (body, err)
+        assert err["type"] == "invalid_request_error" and err["message"] and err["code"]
+    status, err = _error(served, {"model": "m", "messages": hello, "modalities": ["text", "audio"],
+                                  "audio": {"voice": "Nobody", "format": "wav"}})  # fmt: skip
+    assert status == 400 and err["param"] == "audio.voice" and "Chelsie" in err["message"] and "Ethan" in err["message"]
+    status, err = _error(served, {"model": "m", "input": "Hi", "voice": "Nobody"}, "/v1/audio/speech")
+    assert status == 400 and err["param"] == "voice" and "Ethan" in err["message"]
+    with pytest.raises(openai.BadRequestError) as raised:
+        served.openai.chat.completions.create(model="m", messages=hello, n=3)  # type: ignore[arg-type]
+    assert raised.value.param == "n"
+
+
+def test_oversize_body_and_media_are_refused_before_decoding(served: Served) -> None:
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:  # declares 1 GB, sends none of it
+        s.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n".encode()
+        )
+        reply = s.recv(65536).decode()
+    assert reply.startswith("HTTP/1.1 400") and '"param":"body"' in reply
+    long_audio = _b64_wav(np.zeros(1000 * 301, np.float32), 1000, subtype="PCM_16")  # 301 s > max_audio_s
+    content = [
+        {"type": "text", "text": "Hear"},
+        {"type": "input_audio", "input_audio": {"data": long_audio, "format": "wav"}},
+    ]
+    status, err = _error(served, {"model": "m", "messages": [{"role": "user", "content": content}]})
+    assert (
+        status == 400 and err["param"] == "messages[0].content[1].input_audio.data" and "max_audio_s" in err["message"]
+    )
+
+
+def test_api_key_on_every_endpoint_but_health(served: Served) -> None:
+    for method, path in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/chat/completions"),
+                         ("POST", "/v1/audio/speech")]:  # fmt: skip
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.request(method, f"{served.url}{path}", headers=headers, json={}, timeout=30)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+    assert httpx.get(f"{served.url}/health", timeout=30).status_code == 200
+    models = served.openai.models.list()
+    assert [m.id for m in models.data] == [served.cfg.name]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{served.url}/v1", api_key="nope", max_retries=0).models.list()
+
+
+def _long_body(stream: bool) -> dict:
+    return {
+        "model": "m", "messages": [{"role": "user", "content": "Tell me everything."}], "stream": stream,
+        "max_completion_tokens": 1900, "modalities": ["text", "audio"], "audio": {"voice": "Ethan", "format": "pcm16"},
+    }  # fmt: skip
+
+
+def _wait_idle(zmq: OmniClient, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while zmq.status().inflight and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def _outcomes(served: Served) -> dict[tuple[str, str], float]:
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "omni_mp_http_requests_total":
+                out[(s.labels["endpoint"], s.labels["code"])] = s.value
+    return out
+
+
+def test_client_disconnect_aborts_the_request(served: Served, zmq: OmniClient) -> None:
+    """A streaming client that goes away, and a waiting non-streaming one: the pipeline
+    aborts the request (nothing stays in flight) long before it would have finished."""
+    before = _outcomes(served).get(("chat", "client_disconnected"), 0)
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json=_long_body(True), headers=_auth(), timeout=600
+    ) as r:
+        lines = r.iter_lines()
+        for _ in range(5):
+            next(lines)
+        assert zmq.status().inflight == 1
+    assert _wait_idle(zmq, 10) < 10
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{served.url}/v1/chat/completions", json=_long_body(False), headers=_auth(), timeout=2)
+    assert _wait_idle(zmq, 10) < 10
+    assert _outcomes(served).get(("chat", "client_disconnected"), 0) == before + 2
+
+
+def test_overload_is_429_with_retry_after(served: Served, zmq: OmniClient) -> None:
+    streams = [
+        httpx.stream("POST", f"{served.url}/v1/chat/completions", json=_long_body(True), headers=_auth(), timeout=600)
+        for _ in range(MAX_INFLIGHT)
+    ]
+    try:
+        for s in streams:
+            s.__enter__()
+        status, err = _error(served, {"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+        assert status == 429 and err["code"] == "overloaded" and err["type"] == "rate_limit_error"
+        with pytest.raises(openai.RateLimitError) as raised:
+            served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+        assert raised.value.response.headers["retry-after"] == "1"
+    finally:
+        for s in streams:
+            s.__exit__(None, None, None)
+    assert _wait_idle(zmq, 10) < 10
+
+
+def test_metrics_parse_with_per_stage_labels(served: Served) -> None:
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("omni_mp_stage_ready", "omni_mp_stage_output_tokens", "omni_mp_stage_time_to_first_token_seconds"):
+        ids = {s.labels["stage_id"] for s in families[name].samples}
+        assert ids == {"0", "1", "2"}, (name, ids)
+    ready = {s.labels["stage_id"]: s.value for s in families["omni_mp_stage_ready"].samples}
+    assert ready == {"0": 1.0, "1": 1.0, "2": 1.0}
+    outcomes = _outcomes(served)
+    assert outcomes[("chat", "ok")] >= 1 and outcomes[("chat", "unknown_field")] >= 1
+    assert families["omni_mp_http_time_to_first_audio_seconds"].samples
+
+
+def test_health_names_a_killed_stage_until_it_restarts(served: Served, zmq: OmniClient) -> None:
+    """Last (it restarts token2wav): /health is 503 naming stage 2 while it is down, and 200
+    after its restart; a request meanwhile fails with a 5xx naming the stage, and the
+    server keeps serving."""
+    pid = next(s.pid for s in zmq.status().stages if s.stage_id == 2)
+    os.kill(pid, signal.SIGKILL)
+    saw_503 = False
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{served.url}/health", timeout=30)
+        if r.status_code == 503:
+            assert "stage 2" in r.json()["reason"]
+            if not saw_503:
+                status, err = _error(served, {"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+                assert status >= 500 and "stage" in err["message"] and err["type"] == "server_error", err
+            saw_503 = True
+        elif saw_503:
+            break
+        time.sleep(0.2)
+    assert saw_503 and r.status_code == 200
+    assert served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}]).choices
