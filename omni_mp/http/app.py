@@ -143,7 +143,7 @@ def _routes(app: FastAPI, srv: Server) -> None:
             {"stage_id": s.stage_id, "alive": s.alive, "ready": s.ready, "restarts": s.restarts} for s in status.stages
         ]
         if down:
-            names = ", ".join(f"stage {s.stage_id} ({'restarting' if s.alive else 'down'})" for s in down)
+            names = ", ".join(f"stage {s.stage_id} ({'not ready' if s.alive else 'down'})" for s in down)
             return _json({"status": "unavailable", "reason": f"not serving: {names}", "stages": stages}, 503)
         return _json({"status": "ok", "pipeline": status.pipeline, "inflight": status.inflight, "stages": stages})
 
