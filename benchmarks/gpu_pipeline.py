@@ -330,7 +330,7 @@ def main() -> int:
     if args.model == "qwen2-7b-shapes":
         model, args.vocab = str(build_7b_dir(args.work_dir)), QWEN2_7B["vocab_size"]
     else:
-        from omni_mp.models.tiny import resolve_model
+        from omni_mp.models.registry import resolve_model
 
         model = resolve_model(args.model)
         args.vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]

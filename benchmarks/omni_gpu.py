@@ -2,7 +2,7 @@
 transformers (issue 12).
 
 The pipeline is stage_configs/qwen2_5_omni.yaml's, on a config-only checkpoint dir at
-transformers' default `Qwen2_5OmniConfig` sizes (omni_mp/models/qwen2_5_omni_shapes.py):
+transformers' default `Qwen2_5OmniConfig` sizes (omni_mp/models/qwen2_5_omni/shapes.py):
   stage 0 thinker   vLLM's Qwen2.5-Omni thinker, `load_format: dummy`, hidden states streamed;
   stage 1 talker    `model_part: talker` (our vLLM talker from a view of the dir), processor
                     qwen2_5_omni_talker, `load_format: dummy`;
@@ -108,7 +108,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def model_dir(args: argparse.Namespace) -> Path:
-    from omni_mp.models.qwen2_5_omni_shapes import OmniShapesSpec, build_omni_shapes
+    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, build_omni_shapes
 
     return build_omni_shapes(OmniShapesSpec(scale=28 if args.smoke else 1), cache_dir=args.work_dir)
 
@@ -118,7 +118,7 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5OmniForConditionalGeneration
 
-    from omni_mp.models.qwen2_5_omni_shapes import OmniShapesSpec, omni_shapes_config
+    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, omni_shapes_config
 
     class RealCodecsOnly(LogitsProcessor):
         """Random weights may pick any of the 8448 talker ids; token2wav embeds only the real
@@ -211,10 +211,10 @@ def preflight(args: argparse.Namespace) -> list[str]:
     missing = [f"python module {m!r} (for {why})" for m, why in need.items() if importlib.util.find_spec(m) is None]
     if not missing and phases - {"hf"}:
         from omni_mp.config import StageConfig
-        from omni_mp.processors import PROCESSORS
+        from omni_mp.models import registry
         from omni_mp.wire.payload import SamplingParamsMsg
 
-        if "qwen2_5_omni_talker" not in PROCESSORS:
+        if "qwen2_5_omni_talker" not in registry.names("processors"):
             missing.append("omni_mp processor qwen2_5_omni_talker")
         for field in ("model_part", "wait_for_upstream"):
             if field not in StageConfig.__struct_fields__:
@@ -255,7 +255,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     """The pipeline of stage_configs/qwen2_5_omni.yaml's shape at the benchmark's sizes:
     thinker (hidden states) -> talker (model_part: talker) -> token2wav, random weights
     (`load_format: dummy`; token2wav's random tensors are in the dir), fixed lengths."""
-    from omni_mp.models.qwen2_5_omni_shapes import thinker_engine_args
+    from omni_mp.models.qwen2_5_omni.shapes import thinker_engine_args
 
     model = model_dir(args)
     conc = max(args.concurrency)
@@ -405,7 +405,8 @@ def run_t2w_precision(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import Qwen2_5OmniConfig
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
-    from omni_mp.models.checkpoint import load_prefixed, load_speakers
+    from omni_mp.models.checkpoint import load_prefixed
+    from omni_mp.models.qwen2_5_omni.speakers import load_speakers
 
     path = model_dir(args)
     config = Qwen2_5OmniConfig.from_pretrained(path).token2wav_config
@@ -544,7 +545,7 @@ def hf_latency(hf: dict[str, Any], c: int) -> tuple[float | None, float | None]:
 def sizes_line(args: argparse.Namespace) -> str:
     from transformers.utils import logging as hf_logging
 
-    from omni_mp.models.qwen2_5_omni_shapes import OmniShapesSpec, omni_shapes_config
+    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, omni_shapes_config
 
     hf_logging.set_verbosity_error()  # transformers' notes on the talker's thinker-vocab ids
     c = omni_shapes_config(OmniShapesSpec(scale=28 if args.smoke else 1))

@@ -30,7 +30,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from omni_mp.engines.diffusion.engine import DiffusionEngine  # noqa: E402
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig  # noqa: E402
-from omni_mp.models.qwen2_5_omni import TOKEN2WAV_SPECS, build_token2wav  # noqa: E402
+from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav  # noqa: E402
 
 
 def _codes(n: int, vocab: int, seed: int) -> list[int]:
@@ -48,7 +48,7 @@ def run_engine(eng: DiffusionEngine, reqs: list[list[int]], stream: bool) -> tup
     for i, codes in enumerate(reqs):
         eng.submit(f"r{i}", codes, DiffusionParams(seed=i), stream=stream)
     first: dict[str, float] = {}
-    while eng.has_work():
+    while eng.batcher.num_unfinished():
         outs, _ = eng.step()
         now = time.perf_counter() - t0
         for o in outs:

@@ -124,7 +124,7 @@ def main() -> int:
             "audio_rel_l2": rel,
         }
         if args.oracle:
-            from omni_mp.models.tiny import resolve_model
+            from omni_mp.models.registry import resolve_model
             from tests.hf_oracle import omni_generate
 
             want = omni_generate(

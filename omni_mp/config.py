@@ -1,8 +1,9 @@
 """Pipeline YAML -> typed, validated config.
 
 Unknown keys are rejected and every error names the key path (``stages[1].engine_args.foo``).
-Graph checks: unique stage ids, known inputs, no cycles, processors from the registry only
-(a YAML file never names a module to import).
+Graph checks: unique stage ids, known inputs, no cycles; processors, prompt formats, model
+parts and diffusion model types are names from the model registry (omni_mp.models.registry:
+a YAML file never names a module to import).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import yaml
 from msgspec import Meta
 
 from omni_mp.engines.diffusion.params import DiffusionStageConfig
-from omni_mp.processors import PROCESSORS
+from omni_mp.models import registry
 from omni_mp.wire.payload import MAX_STAGES, Limits, SamplingParamsMsg
 from omni_mp.wire.shm_pool import ShmPoolConfig
 
@@ -74,7 +75,7 @@ class StageMemory(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     id: Annotated[int, Meta(ge=0, le=2**31)]
-    model: str  # a checkpoint dir, or the name of a built-in tiny model (omni_mp.models.tiny)
+    model: str  # a checkpoint dir, or the name of a built-in checkpoint (omni_mp.models.registry)
     kind: Literal["ar", "diffusion"] = "ar"
     engine_args: dict[str, Any] = {}
     devices: list[int] = []  # GPU ids -> CUDA_VISIBLE_DEVICES; empty = CPU
@@ -84,12 +85,12 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     hidden_states: HiddenStatesOutput | None = None
     prompt_embeds: bool = False  # an entry stage that also takes prompts as embeddings
     # An entry stage: wrap text prompts (and the request's media) in this model's chat format
-    # (omni_mp.models.prompt_formats); media need one.
-    prompt_format: Literal["qwen2_5_omni"] | None = None
+    # (a prompt format of the model registry, e.g. `qwen2_5_omni`); media need one.
+    prompt_format: str | None = None
     media: MediaLimits = MediaLimits()
-    # Load only this part of a multi-part checkpoint, as a vLLM model of ours
-    # (`talker`: Qwen2.5-Omni's talker; the thinker and token2wav need no such choice).
-    model_part: Literal["talker"] | None = None
+    # Load only this part of a multi-part checkpoint, as a vLLM model of ours (a model part
+    # of the model registry, e.g. Qwen2.5-Omni's `talker`; its thinker and token2wav need none).
+    model_part: str | None = None
     # True: start a request only once every upstream stage has finished it (no inter-stage
     # streaming; for measuring what streaming gains).
     wait_for_upstream: bool = False
@@ -252,7 +253,8 @@ _DIFFUSION_ENGINE_ARGS = {
 
 def _check_kind(s: StageConfig, where: str) -> None:
     """What a diffusion stage cannot have, and what only a diffusion stage can have."""
-    proc = PROCESSORS.get(s.processor) if s.processor else None
+    known = registry.names("processors")
+    proc = registry.stage_processor(s.processor) if s.processor in known else None
     if s.kind != "diffusion":
         if s.diffusion != DiffusionStageConfig():
             raise ConfigError(f"`{where}.diffusion`: only for `kind: diffusion` stages")
@@ -262,13 +264,22 @@ def _check_kind(s: StageConfig, where: str) -> None:
     if s.hidden_states is not None or s.prompt_embeds:
         raise ConfigError(f"`{where}`: a diffusion stage has no hidden states or prompt embeddings")
     if proc is not None and not proc.feeds_diffusion:
-        diffusion = sorted(k for k, p in PROCESSORS.items() if p.feeds_diffusion)
+        diffusion = [k for k in known if registry.stage_processor(k).feeds_diffusion]
         raise ConfigError(
             f"`{where}.processor`: {s.processor!r} does not feed a diffusion stage; use one of {diffusion}"
         )
+    _check_name("diffusion_models", s.diffusion.model_type, f"{where}.diffusion.model_type")
     for key in s.engine_args:
         if key in _DIFFUSION_ENGINE_ARGS:
             raise ConfigError(f"`{where}.engine_args.{key}`: set by the diffusion engine")
+
+
+def _check_name(kind: registry.Kind, name: str, where: str) -> None:
+    """`name` must be one the model registry knows (the error lists the known ones)."""
+    try:
+        registry.check(kind, name)
+    except registry.RegistryError as err:
+        raise ConfigError(f"`{where}`: {err}") from None
 
 
 # Set from `memory` (omni_mp.control.memory_budget); writing them as well would be ambiguous.
@@ -281,6 +292,22 @@ def _check_memory(s: StageConfig, where: str) -> None:
     for key in BUDGET_ENGINE_ARGS:
         if key in s.engine_args:
             raise ConfigError(f"`{where}.engine_args.{key}`: set from `{where}.memory`; write one or the other")
+
+
+def _check_entry_and_part(s: StageConfig, where: str) -> None:
+    """What only entry stages (or only stages with inputs) take, and the model part."""
+    if s.prompt_embeds and s.inputs:
+        raise ConfigError(f"`{where}.prompt_embeds`: only for entry stages (its processor decides otherwise)")
+    if s.prompt_format is not None and (s.inputs or s.kind != "ar"):
+        raise ConfigError(f"`{where}.prompt_format`: only for entry AR stages (they take the client's prompt)")
+    if s.wait_for_upstream and not s.inputs:
+        raise ConfigError(f"`{where}.wait_for_upstream`: only for stages with inputs")
+    if s.prompt_format is not None:
+        _check_name("prompt_formats", s.prompt_format, f"{where}.prompt_format")
+    if s.model_part is not None and s.kind != "ar":
+        raise ConfigError(f"`{where}.model_part`: only for AR stages")
+    if s.model_part is not None:
+        _check_name("model_parts", s.model_part, f"{where}.model_part")
 
 
 def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> PipelineConfig:
@@ -300,29 +327,20 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
             if up == s.id:
                 raise ConfigError(f"`{where}.inputs[{j}]`: stage {s.id} cannot be its own input")
         if s.inputs and s.processor is None:
-            raise ConfigError(f"`{where}.processor`: required for a stage with inputs; known: {sorted(PROCESSORS)}")
+            known = registry.names("processors")
+            raise ConfigError(f"`{where}.processor`: required for a stage with inputs; known: {known}")
         if s.processor is not None:
             if not s.inputs:
                 raise ConfigError(f"`{where}.processor`: an entry stage (no inputs) takes the prompt, not a processor")
-            if s.processor not in PROCESSORS:
-                raise ConfigError(
-                    f"`{where}.processor`: unknown processor {s.processor!r}; known: {sorted(PROCESSORS)}"
-                )
-        if s.processor in PROCESSORS and PROCESSORS[s.processor].needs_hidden_states:
+            _check_name("processors", s.processor, f"{where}.processor")
+        if s.processor is not None and registry.stage_processor(s.processor).needs_hidden_states:
             for j, up in enumerate(s.inputs):
                 if up in ids and cfg.stages[ids.index(up)].hidden_states is None:
                     raise ConfigError(
                         f"`{where}.inputs[{j}]`: processor {s.processor!r} needs hidden states from stage {up}; "
                         f"set `hidden_states: {{}}` there"
                     )
-        if s.prompt_embeds and s.inputs:
-            raise ConfigError(f"`{where}.prompt_embeds`: only for entry stages (its processor decides otherwise)")
-        if s.prompt_format is not None and (s.inputs or s.kind != "ar"):
-            raise ConfigError(f"`{where}.prompt_format`: only for entry AR stages (they take the client's prompt)")
-        if s.wait_for_upstream and not s.inputs:
-            raise ConfigError(f"`{where}.wait_for_upstream`: only for stages with inputs")
-        if s.model_part is not None and s.kind != "ar":
-            raise ConfigError(f"`{where}.model_part`: only for AR stages")
+        _check_entry_and_part(s, where)
         if s.hidden_states is not None and any(k < 0 for k in s.hidden_states.layers):
             raise ConfigError(f"`{where}.hidden_states.layers`: layer indices must be >= 0")
         if any(d < 0 for d in s.devices) or len(set(s.devices)) != len(s.devices):

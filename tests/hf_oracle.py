@@ -149,7 +149,7 @@ def _omni_processor(model_dir: str) -> Any:
 def omni_inputs(model_dir: str | Path, text: str, audio: Any = None, image: Any = None) -> Any:
     """The processor's tensors for `omni_prompt_text(text, ...)`; audio: float32 [n] at 16 kHz,
     image: uint8 [H, W, 3]."""
-    from omni_mp.models.qwen2_5_omni import omni_prompt_text
+    from omni_mp.models.qwen2_5_omni.prompt import omni_prompt_text
 
     prompt = omni_prompt_text(text, n_audio=int(audio is not None), n_image=int(image is not None))
     return _omni_processor(str(model_dir))(
@@ -200,7 +200,7 @@ def omni_generate(
     codec stop ids. The token2wav noise comes from the global RNG, seeded with `seed` right
     before token2wav runs: the same noise as `torch.randn(..., generator=torch.Generator().
     manual_seed(seed))`, which is how the diffusion engine draws it."""
-    from omni_mp.models.qwen2_5_omni import CODEC_STOP_IDS
+    from omni_mp.models.qwen2_5_omni.tiny import CODEC_STOP_IDS
 
     model = _omni(str(model_dir))
     inputs = omni_inputs(model_dir, text, audio, image)

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from omni_mp.models.tiny import resolve_model
+from omni_mp.models.registry import resolve_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,3 +128,15 @@ def settled_client(endpoint: str, timeout_s: float = 5.0) -> Iterator[object]:
         while client.status().inflight and time.monotonic() < deadline:
             time.sleep(0.05)
         assert client.status().inflight == 0
+
+
+def start_request(engine: Any, request_id: str, sampling: Any, speaker: str | None = None, **stage_input: Any) -> Any:
+    """Prepare and add a request as the stage loop does (both halves on this thread)."""
+    from omni_mp.engines.base import StageInput
+
+    return engine.add(engine.prepare(request_id, sampling, StageInput(**stage_input), speaker))
+
+
+def engine_is_empty(engine: Any) -> bool:
+    """No request left in the engine's vLLM scheduler."""
+    return not engine.driver.core.scheduler.has_requests()

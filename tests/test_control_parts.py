@@ -1,17 +1,22 @@
 """The coordinator's parts on their own: wiring, the request table, admission checks, and the
-non-blocking links (real ZMQ sockets, no stage processes)."""
+non-blocking links (real ZMQ sockets, no stage processes: `sleep` stands in for one in wiring)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
 import zmq
 
 from omni_mp.config import parse_config
+from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.requests import Rejected, RequestTable, check_submit
+from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.wiring import Wiring
 from omni_mp.wire.payload import (
     Abort,
@@ -44,28 +49,65 @@ def chain_cfg(**extra: object):
 
 
 # ---- wiring -------------------------------------------------------------------------------------
-def bring_up(w: Wiring, sid: int, endpoint: str) -> None:
-    for target, connect in w.on_ready(sid, endpoint):
+class SleepingStage(StageHandle):
+    """A stage whose process is `sleep`: wiring reads only what a run reported (Ready, Connected)."""
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["sleep", "60"])
+
+
+@pytest.fixture
+def chain(tmp_path: Path) -> Iterator[tuple[Wiring, dict[int, StageHandle]]]:
+    cfg = chain_cfg()
+    endpoints = RunEndpoints(cfg.endpoints, new_run_id())
+    stages: dict[int, StageHandle] = {
+        s.id: SleepingStage(cfg, s, "ipc://@nobody-listens", endpoints, tmp_path) for s in cfg.stages
+    }
+    try:
+        yield Wiring(cfg, stages), stages
+    finally:
+        for h in stages.values():
+            h.kill()
+            h.wait(5)
+
+
+def up(w: Wiring, stages: dict[int, StageHandle], sid: int, endpoint: str) -> dict[int, Connect]:
+    """A new run of stage `sid` reports itself ready at `endpoint`: the Connects to send."""
+    stages[sid].spawn()
+    stages[sid].became_ready(endpoint, {}, time.monotonic())
+    return dict(w.on_ready(sid))
+
+
+def down(stages: dict[int, StageHandle], sid: int) -> None:
+    stages[sid].kill()
+    stages[sid].wait(5)
+    stages[sid].died(restart_at=None)
+
+
+def bring_up(w: Wiring, stages: dict[int, StageHandle], sid: int, endpoint: str) -> None:
+    for target, connect in up(w, stages, sid, endpoint).items():
         w.on_connected(target, connect.downstream)
 
 
-def test_a_restarted_stage_is_not_wired_before_its_upstream_acknowledges_the_new_connect() -> None:
-    w = Wiring(chain_cfg())
+def test_a_restarted_stage_is_not_wired_before_its_upstream_acknowledges_the_new_connect(
+    chain: tuple[Wiring, dict[int, StageHandle]],
+) -> None:
+    w, stages = chain
     for sid in (2, 1, 0):
-        bring_up(w, sid, f"ipc://@s{sid}-0")
+        bring_up(w, stages, sid, f"ipc://@s{sid}-0")
     assert w.not_wired() == []
     # Stage 1 dies and comes back: stage 0's old link acknowledgement must not count any more,
     # even if the new incarnation reported the very same address.
-    w.on_down(1)
+    down(stages, 1)
     assert w.not_wired() == [0, 1]
-    connects = dict(w.on_ready(1, "ipc://@s1-0"))
+    connects = up(w, stages, 1, "ipc://@s1-0")
     assert set(connects) == {0, 1}
     assert w.not_wired() == [0, 1], "wired before the new Connect was handled"
     w.on_connected(1, connects[1].downstream)
     assert w.not_wired() == [0]
     # A late acknowledgement of a Connect to an older address does not count either.
-    w.on_down(1)
-    connects = dict(w.on_ready(1, "ipc://@s1-1"))
+    down(stages, 1)
+    connects = up(w, stages, 1, "ipc://@s1-1")
     w.on_connected(1, connects[1].downstream)
     w.on_connected(0, [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")])
     assert w.not_wired() == [0]
@@ -73,11 +115,11 @@ def test_a_restarted_stage_is_not_wired_before_its_upstream_acknowledges_the_new
     assert w.not_wired() == []
 
 
-def test_acknowledgements_from_a_dead_incarnation_are_ignored() -> None:
-    w = Wiring(chain_cfg())
+def test_acknowledgements_from_a_dead_incarnation_are_ignored(chain: tuple[Wiring, dict[int, StageHandle]]) -> None:
+    w, stages = chain
     for sid in (2, 1, 0):
-        bring_up(w, sid, f"ipc://@s{sid}-0")
-    w.on_down(0)
+        bring_up(w, stages, sid, f"ipc://@s{sid}-0")
+    down(stages, 0)
     w.on_connected(0, [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")])
     assert not w.wired(0)
     w.on_connected(9, [StageEndpoint(stage_id=77, endpoint="x")])  # unknown ids: ignored, no crash

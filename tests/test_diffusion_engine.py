@@ -17,13 +17,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_mp.engines.base import EngineInputError
+from omni_mp.engines.base import EngineInputError, Extension
 from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest
 from omni_mp.engines.diffusion.engine import DiffusionEngine
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig, StreamingConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
-from omni_mp.models.qwen2_5_omni import TOKEN2WAV_SPECS, build_token2wav
+from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
 from tests.hf_oracle import token2wav
+from tests.launcher import engine_is_empty
 
 ATOL = 1e-5
 
@@ -49,7 +50,7 @@ def drain(eng: DiffusionEngine, max_steps: int = 10_000) -> tuple[dict[str, list
     audio: dict[str, list[torch.Tensor]] = {}
     reasons: dict[str, str | None] = {}
     for _ in range(max_steps):
-        if not eng.has_work():
+        if engine_is_empty(eng):
             return audio, reasons
         outs, _ = eng.step()
         for o in outs:
@@ -123,9 +124,9 @@ def test_streamed_chunks_join_to_the_one_shot_waveform(engine: DiffusionEngine) 
     # context) are in, and its audio comes one solve (num_steps - 1 steps) later.
     engine.submit("s", codes[:7], p, closed=False, stream=True)
     sent, chunks, steps, first_audio = 7, [], 0, None
-    while engine.has_work():
+    while not engine_is_empty(engine):
         if sent < n:
-            engine.add_inputs("s", codes[sent : sent + 7], closed=sent + 7 >= n)
+            engine.extend("s", Extension(input_ids=codes[sent : sent + 7], closed=sent + 7 >= n))
             sent += 7
         outs, _ = engine.step()
         steps += 1
@@ -173,7 +174,7 @@ def _worker_requests(eng: DiffusionEngine) -> set[str]:
         runner = worker.model_runner
         return set(runner.noise) | {t.request_id for t in runner.trajectories.values()}
 
-    return eng.core.collective_rpc(probe)[0]
+    return eng.driver.core.collective_rpc(probe)[0]
 
 
 def test_abort_mid_sampling_frees_the_slot(engine2: DiffusionEngine) -> None:
@@ -211,7 +212,7 @@ def test_bad_input_fails_only_that_request(engine: DiffusionEngine) -> None:
         engine.submit("bad3", [], DiffusionParams(seed=1))
     engine.submit("bad4", [1, 2], DiffusionParams(seed=1), closed=False, stream=True)
     with pytest.raises(EngineInputError, match="codec id -4 out of range"):
-        engine.add_inputs("bad4", [3, -4], closed=True)
+        engine.extend("bad4", Extension(input_ids=[3, -4], closed=True))
     engine.abort(["bad4"])  # what the stage loop does with a request whose input failed
     audio, reasons = drain(engine)
     assert reasons == {"good": "stop"}

@@ -19,7 +19,7 @@ import torch
 from omni_mp.audio_io import read_audio
 from omni_mp.client import OmniClient
 from omni_mp.engines.diffusion.params import DiffusionParams
-from omni_mp.models.tiny import resolve_model
+from omni_mp.models.registry import resolve_model
 from omni_mp.wire.payload import Finished, SamplingParamsMsg
 from tests.hf_oracle import assert_close_audio, greedy, token2wav, tokenize
 from tests.launcher import REPO, ServedPipeline, serve, settled_client

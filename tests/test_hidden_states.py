@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from omni_mp.client import AsyncOmniClient, OmniClient
-from omni_mp.models.tiny import resolve_model
+from omni_mp.models.registry import resolve_model
 from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_same_tokens, embed_rows, greedy, greedy_hidden, talker_greedy, tokenize
 from tests.launcher import REPO, ServedPipeline, serve
@@ -29,13 +29,13 @@ def collect(events: list[StageOutputChunk | Finished], stage_id: int = 0) -> tup
         if not isinstance(ev, StageOutputChunk) or ev.stage_id != stage_id:
             continue
         tokens += ev.token_ids
-        info = ev.additional_information or {}
-        if "hidden_states" in info:
-            assert info["hidden_start"] == next_row, "hidden-state rows out of order"
-            next_row += info["hidden_states"].shape[0]
-            for key, value in info.items():
-                if key.startswith("hidden_states"):
-                    rows.setdefault(key, []).append(value.clone())
+        h = ev.hidden
+        if h is not None:
+            assert h.start == next_row, "hidden-state rows out of order"
+            next_row += h.last.shape[0]
+            rows.setdefault("hidden_states", []).append(h.last.clone())
+            for lr in h.layers:
+                rows.setdefault(f"hidden_states.layer{lr.layer}", []).append(lr.rows.clone())
     return tokens, {k: torch.cat(v) for k, v in rows.items()}
 
 
@@ -61,8 +61,8 @@ def test_hidden_states_match_transformers(hidden_pipeline: ServedPipeline) -> No
             torch.testing.assert_close(hidden["hidden_states"], want_layers[-1], atol=ATOL, rtol=0)
             torch.testing.assert_close(hidden["hidden_states.layer1"], want_layers[1], atol=ATOL, rtol=0)
             # Streamed step by step: the prompt's rows first, then one row per decode step.
-            with_rows = [e for e in events if isinstance(e, StageOutputChunk) and e.additional_information]
-            assert len(with_rows) == n and with_rows[0].additional_information["hidden_states"].shape[0] == len(ids)
+            with_rows = [e for e in events if isinstance(e, StageOutputChunk) and e.hidden is not None]
+            assert len(with_rows) == n and with_rows[0].hidden.last.shape[0] == len(ids)
 
 
 def test_concurrent_requests_each_get_their_own_hidden_states(hidden_pipeline: ServedPipeline) -> None:

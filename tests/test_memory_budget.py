@@ -28,7 +28,7 @@ from omni_mp.control.memory_budget import (
     resolve_memory_budgets,
     safetensors_params,
 )
-from omni_mp.models.qwen2_5_omni import TOKEN2WAV_SPECS, build_token2wav
+from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -190,8 +190,8 @@ def test_talker_part_with_dummy_weights_on_a_config_only_dir(tmp_path: Path, mon
     from transformers import Qwen2_5OmniConfig
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniTalkerForConditionalGeneration
 
-    from omni_mp.models.qwen2_5_omni_shapes import OmniShapesSpec, write_omni_shapes
-    from omni_mp.models.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, write_omni_shapes
+    from omni_mp.models.qwen2_5_omni.talker_view import talker_view_dir
 
     ckpt = write_omni_shapes(tmp_path / "ckpt", OmniShapesSpec(scale=28, token2wav_weights=False))
     assert not list(ckpt.glob("*.safetensors"))

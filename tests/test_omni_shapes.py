@@ -1,4 +1,4 @@
-"""The Qwen2.5-Omni 7B-shape checkpoint writer (omni_mp.models.qwen2_5_omni_shapes)."""
+"""The Qwen2.5-Omni 7B-shape checkpoint writer (omni_mp.models.qwen2_5_omni.shapes)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from omni_mp.models.qwen2_5_omni_shapes import MROPE_SECTION, OmniShapesSpec, omni_shapes_config, write_omni_shapes
+from omni_mp.models.qwen2_5_omni.shapes import MROPE_SECTION, OmniShapesSpec, omni_shapes_config, write_omni_shapes
 
 
 def test_7b_shapes_are_transformers_defaults_with_mrope() -> None:

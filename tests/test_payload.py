@@ -17,17 +17,20 @@ from hypothesis import strategies as st
 from omni_mp.wire.payload import (
     DEFAULT_LIMITS,
     MESSAGE_TYPES,
-    PACKED_ROWS,
     SUPPORTED_DTYPES,
     Abort,
     ErrorEvent,
     Finished,
     Heartbeat,
+    HiddenRows,
+    LayerRows,
     Limits,
     MessageBase,
+    MRopePositions,
     PayloadError,
     PromptEmbeds,
     Ready,
+    RowRange,
     SamplingParamsMsg,
     Shutdown,
     StageOutputBatch,
@@ -111,44 +114,50 @@ def test_batch_of_chunks_carries_and_checks_each_items_tensors() -> None:
         encode(batch)
 
 
+def hidden_rows(start: int, n: int, layers: tuple[int, ...] = (1,)) -> HiddenRows:
+    return HiddenRows(start=start, last=torch.randn(n, 8), layers=[LayerRows(k, torch.randn(n, 8)) for k in layers])
+
+
 def test_packed_batch_restores_each_chunks_rows_and_rejects_bad_ranges() -> None:
-    keys = ["hidden_states", "hidden_states.layer1"]
+    positions = MRopePositions(torch.arange(15).reshape(3, 5), -2)
     chunks = [
-        StageOutputChunk(
-            request_id=f"q{i}",
-            stage_id=0,
-            token_ids=[i],
-            additional_information={"hidden_start": i, **{k: torch.randn(n, 8) for k in keys}},
-        )
+        StageOutputChunk(request_id=f"q{i}", stage_id=0, token_ids=[i], hidden=hidden_rows(i, n))
         for i, n in enumerate([5, 1, 0, 2])
     ] + [StageOutputChunk(request_id="plain", stage_id=0, token_ids=[9])]
-    want = [{k: c.additional_information[k].clone() for k in keys} for c in chunks[:4]]
-    batch = StageOutputBatch.pack(chunks, keys)
+    chunks[0].hidden.mrope = positions
+    want = [(c.hidden.start, c.hidden.last.clone(), c.hidden.layers[0].rows.clone()) for c in chunks[:4]]
+    batch = StageOutputBatch.pack(chunks)
     frames = encode(batch)
-    assert len(frames) == 1 + len(keys)  # one buffer per key for the whole step
+    assert len(frames) == 1 + 2 + 1  # one buffer per layer for the whole step, plus the positions
     out = decode(frames).unpacked()
-    for chunk, expected in zip(out[:4], want, strict=True):
-        assert PACKED_ROWS not in chunk.additional_information
-        for k in keys:
-            assert same_bits(chunk.additional_information[k], expected[k])
-    assert out[4].additional_information is None and out[4].token_ids == [9]
+    for chunk, (start, last, layer1) in zip(out[:4], want, strict=True):
+        assert chunk.hidden.packed is None and chunk.hidden.start == start
+        assert same_bits(chunk.hidden.last, last)
+        assert [lr.layer for lr in chunk.hidden.layers] == [1] and same_bits(chunk.hidden.layers[0].rows, layer1)
+    assert same_bits(out[0].hidden.mrope.positions, positions.positions) and out[0].hidden.mrope.delta == -2
+    assert out[4].hidden is None and out[4].token_ids == [9]
     bad = decode(
-        encode(
-            StageOutputBatch.pack(
-                [
-                    StageOutputChunk(
-                        request_id="q", stage_id=0, additional_information={"hidden_states": torch.ones(2, 8)}
-                    )
-                ],
-                ["hidden_states"],
-            )
-        )
+        encode(StageOutputBatch.pack([StageOutputChunk(request_id="q", stage_id=0, hidden=hidden_rows(0, 2))]))
     )
-    bad.chunks[0].additional_information[PACKED_ROWS] = [1, 5]
+    bad.chunks[0].hidden.packed = RowRange(1, 5)
     with pytest.raises(
-        PayloadError, match=r"chunks\[0\].*\[1, 5\] is not a row range of packed\['hidden_states'\] \(2 rows\)"
+        PayloadError, match=r"chunks\[0\]\.hidden\.packed: \[1, 5\) is not a row range \(2 packed rows\)"
     ):
         bad.unpacked()
+
+
+def test_hidden_rows_shapes_are_checked_before_any_tensor_exists() -> None:
+    chunk = StageOutputChunk(request_id="q", stage_id=0, hidden=HiddenRows(start=0, last=torch.zeros(4)))
+    with pytest.raises(PayloadError, match=r"StageOutputChunk\.hidden\.last: must be 2-D"):
+        encode(chunk)
+    bad_pos = MRopePositions(torch.zeros(2, 4, dtype=torch.int64), 0)
+    chunk = StageOutputChunk(
+        request_id="q", stage_id=0, hidden=HiddenRows(start=0, last=torch.zeros(4, 2), mrope=bad_pos)
+    )
+    with pytest.raises(
+        PayloadError, match=r"hidden\.mrope\.positions: M-RoPE positions must be int64 \[3, prompt_len\]"
+    ):
+        encode(chunk)
 
 
 def test_every_message_type_round_trips() -> None:

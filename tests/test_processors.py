@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_mp.processors import PROCESSORS, ProcessorError, RequestContext, UpstreamResult
+from omni_mp.models.registry import stage_processor
+from omni_mp.processors import ProcessorError, RequestContext, UpstreamResult
 
 CTX = RequestContext()
 
@@ -14,7 +15,7 @@ def test_hidden_rows_by_range_touch_only_their_chunks() -> None:
     up = UpstreamResult(stage_id=0)
     full = torch.arange(40.0).reshape(20, 2)
     for a, b in [(0, 7), (7, 8), (8, 15), (15, 20)]:
-        up.add_hidden(full[a:b])
+        up.hidden.append(full[a:b])
     for start in range(20):
         for end in range(start + 1, 21):
             assert torch.equal(up.hidden_states(start, end), full[start:end])
@@ -22,19 +23,19 @@ def test_hidden_rows_by_range_touch_only_their_chunks() -> None:
 
 
 def test_thinker_to_talker_builds_prompt_then_streams_step_rows() -> None:
-    proc = PROCESSORS["thinker_to_talker"]
+    proc = stage_processor("thinker_to_talker")
     up = UpstreamResult(stage_id=0)
     rows = torch.randn(9, 4)
     assert proc.prompt({0: up}, CTX) is None  # nothing yet
     up.prompt_token_ids = [1, 2, 3, 4, 5]
-    up.add_hidden(rows[:3])
+    up.hidden.append(rows[:3])
     assert proc.prompt({0: up}, CTX) is None  # the prompt's rows are not all there
-    up.add_hidden(rows[3:6])
+    up.hidden.append(rows[3:6])
     prompt = proc.prompt({0: up}, CTX)
     assert prompt is not None and torch.equal(prompt.prompt_embeds, rows[:5])
     got, complete = proc.step_embeds({0: up}, 0)
     assert torch.equal(got, rows[5:6]) and not complete
-    up.add_hidden(rows[6:9])
+    up.hidden.append(rows[6:9])
     up.finished = True
     got, complete = proc.step_embeds({0: up}, 1)
     assert torch.equal(got, rows[6:9]) and complete
@@ -44,15 +45,15 @@ def test_thinker_to_talker_builds_prompt_then_streams_step_rows() -> None:
 def test_processors_reject_what_they_cannot_use() -> None:
     up = UpstreamResult(stage_id=3, prompt_token_ids=[1, 2], finished=True)
     with pytest.raises(ProcessorError, match="generated no tokens"):
-        PROCESSORS["generated_tokens"].prompt({3: up}, CTX)
+        stage_processor("generated_tokens").prompt({3: up}, CTX)
     with pytest.raises(ProcessorError, match="0 hidden rows for a 2-token prompt"):
-        PROCESSORS["thinker_to_talker"].prompt({3: up}, CTX)
+        stage_processor("thinker_to_talker").prompt({3: up}, CTX)
     with pytest.raises(ProcessorError, match="exactly one upstream"):
-        PROCESSORS["continue_tokens"].prompt({3: up, 4: up}, CTX)
+        stage_processor("continue_tokens").prompt({3: up, 4: up}, CTX)
 
 
 def test_codec_tokens_start_on_the_first_ids_and_drop_the_stop_token() -> None:
-    proc = PROCESSORS["codec_tokens"]
+    proc = stage_processor("codec_tokens")
     up = UpstreamResult(stage_id=0, prompt_token_ids=[9, 9])
     assert proc.prompt({0: up}, CTX) is None  # no codes yet
     up.output_token_ids = [5, 6]
@@ -71,7 +72,7 @@ def test_codec_tokens_start_on_the_first_ids_and_drop_the_stop_token() -> None:
 
 def _omni_upstream(prompt: list[int], reply: list[int], hidden: torch.Tensor, finished: bool) -> UpstreamResult:
     up = UpstreamResult(stage_id=0, prompt_token_ids=prompt, output_token_ids=list(reply), finished=finished)
-    up.add_hidden(hidden)
+    up.hidden.append(hidden)
     return up
 
 
@@ -80,11 +81,11 @@ def test_qwen2_5_omni_talker_inputs_stream_like_the_whole_reply() -> None:
     same as when the whole reply is there; after the reply come the text-end and text-pad rows."""
     from omni_mp.config import StageConfig
     from omni_mp.models.checkpoint import load_tensors
-    from omni_mp.models.tiny import resolve_model
+    from omni_mp.models.registry import resolve_model
 
     model_dir = resolve_model("tiny-token2wav")  # a full tiny Qwen2.5-Omni checkpoint
     stage = StageConfig(id=1, model="tiny-token2wav", inputs=[0], processor="qwen2_5_omni_talker")
-    proc = PROCESSORS["qwen2_5_omni_talker"].bind(stage, model_dir)
+    proc = stage_processor("qwen2_5_omni_talker").bind(stage, model_dir)
     embed = load_tensors(model_dir, ["thinker.model.embed_tokens.weight"])["thinker.model.embed_tokens.weight"]
     gen = torch.Generator().manual_seed(0)
     # 300: the audio placeholder id, zero in the prompt; a reply token with that id keeps its embedding.
@@ -125,11 +126,11 @@ def test_qwen2_5_omni_talker_inputs_stream_like_the_whole_reply() -> None:
 
 def test_qwen2_5_omni_talker_inputs_refuse_what_the_reference_cannot_do() -> None:
     from omni_mp.config import StageConfig
-    from omni_mp.models.tiny import resolve_model
+    from omni_mp.models.registry import resolve_model
 
     model_dir = resolve_model("tiny-token2wav")
     stage = StageConfig(id=1, model="tiny-token2wav", inputs=[0], processor="qwen2_5_omni_talker")
-    proc = PROCESSORS["qwen2_5_omni_talker"].bind(stage, model_dir)
+    proc = stage_processor("qwen2_5_omni_talker").bind(stage, model_dir)
     assert proc.speakers == {"Chelsie", "Ethan"}
     one_token = _omni_upstream([5, 6], [9], torch.zeros(2, 64), finished=True)
     with pytest.raises(ProcessorError, match="at least 2 tokens"):

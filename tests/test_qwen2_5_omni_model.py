@@ -1,4 +1,4 @@
-"""The tiny Qwen2.5-Omni checkpoint (omni_mp.models.qwen2_5_omni) and the oracle built on it
+"""The tiny Qwen2.5-Omni checkpoint (omni_mp.models.qwen2_5_omni.tiny) and the oracle built on it
 (tests.hf_oracle.omni_generate): a deterministic build, an offline reload, the processor's
 placeholder counts, and the oracle's talker codes against an independent hand-written talker
 loop (../shared/models/qwen2_5_omni.md §2). No vLLM."""
@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_mp.models.qwen2_5_omni import (
+from omni_mp.models.qwen2_5_omni.prompt import omni_prompt_text
+from omni_mp.models.qwen2_5_omni.tiny import (
     CODEC_BOS,
     CODEC_MASK,
     CODEC_PAD,
     CODEC_STOP_IDS,
     OMNI_SPECS,
     build_omni,
-    omni_prompt_text,
 )
-from omni_mp.models.tiny import resolve_model
+from omni_mp.models.registry import resolve_model
 from tests.hf_oracle import omni_generate, omni_inputs
 from tests.synthetic_media import pattern, tone
 

@@ -504,7 +504,7 @@ def test_a_stopped_stage_is_detected_killed_and_restarted(coord: Coordinator, cl
     # The restarted stage hangs while its engine starts: it is killed (and restarted) too.
     h = coord.stages[1]
     deadline = time.monotonic() + 60
-    while not (h.pid not in (None, pid) and h.beating and not h.ready):
+    while not ((run := h.run) is not None and run.proc.pid not in (None, pid) and run.beating and not run.ready):
         assert time.monotonic() < deadline, "the restarted stage never beat before it was ready"
         time.sleep(0.05)
     starting_pid = h.pid

@@ -17,7 +17,7 @@ import zmq
 
 from omni_mp.config import PipelineConfig, parse_config
 from omni_mp.control.endpoints import new_run_id
-from omni_mp.models.tiny import resolve_model
+from omni_mp.models.registry import resolve_model
 from omni_mp.stage.loop import StageLoop
 from omni_mp.wire.payload import (
     Abort,
@@ -35,7 +35,7 @@ from omni_mp.wire.payload import (
 )
 from omni_mp.wire.transport import MessageReceiver, MessageSender
 from tests.hf_oracle import greedy, tokenize
-from tests.launcher import in_process_engine
+from tests.launcher import engine_is_empty, in_process_engine
 
 pytestmark = pytest.mark.engine
 
@@ -73,18 +73,21 @@ def engine() -> Iterator[Any]:
 
 
 class Harness:
-    def __init__(self, engine: Any, cfg: PipelineConfig, tweak: Callable[[StageLoop], None] | None = None) -> None:
+    def __init__(
+        self, engine: Any, cfg: PipelineConfig, tweak: Callable[[StageLoop], None] | None = None, stage_id: int = 1
+    ) -> None:
         run = new_run_id()
         self.ctx = zmq.Context()
         self.limits = cfg.limits
         self.events = MessageReceiver(self.ctx, f"ipc://@{run}-events", cfg.limits)
-        self.input_endpoint = f"ipc://@{run}-stage1"
+        self.stage_id = stage_id
+        self.input_endpoint = f"ipc://@{run}-stage{stage_id}"
         self._links = [
             MessageReceiver(self.ctx, self.input_endpoint, cfg.limits),
             MessageSender(self.ctx, f"ipc://@{run}-events", cfg.limits),
             MessageSender(self.ctx, f"ipc://@{run}-events", cfg.limits),
         ]
-        self.loop = StageLoop(cfg, cfg.stage(1), engine, self.ctx, *self._links)
+        self.loop = StageLoop(cfg, cfg.stage(stage_id), engine, self.ctx, *self._links)
         if tweak is not None:
             tweak(self.loop)
         self.upstream = MessageSender(self.ctx, self.input_endpoint, cfg.limits)
@@ -103,10 +106,12 @@ class Harness:
     def send(self, msg: Message) -> None:
         self.upstream.send(msg, timeout=5)
 
-    def register(self, rid: str, max_tokens: int = 8) -> None:
+    def register(self, rid: str, max_tokens: int = 8, prompt_token_ids: list[int] | None = None) -> None:
+        """Register a request (for an entry stage, with its prompt)."""
+        sampling = SamplingParamsMsg(max_tokens=max_tokens, ignore_eos=True)
         self.send(
             StageRequest(
-                request_id=rid, stage_id=1, sampling_params=SamplingParamsMsg(max_tokens=max_tokens, ignore_eos=True)
+                request_id=rid, stage_id=self.stage_id, prompt_token_ids=prompt_token_ids, sampling_params=sampling
             )
         )
 
@@ -137,7 +142,7 @@ class Harness:
         assert not self.thread.is_alive()
         engine = self.loop.engine
         engine.abort(list(self.loop.requests))
-        while engine.has_work():  # leave the shared engine empty for the next test
+        while not engine_is_empty(engine):  # leave the shared engine empty for the next test
             engine.step()
         for link in [self.upstream, self.events, *self._links]:
             link.close()
@@ -155,9 +160,8 @@ def error_of(rid: str) -> Callable[[Message], bool]:
 @pytest.fixture()
 def harness(engine: Any, request: pytest.FixtureRequest) -> Iterator[Harness]:
     marker = request.node.get_closest_marker("harness")
-    h = Harness(
-        engine, marker.kwargs.get("cfg", config()) if marker else config(), marker and marker.kwargs.get("tweak")
-    )
+    kw = marker.kwargs if marker else {}
+    h = Harness(engine, kw.get("cfg", config()), kw.get("tweak"), kw.get("stage_id", 1))
     try:
         yield h
     finally:
@@ -221,7 +225,7 @@ def test_a_full_orphan_buffer_fails_the_request_it_cannot_keep(harness: Harness)
 
 def _drop_rows_of(loop: StageLoop, rid: str, at_call: int) -> None:
     """Fault injection: lose one step's captured rows of `rid` (a gap in its hidden states)."""
-    collect, calls = loop.engine.collect_hidden, {"n": 0}
+    collect, calls = loop.engine.io.collect, {"n": 0}
 
     def lossy(finishing: set[str]) -> dict[str, Any]:
         out = collect(finishing)
@@ -231,7 +235,7 @@ def _drop_rows_of(loop: StageLoop, rid: str, at_call: int) -> None:
                 del out[rid]
         return out
 
-    loop.engine.collect_hidden = lossy
+    loop.engine.io.collect = lossy
 
 
 @pytest.mark.harness(tweak=lambda loop: _drop_rows_of(loop, "gap", 3))
@@ -247,7 +251,7 @@ def test_a_hidden_row_gap_fails_that_request_only(harness: Harness) -> None:
     harness.feed("next", prompt_ids())
     harness.wait_for(done_of("next"))
     try:
-        del harness.loop.engine.collect_hidden  # back to the engine's own method
+        del harness.loop.engine.io.collect  # back to the engine's own method
     except AttributeError:
         pass
 
@@ -266,7 +270,7 @@ def test_heartbeats_go_on_while_a_send_waits_on_a_stalled_consumer(harness: Harn
         harness.send(Connect(downstream=[StageEndpoint(stage_id=2, endpoint=endpoint)]))
         harness.register("r", max_tokens=40)
         harness.feed("r", prompt_ids())
-        time.sleep(0.5)  # by now two batches fill the pool and the third send waits for credits
+        time.sleep(0.2)  # by now two batches fill the pool and the third send waits for credits
         assert harness.loop.output.downstream, "the stage did not connect to the stalled consumer"
         harness.seen.clear()
         t0 = time.monotonic()
@@ -291,3 +295,47 @@ def test_heartbeats_go_on_while_a_send_waits_on_a_stalled_consumer(harness: Harn
                 if not harness.loop.output._queue:
                     break
         stalled.close()
+
+
+def _failing_preparation(loop: StageLoop) -> None:
+    """Fault injection around the real `prepare`: requests named `fail-<kind>` spend 0.2 s in
+    preparation and then raise that kind of exception; the others are prepared as usual."""
+    prepare = loop.engine.prepare
+    kinds = {"memory": MemoryError, "runtime": RuntimeError, "value": ValueError, "key": KeyError}
+    loop.steps_while_preparing = []  # type: ignore[attr-defined]
+
+    def injected(request_id: str, *args: Any) -> Any:
+        kind = request_id.removeprefix("fail-")
+        if kind not in kinds:
+            return prepare(request_id, *args)
+        before = loop.timeline.steps
+        time.sleep(0.2)
+        loop.steps_while_preparing.append(loop.timeline.steps - before)  # type: ignore[attr-defined]
+        raise kinds[kind](f"injected {kind} error")
+
+    loop.engine.prepare = injected
+
+
+ENTRY = config()  # stage 0 of the same pipeline: an entry stage (the test plays the coordinator)
+
+
+@pytest.mark.harness(cfg=ENTRY, stage_id=0, tweak=_failing_preparation)
+def test_any_exception_while_preparing_fails_that_request_only(harness: Harness) -> None:
+    """An entry stage prepares requests beside its engine thread: a preparation that raises
+    (MemoryError included) fails its own request with the reason, running requests keep
+    stepping meanwhile, and the stage goes on serving."""
+    ids = prompt_ids()
+    harness.register("bystander", max_tokens=480, prompt_token_ids=ids)
+    kinds = ["memory", "runtime", "value", "key"]
+    for kind in kinds:
+        harness.register(f"fail-{kind}", prompt_token_ids=ids)
+    for kind in kinds:
+        err = harness.wait_for(error_of(f"fail-{kind}"))
+        assert isinstance(err, ErrorEvent) and err.code == "invalid_input"
+        assert "could not prepare the request's input" in err.message and f"injected {kind} error" in err.message
+    # While each of the four 0.2 s preparations ran, the engine went on stepping the bystander.
+    assert min(harness.loop.steps_while_preparing) >= 3, harness.loop.steps_while_preparing  # type: ignore[attr-defined]
+    harness.wait_for(done_of("bystander"))
+    harness.register("after", prompt_token_ids=ids)
+    done = harness.wait_for(done_of("after"))
+    assert isinstance(done, StageDone) and done.num_output_tokens == 8

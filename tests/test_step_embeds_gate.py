@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from omni_mp.engines.vllm_hooks import StepEmbeds
-from omni_mp.models.tiny import resolve_model
+from omni_mp.engines.base import Extension
+from omni_mp.models.registry import resolve_model
 from omni_mp.wire.payload import SamplingParamsMsg
 from tests.hf_oracle import assert_same_tokens, embed_rows, greedy, talker_greedy, tokenize
-from tests.launcher import in_process_engine
+from tests.launcher import engine_is_empty, in_process_engine, start_request
 
 pytestmark = pytest.mark.engine
 
@@ -50,44 +50,40 @@ def test_decode_waits_for_its_step_embedding_and_resumes_exactly(engine: object)
     extras = torch.randn(10, 128, generator=g) * 0.5
     n = 14  # longer than the extras: the last steps use the zero fill
     tokens: dict[str, list[int]] = {}
-    engine.add_request(  # type: ignore[attr-defined]
-        "talk",
-        SamplingParamsMsg(max_tokens=n, ignore_eos=True),
-        prompt_embeds=prompt,
-        step_embeds=StepEmbeds(fill=torch.zeros(128)),
+    start_request(
+        engine, "talk", SamplingParamsMsg(max_tokens=n, ignore_eos=True), prompt_embeds=prompt, step_embeds=True
     )
     # Prefill runs (and samples code 0); decode step 0 needs extra row 0: nothing more happens.
     assert run_until_quiet(engine, tokens) == 1
     assert len(tokens["talk"]) == 1
     assert not engine.can_step()  # type: ignore[attr-defined]
     # Three rows: exactly three more decode steps, then it waits again.
-    engine.add_step_embeds("talk", extras[:3])  # type: ignore[attr-defined]
+    engine.extend("talk", Extension(step_rows=extras[:3]))  # type: ignore[attr-defined]
     assert run_until_quiet(engine, tokens) == 3
     assert len(tokens["talk"]) == 4
     # A request without step embeddings is not held back by the waiting one.
-    engine.add_request("plain", SamplingParamsMsg(max_tokens=5, ignore_eos=True), prompt_token_ids=ids)  # type: ignore[attr-defined]
+    start_request(engine, "plain", SamplingParamsMsg(max_tokens=5, ignore_eos=True), prompt_token_ids=ids)
     run_until_quiet(engine, tokens)
     assert len(tokens["plain"]) == 5 and len(tokens["talk"]) == 4
     # The rest, and the end of the stream: it runs to completion.
-    engine.add_step_embeds("talk", extras[3:])  # type: ignore[attr-defined]
-    engine.close_step_embeds("talk")  # type: ignore[attr-defined]
+    engine.extend("talk", Extension(step_rows=extras[3:], closed=True))  # type: ignore[attr-defined]
     run_until_quiet(engine, tokens)
     want, margins = talker_greedy(talker, prompt, extras, n)
     assert_same_tokens(tokens["talk"], want, margins, "gated talker")
-    assert not engine.has_work()  # type: ignore[attr-defined]
+    assert engine_is_empty(engine)
 
 
 def test_wrong_width_step_embeddings_are_rejected(engine: object) -> None:
     from omni_mp.engines.ar import EngineInputError
 
     ids = tokenize(resolve_model("tiny-qwen2-b"), "Hi")
-    engine.add_request("w", SamplingParamsMsg(max_tokens=3), prompt_token_ids=ids, step_embeds=StepEmbeds())  # type: ignore[attr-defined]
+    start_request(engine, "w", SamplingParamsMsg(max_tokens=3), prompt_token_ids=ids, step_embeds=True)
     with pytest.raises(EngineInputError, match=r"expected \[n, 128\]"):
-        engine.add_step_embeds("w", torch.zeros(2, 64))  # type: ignore[attr-defined]
+        engine.extend("w", Extension(step_rows=torch.zeros(2, 64)))  # type: ignore[attr-defined]
     engine.abort(["w"])  # type: ignore[attr-defined]
     engine.step()  # type: ignore[attr-defined]  # the scheduler drops finished requests on its next pass
-    assert not engine.has_work()  # type: ignore[attr-defined]
-    assert "w" not in engine.io.step_embeds  # type: ignore[attr-defined]
+    assert engine_is_empty(engine)
+    assert "w" not in engine.io.requests  # type: ignore[attr-defined]
 
 
 def test_held_requests_keep_their_slots_under_max_num_seqs(engine: object) -> None:
@@ -99,24 +95,21 @@ def test_held_requests_keep_their_slots_under_max_num_seqs(engine: object) -> No
     tokens: dict[str, list[int]] = {}
     held = [f"held{i}" for i in range(4)]
     for rid in held:
-        engine.add_request(  # type: ignore[attr-defined]
-            rid,
-            SamplingParamsMsg(max_tokens=3, ignore_eos=True),
-            prompt_embeds=prompt,
-            step_embeds=StepEmbeds(fill=torch.zeros(128)),
+        start_request(
+            engine, rid, SamplingParamsMsg(max_tokens=3, ignore_eos=True), prompt_embeds=prompt, step_embeds=True
         )
     run_until_quiet(engine, tokens)  # four prefills, then all four wait for their rows
-    engine.add_request("plain", SamplingParamsMsg(max_tokens=5, ignore_eos=True), prompt_token_ids=ids)  # type: ignore[attr-defined]
+    start_request(engine, "plain", SamplingParamsMsg(max_tokens=5, ignore_eos=True), prompt_token_ids=ids)
     run_until_quiet(engine, tokens)
     assert "plain" not in tokens
-    assert len(engine.core.scheduler.running) == 4  # type: ignore[attr-defined]
+    assert len(engine.driver.core.scheduler.running) == 4  # type: ignore[attr-defined]
     for rid in held:
-        engine.close_step_embeds(rid)  # type: ignore[attr-defined]
+        engine.extend(rid, Extension(closed=True))  # type: ignore[attr-defined]
     run_until_quiet(engine, tokens)
     assert [len(tokens[r]) for r in held] == [3, 3, 3, 3]
     want, margins = greedy(talker, ids, 5)
     assert_same_tokens(tokens["plain"], want, margins, "plain request after the held ones")
-    assert not engine.has_work()  # type: ignore[attr-defined]
+    assert engine_is_empty(engine)
 
 
 def test_a_layer_the_model_cannot_output_is_refused_at_load() -> None:

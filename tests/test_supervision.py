@@ -17,9 +17,9 @@ from omni_mp import launch
 from omni_mp.config import parse_config
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
-from omni_mp.control.procutil import popen
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
+from omni_mp.procs import popen
 from tests.launcher import REPO, gone
 
 
@@ -58,15 +58,17 @@ def test_a_stage_that_hangs_before_it_is_ready_is_killed(tmp_path: Path) -> None
         pid = h.pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
-        assert sup.check(h.spawned_at + 1.0, set()) == []
-        deaths = sup.check(h.spawned_at + 2.5, set())
+        assert h.run is not None
+        spawned_at = h.run.spawned_at
+        assert sup.check(spawned_at + 1.0, set()) == []
+        deaths = sup.check(spawned_at + 2.5, set())
         assert [sid for sid, _ in deaths] == [0] and "not ready 2s after it started" in deaths[0][1]
     finally:
         h.kill()
 
 
 CHILD = (
-    "import sys, time; from omni_mp.control.procutil import die_with_parent; "
+    "import sys, time; from omni_mp.procs import die_with_parent; "
     "die_with_parent(int(sys.argv[1])); time.sleep(60)"
 )
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from omni_mp.engines.vllm_hooks import StepEmbeds
-from omni_mp.models.tiny import resolve_model
+from omni_mp.engines.base import Extension
+from omni_mp.models.registry import resolve_model
 from omni_mp.wire.payload import SamplingParamsMsg
 from tests.hf_oracle import assert_same_tokens
-from tests.launcher import in_process_engine
+from tests.launcher import engine_is_empty, in_process_engine, start_request
 
 pytestmark = pytest.mark.engine
 
@@ -126,8 +126,8 @@ def hf_talker(
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Any]:
     from omni_mp.engines.ar import AREngine, EngineFeatures
-    from omni_mp.engines.vllm_hooks_talker import register_talker
-    from omni_mp.models.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.vllm_hooks_talker import register_talker
 
     register_talker()
     view = talker_view_dir(resolve_model(CKPT))
@@ -159,20 +159,18 @@ def drive(engine: Any, rid: str, max_steps: int = 200) -> tuple[list[int], list[
     codes: list[int] = []
     raw: list[torch.Tensor] = []
     for _ in range(max_steps):
-        outputs, executed = engine.core.step_fn()
-        engine.core.post_step(executed)
-        for per_client in (outputs or {}).values():
-            for out in per_client.outputs:
-                assert out.request_id == rid
-                codes += out.new_token_ids
-                lp = out.new_logprobs
-                for ids, vals in zip(lp.logprob_token_ids, lp.logprobs, strict=True):
-                    full = torch.full((VC,), float("nan"))
-                    full[torch.as_tensor(ids[1:])] = torch.as_tensor(vals[1:])  # [0] is the sampled code
-                    raw.append(full)
-                if out.finished:
-                    engine.io.forget(rid)
-                    return codes, raw
+        outputs, _ = engine.driver.step()
+        for out in outputs:
+            assert out.request_id == rid
+            codes += out.new_token_ids
+            lp = out.new_logprobs
+            for ids, vals in zip(lp.logprob_token_ids, lp.logprobs, strict=True):
+                full = torch.full((VC,), float("nan"))
+                full[torch.as_tensor(ids[1:])] = torch.as_tensor(vals[1:])  # [0] is the sampled code
+                raw.append(full)
+            if out.finished:
+                engine.io.release(rid)
+                return codes, raw
     raise AssertionError(f"{rid} did not finish in {max_steps} steps")
 
 
@@ -192,14 +190,17 @@ def run_vllm(
     positions: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[list[int], list[torch.Tensor]]:
     n_prompt = prefill.shape[0]
-    engine.add_request(
+    start_request(
+        engine,
         rid,
         sampling(n),
         prompt_embeds=prefill,
         prompt_token_ids=[MASK] * (n_prompt - 2) + [PAD, BOS],
-        step_embeds=StepEmbeds(rows=list(stream.unbind(0)), closed=True, fill=fill),
+        step_embeds=True,
+        step_fill=fill,
         positions=positions,
     )
+    engine.extend(rid, Extension(step_rows=stream, closed=True))
     return drive(engine, rid)
 
 
@@ -230,7 +231,7 @@ def test_talker_codes_equal_transformers(engine: Any, prompt_ids: list[int], n_t
     worst = compare_logits(got_raw, want_raw, "raw logits")
     print(f"[talker] max |logit diff| over {len(got_raw)} steps: {worst:.2e}")
     engine.step()  # the scheduler drops finished requests on its next pass
-    assert not engine.has_work()
+    assert engine_is_empty(engine)
 
 
 def test_positions_override_gives_the_thinker_multimodal_positions(engine: Any) -> None:
@@ -267,25 +268,29 @@ def test_wrong_inputs_are_refused_with_the_reason(engine: Any) -> None:
     from omni_mp.engines.base import EngineInputError
 
     with pytest.raises(EngineInputError, match=r"prompt_embeds: expected \[n, 64\] \(the model.s input-embedding"):
-        engine.add_request("w", sampling(4), prompt_embeds=torch.zeros(5, 96))
+        start_request(engine, "w", sampling(4), prompt_embeds=torch.zeros(5, 96))
     with pytest.raises(EngineInputError, match=r"4 ids for 5 rows"):
-        engine.add_request("w", sampling(4), prompt_embeds=torch.zeros(5, E), prompt_token_ids=[MASK] * 4)
+        start_request(engine, "w", sampling(4), prompt_embeds=torch.zeros(5, E), prompt_token_ids=[MASK] * 4)
     with pytest.raises(EngineInputError, match=r"positions: expected \[3, P\] with 0 < P <= 5"):
-        engine.add_request(
-            "w", sampling(4), prompt_embeds=torch.zeros(5, E), positions=(torch.zeros(3, 6, dtype=torch.long), 0)
+        start_request(
+            engine,
+            "w",
+            sampling(4),
+            prompt_embeds=torch.zeros(5, E),
+            positions=(torch.zeros(3, 6, dtype=torch.long), 0),
         )
-    engine.add_request("w", sampling(2), prompt_embeds=torch.zeros(5, E), step_embeds=StepEmbeds())
+    start_request(engine, "w", sampling(2), prompt_embeds=torch.zeros(5, E), step_embeds=True)
     with pytest.raises(EngineInputError, match=r"step embeddings: expected \[n, 64\]"):
-        engine.add_step_embeds("w", torch.zeros(2, 96))
+        engine.extend("w", Extension(step_rows=torch.zeros(2, 96)))
     engine.abort(["w"])
     engine.step()
-    assert not engine.has_work()
+    assert engine_is_empty(engine)
 
 
 def test_talker_view_config() -> None:
     import json
 
-    from omni_mp.models.talker_view import TALKER_ARCH, talker_view_dir
+    from omni_mp.models.qwen2_5_omni.talker_view import TALKER_ARCH, talker_view_dir
 
     view = talker_view_dir(resolve_model(CKPT))
     assert talker_view_dir(resolve_model(CKPT)) == view  # cached
@@ -301,8 +306,8 @@ def test_a_capturing_stage_ships_its_prompt_positions() -> None:
     vLLM's Qwen2.5-Omni thinker needs torchvision, which this venv lacks, so the M-RoPE model
     here is the talker itself; for a text prompt the positions are arange on all axes, delta 0."""
     from omni_mp.engines.ar import EngineFeatures
-    from omni_mp.engines.vllm_hooks_talker import register_talker
-    from omni_mp.models.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.talker_view import talker_view_dir
+    from omni_mp.models.qwen2_5_omni.vllm_hooks_talker import register_talker
 
     register_talker()
     args = {"dtype": "float32", "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 2}
@@ -312,15 +317,16 @@ def test_a_capturing_stage_ships_its_prompt_positions() -> None:
     with in_process_engine(view, args, EngineFeatures(hidden_states=True, prompt_embeds=True)) as eng:
         assert eng.uses_mrope
         g = torch.Generator().manual_seed(5)
-        eng.add_request(
-            "src", SamplingParamsMsg(max_tokens=4, ignore_eos=True), prompt_embeds=torch.randn(L, E, generator=g)
+        start_request(
+            eng, "src", SamplingParamsMsg(max_tokens=4, ignore_eos=True), prompt_embeds=torch.randn(L, E, generator=g)
         )
         rows: list[Any] = []
-        while eng.has_work():
+        while not engine_is_empty(eng):
             outs, _ = eng.step()
-            rows += eng.collect_hidden({o.request_id for o in outs if o.finished}).get("src", [])
-        assert not eng.io.source_positions and not eng.io.positions_recorded
+            rows += [o.hidden for o in outs if o.hidden is not None]
+        assert not eng.io.requests  # the request's hook state went with it
+    assert [r.start for r in rows] == [0, L, L + 1, L + 2]
     assert [r.last.shape[0] for r in rows] == [L, 1, 1, 1]  # 4 forwards: the last code is never fed back
-    assert rows[0].positions is not None and all(r.positions is None for r in rows[1:])
-    pos, delta = rows[0].positions
+    assert rows[0].mrope is not None and all(r.mrope is None for r in rows[1:])
+    pos, delta = rows[0].mrope.positions, rows[0].mrope.delta
     assert delta == 0 and torch.equal(pos, torch.arange(L).expand(3, L))

@@ -32,7 +32,7 @@ import zmq
 
 from omni_mp.audio import AUDIO_KEY, AudioParts
 from omni_mp.config import PipelineConfig
-from omni_mp.control.endpoints import CONTROL_HWM, RunEndpoints, new_run_id
+from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.memory_budget import resolve_memory_budgets
 from omni_mp.control.ray_placement import RayPlacement
@@ -61,7 +61,7 @@ from omni_mp.wire.payload import (
     StatusRequest,
     Submit,
 )
-from omni_mp.wire.transport import MessageReceiver, MessageSender
+from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.control.coordinator")
 
@@ -113,7 +113,7 @@ class Coordinator:
             s.id: StageHandle(cfg, s, events_endpoint, self.endpoints, self.log_dir, self.ray) for s in cfg.stages
         }
         self.supervisor = Supervisor(cfg, self.stages, self.progress)
-        self.wiring = Wiring(cfg)
+        self.wiring = Wiring(cfg, self.stages)
         self.table = RequestTable(cfg.admission.max_inflight)
         self.links: dict[int, StageLink] = {}
         self._final = {s.id for s in cfg.final_stages}
@@ -223,7 +223,6 @@ class Coordinator:
     def _supervise(self, now: float) -> None:
         stalled = {sid for sid, link in self.links.items() if link.stalled()}
         for sid, reason in self.supervisor.check(now, stalled):
-            self.wiring.on_down(sid)
             link = self.links.pop(sid, None)
             if link is not None:
                 link.close()
@@ -280,17 +279,14 @@ class Coordinator:
         if not endpoint.startswith(("ipc://", "tcp://")):
             log.error("stage %d: ignored a Ready without a valid info['input'] (got %r)", msg.stage_id, endpoint)
             return
-        h.ready = True
-        h.bound_endpoint = endpoint
-        h.info = dict(msg.info)
-        h.last_heartbeat = time.monotonic()
+        h.became_ready(endpoint, dict(msg.info), time.monotonic())
         sender = MessageSender(self.ctx, endpoint, self.cfg.limits, hwm=CONTROL_HWM)
         self.links[h.stage.id] = StageLink(sender, self.cfg.limits, self.cfg.admission.stage_queue)
         self.progress(
             f"stage {h.stage.id}: ready in {msg.info.get('init_s', '?')}s (pid {msg.pid}, restarts {h.restarts})"
         )
         # Wire it to its downstream stages, and its upstream stages to it (its address is new).
-        for sid, connect in self.wiring.on_ready(h.stage.id, endpoint):
+        for sid, connect in self.wiring.on_ready(h.stage.id):
             self.links[sid].send_control(connect)
 
     def _on_final_chunk(self, chunk: StageOutputChunk) -> None:
@@ -403,7 +399,7 @@ class Coordinator:
                     alive=h.is_alive(),
                     ready=self.wiring.wired(sid),
                     restarts=h.restarts,
-                    info=h.info,
+                    info={} if h.run is None else h.run.info,
                 )
                 for sid, h in self.stages.items()
             ],

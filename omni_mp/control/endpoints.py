@@ -13,11 +13,6 @@ import sys
 
 from omni_mp.config import EndpointsConfig
 
-# Queue depth of the runtime's sockets (control, events, stage links). Per-step chunks of a
-# full batch arrive together; this absorbs bursts, and a peer that stops reading still
-# pushes back (senders wait with a timeout) long before memory is at risk.
-CONTROL_HWM = 4096
-
 
 def new_run_id() -> str:
     return f"omni_mp-{os.getpid()}-{secrets.token_hex(4)}"

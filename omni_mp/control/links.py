@@ -25,10 +25,9 @@ from collections import OrderedDict, deque
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from omni_mp.control.endpoints import CONTROL_HWM
 from omni_mp.keys import CLIENT_DOMAIN, CurveIdentity
 from omni_mp.wire.payload import Buffer, Limits, Message, PayloadError, StageRequest, decode, encode
-from omni_mp.wire.transport import MessageSender, make_socket
+from omni_mp.wire.transport import CONTROL_HWM, MessageSender, make_socket
 
 log = logging.getLogger("omni_mp.control.links")
 

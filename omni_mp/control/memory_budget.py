@@ -30,6 +30,8 @@ from typing import Any
 import msgspec
 
 from omni_mp.config import PipelineConfig, StageConfig
+from omni_mp.models.family import CheckpointSizing
+from omni_mp.models.registry import checkpoint_sizing
 
 log = logging.getLogger("omni_mp.control.memory_budget")
 
@@ -141,26 +143,10 @@ def _dtype_bytes(stage: StageConfig, hf_dtype: str | None) -> int:
         raise MemoryBudgetError(f"stage {stage.id}: cannot size dtype {name!r}") from None
 
 
-def stage_part(stage: StageConfig, model_type: str) -> str:
-    """Which part of a checkpoint the stage runs: 'token2wav', 'thinker', 'talker', or 'all'."""
-    if stage.kind == "diffusion":
-        return "token2wav"
-    if model_type != "qwen2_5_omni":
-        return "all"
-    # `model_part` selects a part of a multi-part checkpoint (the talker stage); without it
-    # vLLM's registered omni class runs the thinker.
-    return str(getattr(stage, "model_part", None) or "thinker")
-
-
-def _skipped_towers(stage: StageConfig) -> set[str]:
-    """Thinker towers vLLM does not build: those whose modalities all have limit 0."""
-    limits = stage.engine_args.get("limit_mm_per_prompt") or {}
-    skipped = set()
-    if limits.get("audio") == 0:
-        skipped.add("audio_tower.")
-    if limits.get("image") == 0 and limits.get("video") == 0:
-        skipped.add("visual.")
-    return skipped
+def _sizing(model_dir: Path) -> tuple[dict[str, Any], CheckpointSizing | None]:
+    """The checkpoint's config.json, and its family's sizing (None: a plain causal LM)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return config, checkpoint_sizing(config.get("model_type", ""))
 
 
 def _part_prefixes(part: str) -> tuple[str, ...]:
@@ -197,33 +183,24 @@ def meta_params(model_dir: Path, part: str, skip: set[str] = frozenset()) -> int
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir)
+    _, sizing = _sizing(model_dir)
     with torch.device("meta"):
-        if part == "all":
+        if part == "all" or sizing is None:
             model = AutoModelForCausalLM.from_config(config)
         else:
-            from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m
-
-            cls, sub = {
-                "thinker": (m.Qwen2_5OmniThinkerForConditionalGeneration, config.thinker_config),
-                "talker": (m.Qwen2_5OmniTalkerForConditionalGeneration, config.talker_config),
-                "token2wav": (m.Qwen2_5OmniToken2WavModel, config.token2wav_config),
-            }[part]
+            cls, sub = sizing.meta_model(config, part)
             model = cls._from_config(sub)
     return sum(p.numel() for name, p in model.named_parameters() if not any(name.startswith(s) for s in skip))
 
 
-def _text_config(config: dict[str, Any], part: str) -> dict[str, Any]:
-    if part == "thinker":
-        return config["thinker_config"]["text_config"]
-    if part == "talker":
-        return config["talker_config"]
-    return config.get("text_config", config)
-
-
 def estimate_needs(stage: StageConfig, model_dir: Path) -> StageNeeds:
-    config = json.loads((model_dir / "config.json").read_text())
-    part = stage_part(stage, config.get("model_type", ""))
-    skip = _skipped_towers(stage) if part == "thinker" else set()
+    config, sizing = _sizing(model_dir)
+    if sizing is None and stage.kind == "diffusion":
+        raise MemoryBudgetError(
+            f"stage {stage.id}: no model family sizes checkpoints of model_type {config.get('model_type')!r}"
+        )
+    part = "all" if sizing is None else sizing.part(stage)
+    skip = set() if sizing is None else sizing.skipped(stage, part)
     hf_dtype = config.get("dtype") or config.get("torch_dtype")
     width = _dtype_bytes(stage, hf_dtype)
     params = None
@@ -234,9 +211,9 @@ def estimate_needs(stage: StageConfig, model_dir: Path) -> StageNeeds:
         params = meta_params(model_dir, part, skip)
         source = f"parameter count of the config ({part}, meta device)"
     weights = params * width
-    if stage.kind == "diffusion":
-        return StageNeeds(weights, source, 0, _diffusion_activations(stage, config))
-    text = _text_config(config, part)
+    if sizing is not None and stage.kind == "diffusion":
+        return StageNeeds(weights, source, 0, sizing.diffusion_activations(stage, config))
+    text = config.get("text_config", config) if sizing is None else sizing.text_config(config, part)
     heads = text["num_attention_heads"]
     head_dim = text.get("head_dim") or text["hidden_size"] // heads
     kv_heads = text.get("num_key_value_heads") or heads
@@ -252,25 +229,6 @@ def estimate_needs(stage: StageConfig, model_dir: Path) -> StageNeeds:
     return StageNeeds(weights, source, min_kv, act)
 
 
-def _diffusion_activations(stage: StageConfig, config: dict[str, Any]) -> int:
-    """`max_batch` trajectories of token2wav at once, fp32: per mel frame, the DiT's widest
-    buffers (x2 for classifier-free guidance) and BigVGAN's widest stage with its temporaries."""
-    t2w = config.get("token2wav_config", {})
-    dit, voc = t2w.get("dit_config", {}), t2w.get("bigvgan_config", {})
-    d = stage.diffusion
-    repeats = dit.get("repeats", 2)
-    window = max(d.streaming.first_chunk, d.streaming.chunk) + d.streaming.left_context + d.streaming.right_context
-    frames = repeats * (window if d.stream else d.max_input_len)
-    hidden = dit.get("hidden_size", 1024)
-    dit_bytes = 2 * frames * hidden * (4 + 2 * dit.get("ff_mult", 2)) * 4
-    channels, length, widest = voc.get("upsample_initial_channel", 1536), 1, 0
-    for rate in voc.get("upsample_rates", [5, 3, 2, 2, 2, 2]):
-        channels, length = channels // 2, length * rate
-        widest = max(widest, channels * length)
-    voc_bytes = frames * widest * 4 * 8  # snake activations and residual sums keep ~8 live copies
-    return d.max_batch * (dit_bytes + voc_bytes)
-
-
 # ---- the plan ---------------------------------------------------------------------------------
 def plan_memory(
     cfg: PipelineConfig,
@@ -280,7 +238,7 @@ def plan_memory(
 ) -> MemoryPlan:
     """Check every budget of `cfg` against `devices` (None: device totals unknown, that check
     is skipped) and the stages' needs; raise MemoryBudgetError naming every problem."""
-    from omni_mp.models.tiny import resolve_model
+    from omni_mp.models.registry import resolve_model
 
     estimate = needs or (lambda s: estimate_needs(s, Path(resolve_model(s.model))))
     problems: list[str] = []

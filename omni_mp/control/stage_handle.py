@@ -7,12 +7,13 @@ import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
 from omni_mp.control.endpoints import RunEndpoints
-from omni_mp.control.procutil import popen
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
+from omni_mp.procs import popen
 
 
 def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -59,7 +60,33 @@ def exiting_code(pid: int) -> int | None:
     return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 
 
+StageProcess = subprocess.Popen[bytes] | RayStageProcess
+
+
+@dataclass(eq=False)
+class Incarnation:
+    """One run of a stage process, from spawn to death: everything the coordinator knows of
+    it. Only its StageHandle changes it; a restart is a new object, so nothing of a dead run
+    (its address, links, info) can be mistaken for the next one's."""
+
+    proc: StageProcess
+    spawned_at: float
+    last_heartbeat: float
+    beating: bool = False  # it has sent a heartbeat (it may, before it is ready)
+    endpoint: str | None = None  # the input address from its Ready; None until it is ready
+    info: dict[str, str] = field(default_factory=dict)  # from its Ready: init time, devices it sees
+    # Downstream stage -> the run of it whose address this one acknowledged linking to.
+    links: dict[int, Incarnation] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        """Its engine is up: it has reported the address it bound."""
+        return self.endpoint is not None
+
+
 class StageHandle:
+    """One stage across its runs: spawn, watch, kill; the only writer of its Incarnation."""
+
     def __init__(
         self,
         cfg: PipelineConfig,
@@ -75,18 +102,21 @@ class StageHandle:
         self.endpoints = endpoints
         self.log_path = log_dir / f"stage{stage.id}.log"
         self.ray = ray  # placement ray: the stage runs in a Ray actor on some node
-        self.proc: subprocess.Popen[bytes] | RayStageProcess | None = None
+        self.run: Incarnation | None = None  # None: not started, dead, or failed for good
         self.restarts = 0
-        self.ready = False
-        self.bound_endpoint: str | None = None  # reported by the stage once bound
-        self.info: dict[str, str] = {}  # from its Ready: init time, devices it sees
-        self.last_heartbeat = 0.0
-        self.beating = False  # this incarnation has sent a heartbeat (it may, before it is ready)
-        self.spawned_at = 0.0
+        self.restart_at: float | None = None  # dead, and due to be restarted then (monotonic)
+
+    @property
+    def proc(self) -> StageProcess | None:
+        return None if self.run is None else self.run.proc
 
     @property
     def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
+        return None if self.run is None else self.run.proc.pid
+
+    @property
+    def ready(self) -> bool:
+        return self.run is not None and self.run.ready
 
     def _command(self, input_endpoint: str, parent_pid: str) -> list[str]:
         # Ray: the same interpreter path on every node (one venv layout).
@@ -95,28 +125,49 @@ class StageHandle:
         ]  # fmt: skip
 
     def spawn(self) -> None:
+        proc = self._launch()
+        now = time.monotonic()
+        self.run = Incarnation(proc=proc, spawned_at=now, last_heartbeat=now)
+
+    def _launch(self) -> StageProcess:
         if self.ray is not None:
             # The node Ray places it on binds its input; it dies with the actor that runs it.
             cmd = self._command(f"tcp://{NODE_HOST}:*", ACTOR_PID)
             name = f"{self.endpoints.run_id}-stage{self.stage.id}-{self.restarts}.log"
-            self.proc = self.ray.launch(self.stage, cmd, stage_env(self.cfg, self.stage), name)
-            self._spawned()
-            return
+            return self.ray.launch(self.stage, cmd, stage_env(self.cfg, self.stage), name)
         # A fresh ipc name per incarnation: nothing addressed to a dead one reaches this one.
         cmd = self._command(self.endpoints.stage_input(self.stage.id, self.restarts), str(os.getpid()))
         with open(self.log_path, "ab") as log:
             log.write(f"==== spawn {time.strftime('%H:%M:%S')} (restart {self.restarts}) ====\n".encode())
             log.flush()
-            self.proc = popen(
+            return popen(
                 cmd, env=stage_env(self.cfg, self.stage), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        self._spawned()
 
-    def _spawned(self) -> None:
-        self.ready = False
-        self.bound_endpoint = None
-        self.beating = False
-        self.spawned_at = self.last_heartbeat = time.monotonic()
+    def restart(self) -> None:
+        self.restart_at = None
+        self.restarts += 1
+        self.spawn()
+
+    def died(self, restart_at: float | None) -> None:
+        """The current run is over; restart at `restart_at` (None: never)."""
+        self.run = None
+        self.restart_at = restart_at
+
+    def heartbeat(self, now: float) -> None:
+        if self.run is not None:
+            self.run.last_heartbeat = now
+            self.run.beating = True
+
+    def became_ready(self, endpoint: str, info: dict[str, str], now: float) -> None:
+        """The current run reports its engine up, its input bound at `endpoint`."""
+        if self.run is not None:
+            self.run.endpoint, self.run.info, self.run.last_heartbeat = endpoint, info, now
+
+    def linked(self, stage_id: int, downstream: Incarnation) -> None:
+        """The current run acknowledged its link to `downstream`, a run of stage `stage_id`."""
+        if self.run is not None:
+            self.run.links[stage_id] = downstream
 
     def exit_code(self) -> int | None:
         """None while running (or never spawned); the exit code once it has exited, also

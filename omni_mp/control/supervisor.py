@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from omni_mp.config import PipelineConfig
-from omni_mp.control.stage_handle import StageHandle
+from omni_mp.control.stage_handle import Incarnation, StageHandle
 
 log = logging.getLogger("omni_mp.control.supervisor")
 
@@ -22,19 +22,17 @@ class Supervisor:
         self.cfg = cfg
         self.handles = handles
         self.progress = progress
-        self.restart_at: dict[int, float] = {}
 
     def heartbeat(self, stage_id: int, now: float) -> None:
         h = self.handles.get(stage_id)
-        if h is not None and h.proc is not None:
-            h.last_heartbeat = now
-            h.beating = True
+        if h is not None:
+            h.heartbeat(now)
 
-    def _hang(self, h: StageHandle, now: float, stalled: bool) -> str | None:
+    def _hang(self, run: Incarnation, now: float, stalled: bool) -> str | None:
         t = self.cfg.timeouts
-        if (h.ready or h.beating) and now - h.last_heartbeat > t.heartbeat_timeout_s:
-            return f"no heartbeat for {now - h.last_heartbeat:.1f}s"
-        if not h.ready and now - h.spawned_at > t.stage_startup_s:
+        if (run.ready or run.beating) and now - run.last_heartbeat > t.heartbeat_timeout_s:
+            return f"no heartbeat for {now - run.last_heartbeat:.1f}s"
+        if not run.ready and now - run.spawned_at > t.stage_startup_s:
             return f"not ready {t.stage_startup_s:.0f}s after it started"
         if stalled:
             return "not reading its input"
@@ -45,19 +43,17 @@ class Supervisor:
         each stage found dead since the last check."""
         deaths = []
         for sid, h in self.handles.items():
-            if sid in self.restart_at:
-                if now >= self.restart_at[sid]:
-                    del self.restart_at[sid]
-                    h.restarts += 1
-                    h.spawn()
+            if h.restart_at is not None:
+                if now >= h.restart_at:
+                    h.restart()
                     self.progress(f"stage {sid}: restarting (restart {h.restarts}), pid {h.pid}")
                 continue
-            if h.proc is None:
+            if h.run is None:
                 continue  # failed for good
             code = h.exit_code()
             why = ""
             if code is None:
-                hang = self._hang(h, now, sid in stalled)
+                hang = self._hang(h.run, now, sid in stalled)
                 if hang is None:
                     continue
                 log.error("stage %d (pid %s): %s; killing it", sid, h.pid, hang)
@@ -73,12 +69,10 @@ class Supervisor:
         how = "was killed" if code is None else f"died with exit code {code}"  # (None: still exiting)
         reason = f"stage {sid} (pid {h.pid}) {how}{why}" + (f"; last log line: {tail[-1]}" if tail else "")
         log.error("%s", reason)
-        h.proc = None
-        h.ready = False
-        h.bound_endpoint = None
         policy = h.stage.restart
         if h.restarts < policy.max_restarts:
-            self.restart_at[sid] = now + policy.backoff_s * (2 ** min(h.restarts, 6))
+            h.died(restart_at=now + policy.backoff_s * (2 ** min(h.restarts, 6)))
         else:
+            h.died(restart_at=None)
             self.progress(f"stage {sid}: died and will not be restarted (max_restarts {policy.max_restarts})")
         return reason

@@ -1,59 +1,61 @@
 """Which stage links are open: a stage serves once it is ready and its links to the current
 incarnation of every downstream stage are acknowledged (`Connected`).
 
-A stage that dies or comes back is a new incarnation: every link to it is forgotten, so an
-upstream stage counts as wired again only after it acknowledged a `Connect` naming the new
-address (each incarnation binds a fresh ipc name, and tcp a fresh port, so an old
-acknowledgement cannot match the new address).
+The state is the stages' own (`StageHandle.run`): a run records which run of each downstream
+stage it acknowledged a link to. A stage that dies or comes back is a new run, so its own
+acknowledgements start empty and an upstream stage's acknowledgement of an earlier run does
+not count, even if the new run reported the very same address; an acknowledgement counts only
+when it names the address of the downstream stage's current run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from omni_mp.config import PipelineConfig
+from omni_mp.control.stage_handle import StageHandle
 from omni_mp.wire.payload import Connect, StageEndpoint
 
 
 class Wiring:
-    def __init__(self, cfg: PipelineConfig) -> None:
+    def __init__(self, cfg: PipelineConfig, stages: Mapping[int, StageHandle]) -> None:
         self.cfg = cfg
-        self.bound: dict[int, str] = {}  # ready stages -> the input address they reported
-        self.connected: dict[int, dict[int, str]] = {s.id: {} for s in cfg.stages}
+        self.stages = stages
 
-    def _forget(self, stage_id: int) -> None:
-        self.connected[stage_id] = {}
-        for up in self.cfg.stage(stage_id).inputs:
-            self.connected[up].pop(stage_id, None)
-
-    def on_ready(self, stage_id: int, endpoint: str) -> list[tuple[int, Connect]]:
-        """A new incarnation is ready at `endpoint`: the Connects to send (to it, for its
+    def on_ready(self, stage_id: int) -> list[tuple[int, Connect]]:
+        """Stage `stage_id` has a new ready run: the Connects to send (to it, for its
         downstream links, and to its upstream stages, for their links to it)."""
-        self._forget(stage_id)
-        self.bound[stage_id] = endpoint
         out = []
         for sid in (stage_id, *self.cfg.stage(stage_id).inputs):
+            if not self.stages[sid].ready:
+                continue
             downstream = [
-                StageEndpoint(stage_id=d, endpoint=self.bound[d]) for d in self.cfg.downstream(sid) if d in self.bound
+                StageEndpoint(stage_id=d, endpoint=run.endpoint)
+                for d in self.cfg.downstream(sid)
+                if (run := self.stages[d].run) is not None and run.endpoint is not None
             ]
-            if downstream and sid in self.bound:
+            if downstream:
                 out.append((sid, Connect(downstream=downstream)))
         return out
 
     def on_connected(self, stage_id: int, downstream: list[StageEndpoint]) -> None:
-        if stage_id not in self.bound:
-            return  # from an incarnation that is gone
+        h = self.stages.get(stage_id)
+        if h is None or not h.ready:
+            return  # from a run that is gone
         for d in downstream:
-            if d.stage_id in self.connected and self.bound.get(d.stage_id) == d.endpoint:
-                self.connected[stage_id][d.stage_id] = d.endpoint
-
-    def on_down(self, stage_id: int) -> None:
-        self.bound.pop(stage_id, None)
-        self._forget(stage_id)
+            target = self.stages.get(d.stage_id)
+            run = None if target is None else target.run
+            if run is not None and run.ready and run.endpoint == d.endpoint:
+                h.linked(d.stage_id, run)
 
     def wired(self, stage_id: int) -> bool:
-        if stage_id not in self.bound:
+        run = self.stages[stage_id].run
+        if run is None or not run.ready:
             return False
-        links = self.connected[stage_id]
-        return all(d in self.bound and links.get(d) == self.bound[d] for d in self.cfg.downstream(stage_id))
+        return all(
+            (current := self.stages[d].run) is not None and run.links.get(d) is current
+            for d in self.cfg.downstream(stage_id)
+        )
 
     def not_wired(self) -> list[int]:
         return [s.id for s in self.cfg.stages if not self.wired(s.id)]

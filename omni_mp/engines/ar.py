@@ -1,26 +1,36 @@
 """An autoregressive stage engine: vLLM 0.25.0's `EngineCore`, run in the stage process itself.
 
-The stage loop owns the engine: it adds requests, calls `step()` and forwards each step's
-new tokens (and, when configured, the hidden states the step computed). There is no
-engine-core client and no extra engine process; with `VLLM_ENABLE_V1_MULTIPROCESSING=0`
-(set by the coordinator for every stage) the platform keeps the `UniProcExecutor`, so the
-model worker runs in this process too: nothing to orphan, and the per-step hooks of
-`vllm_hooks` share memory with the stage loop.
+The stage loop owns the engine: it prepares and adds requests, calls `step()` and forwards
+each step's new tokens and, when configured, the hidden-state rows the step computed (in
+`StepOutput.hidden`). There is no engine-core client and no extra engine process; with
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` (set by the coordinator for every stage) the platform
+keeps the `UniProcExecutor`, so the model worker runs in this process too: nothing to
+orphan, and the per-step hooks of `vllm_hooks` share memory with the engine. Everything that
+reads vLLM's engine-core or scheduler state is in `vllm_hooks` (`CoreDriver`).
 """
 
 from __future__ import annotations
 
-import os
+import copy
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 
-from omni_mp.engines.base import EngineInputError, PromptIds, StepOutput
-from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds, StepIO, engine_core_cls, gated_scheduler_cls
-from omni_mp.wire.payload import SamplingParamsMsg
+from omni_mp.engines.base import EngineInputError, Extension, PromptIds, StageInput, StepOutput
+from omni_mp.engines.rows import RowStream
+from omni_mp.engines.vllm_hooks import (
+    CapturedRows,
+    CoreDriver,
+    HookedRequest,
+    StepIO,
+    build_engine_core,
+    engine_core_cls,
+    gated_scheduler_cls,
+)
+from omni_mp.wire.payload import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +43,20 @@ class EngineFeatures:
     step_embeds: bool = False  # decode steps may add per-step extra embeddings
 
 
+@dataclass(slots=True)
+class PreparedAR:
+    """A request processed by vLLM's input processor, with what the runner hooks need."""
+
+    request_id: str
+    request: Any  # vLLM's EngineCoreRequest
+    prompt: PromptIds
+    hooked: HookedRequest | None
+
+
 class AREngine:
     def __init__(self, model: str, engine_args: dict[str, Any], features: EngineFeatures = EngineFeatures()) -> None:
         from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.engine.core import EngineCore
         from vllm.v1.engine.input_processor import InputProcessor
-        from vllm.v1.executor import Executor
 
         self.features = features
         self.io = StepIO(
@@ -59,20 +76,27 @@ class AREngine:
             args["enable_prompt_embeds"] = True
         if features.step_embeds:
             # Synchronous scheduling: the gate decides from the inputs of the step it schedules.
-            args["scheduler_cls"] = gated_scheduler_cls(Scheduler, self.io)
+            args["scheduler_cls"] = gated_scheduler_cls(self.io)
             args["async_scheduling"] = False
-        if hooked:
-            # The hooks override the V1 runner's `_model_forward`; vLLM 0.25.0 picks its V2
-            # runner on CUDA by default, which has no such override point.
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        vllm_config = EngineArgs(model=model, **args).create_engine_config()
+        # Requests are prepared on another thread than the one that adds them (omni_mp.stage):
+        # vLLM's multimodal processor cache assumes the engine receives every processed item in
+        # order, which a request failing or aborted between the two would break.
+        args.setdefault("mm_processor_cache_gb", 0)
+        # The hooks override the V1 runner's `_model_forward`; vLLM 0.25.0 picks its V2 runner
+        # on CUDA by default, which has no such override point.
+        env = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if hooked else {}
+        core = build_engine_core(EngineArgs(model=model, **args), engine_core_cls(self.io) if hooked else None, env)
+        self.driver = CoreDriver(core, self.io if hooked else None)
+        vllm_config = core.vllm_config
         if hooked and vllm_config.parallel_config.world_size != 1:
+            self.driver.shutdown()
             raise ValueError("hidden-state output and step embeddings need a single-worker stage (no TP/PP)")
         self.vllm_config = vllm_config
-        core_cls = engine_core_cls(self.io) if hooked else EngineCore
-        self.core = core_cls(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         self._inputs = InputProcessor(vllm_config)
-        self._tasks = self.core.get_supported_tasks()
+        self._tasks = core.get_supported_tasks()
+        # The engine thread decodes with its own copy: a fast tokenizer must not be used by
+        # two threads at once, and `tokenize`/`prepare` run on the preparing thread.
+        self._decoder = None if self._inputs.tokenizer is None else copy.deepcopy(self._inputs.tokenizer)
         # The width of the model's input embeddings (prompt and step embeddings): its hidden
         # size, unless its config sets vLLM's `projection_size` (e.g. a model that projects its
         # inputs itself; vLLM 0.25.0 sizes the runner's inputs_embeds buffer by this).
@@ -91,7 +115,7 @@ class AREngine:
         return list(self.tokenizer.encode(text))
 
     def decode(self, token_ids: list[int]) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode(token_ids)
+        return None if self._decoder is None else self._decoder.decode(token_ids)
 
     @property
     def speakers(self) -> frozenset[str] | None:
@@ -131,69 +155,71 @@ class AREngine:
             raise EngineInputError(f"{what}: expected a floating-point tensor, got {embeds.dtype}")
         return embeds.to(self.dtype)
 
-    def add_request(
-        self,
-        request_id: str,
-        sampling: SamplingParamsMsg,
-        *,
-        prompt_token_ids: list[int] | None = None,
-        prompt_embeds: torch.Tensor | None = None,
-        prompt_text: str | None = None,
-        multi_modal: dict[str, list[Any]] | None = None,
-        positions: tuple[torch.Tensor, int] | None = None,
-        step_embeds: StepEmbeds | None = None,
-        speaker: str | None = None,
-    ) -> PromptIds:
-        """Validate with vLLM's own input processor, hand the request to the scheduler, and
-        return its prompt. `prompt_text` (with `multi_modal` data) is tokenized and its media
-        placeholders expanded by vLLM's processor for the model. `prompt_embeds` with
-        `prompt_token_ids`: an embeddings prompt whose ids only count for repetition penalties.
-        `positions`: M-RoPE positions of the prompt's first rows and the offset of every later
-        one (vllm_hooks). With `step_embeds`, decode step k adds `step_embeds.row(k)` to its
-        input embedding and waits for it to arrive."""
+    def _vllm_prompt(self, inp: StageInput) -> Any:
+        """The prompt in vLLM's input form. `prompt_embeds` with `prompt_token_ids`: an
+        embeddings prompt whose ids only count for repetition penalties. `prompt_text` (with
+        `multi_modal` data) is tokenized and its media placeholders expanded by vLLM."""
         from vllm.inputs.engine import embeds_input, tokens_input
 
-        if prompt_embeds is not None:
+        if inp.prompt_embeds is not None:
             if not self.features.prompt_embeds:
                 raise EngineInputError("this stage does not take prompt embeddings")
-            embeds = self._check_embeds("prompt_embeds", prompt_embeds)
-            if prompt_token_ids is None:
-                prompt: Any = embeds_input(embeds)
-            elif len(prompt_token_ids) != embeds.shape[0]:
+            embeds = self._check_embeds("prompt_embeds", inp.prompt_embeds)
+            ids = inp.prompt_token_ids
+            if ids is None:
+                return embeds_input(embeds)
+            if len(ids) != embeds.shape[0]:
                 raise EngineInputError(
-                    f"prompt_token_ids with prompt_embeds: {len(prompt_token_ids)} ids for {embeds.shape[0]} rows"
+                    f"prompt_token_ids with prompt_embeds: {len(ids)} ids for {embeds.shape[0]} rows"
                 )
-            else:  # mixed mode, every position an embedding: the ids are bookkeeping only
-                ids = list(prompt_token_ids)
-                prompt = embeds_input(embeds, prompt_token_ids=ids, is_token_ids=[False] * len(ids))
-        elif prompt_token_ids is not None:
-            prompt = tokens_input(prompt_token_ids)
-        elif prompt_text is not None:
-            prompt = {"prompt": prompt_text}
-            if multi_modal:
-                prompt["multi_modal_data"] = multi_modal
-        else:
-            raise EngineInputError("a request needs prompt_token_ids, prompt_embeds or a prompt text")
-        if step_embeds is not None and not self.features.step_embeds:
+            # mixed mode, every position an embedding: the ids are bookkeeping only
+            return embeds_input(embeds, prompt_token_ids=list(ids), is_token_ids=[False] * len(ids))
+        if inp.prompt_token_ids is not None:
+            return tokens_input(inp.prompt_token_ids)
+        if inp.prompt_text is not None:
+            prompt: dict[str, Any] = {"prompt": inp.prompt_text}
+            if inp.multi_modal:
+                prompt["multi_modal_data"] = inp.multi_modal
+            return prompt
+        raise EngineInputError("a request needs prompt_token_ids, prompt_embeds or a prompt text")
+
+    def prepare(
+        self, request_id: str, sampling: SamplingParamsMsg, stage_input: StageInput, speaker: str | None = None
+    ) -> PreparedAR:
+        """Validate and process with vLLM's own input processor (media included). `positions`:
+        M-RoPE positions of the prompt's first rows and the offset of every later one. With
+        `step_embeds`, decode step k adds extra row k to its input embedding and waits for it."""
+        prompt = self._vllm_prompt(stage_input)
+        if stage_input.step_embeds and not self.features.step_embeds:
             raise EngineInputError("this stage does not take per-step embeddings")
+        if stage_input.stop_token_ids or stage_input.suppress_token_ids:
+            sampling = msgspec.structs.replace(
+                sampling,
+                stop_token_ids=sorted({*sampling.stop_token_ids, *stage_input.stop_token_ids}),
+                suppress_token_ids=sorted({*sampling.suppress_token_ids, *stage_input.suppress_token_ids}),
+            )
         try:
             params = self.to_vllm_sampling(sampling)
             req = self._inputs.process_inputs(request_id, prompt, params, self._tasks, arrival_time=time.time())
         except (ValueError, TypeError, KeyError) as err:  # vLLM's processors raise all three on bad media
             raise EngineInputError(str(err)) from err
         prompt_len = req.prompt_embeds.shape[0] if req.prompt_embeds is not None else len(req.prompt_token_ids or [])
-        if positions is not None:
-            positions = self._check_positions(positions, prompt_len)
-        if step_embeds is not None:
-            if step_embeds.fill is not None:
-                step_embeds.fill = self._check_embeds("step embeddings", step_embeds.fill[None])[0]
-            self.io.step_embeds[request_id] = step_embeds
-            self.io.prompt_lens[request_id] = prompt_len
-        if positions is not None:
-            self.io.positions[request_id] = positions
-        request, wave = self.core.preprocess_add_request(req)
-        self.core.add_request(request, wave)
-        return PromptIds(prompt_len, None if req.prompt_token_ids is None else list(req.prompt_token_ids))
+        ids = None if req.prompt_token_ids is None else list(req.prompt_token_ids)
+        positions = None if stage_input.positions is None else self._check_positions(stage_input.positions, prompt_len)
+        hooked = None
+        if self.hooked:
+            hooked = HookedRequest(prompt_len=prompt_len, positions=positions)
+            if stage_input.step_embeds:
+                fill = stage_input.step_fill
+                fill = torch.zeros(self.inputs_embeds_size) if fill is None else fill
+                hooked.step_embeds = RowStream(fill=self._check_embeds("step embeddings", fill[None])[0])
+        return PreparedAR(request_id, req, PromptIds(prompt_len, ids), hooked)
+
+    def add(self, prepared: PreparedAR) -> PromptIds:  # type: ignore[override]
+        if prepared.hooked is not None:
+            self.io.requests[prepared.request_id] = prepared.hooked
+        self.driver.add(prepared.request)
+        return prepared.prompt
 
     def _check_positions(self, positions: tuple[torch.Tensor, int], prompt_len: int) -> tuple[torch.Tensor, int]:
         if not self.uses_mrope:
@@ -207,22 +233,20 @@ class AREngine:
             raise EngineInputError(f"positions: expected integers, got {pos.dtype}")
         return pos.to(torch.int64).cpu(), int(delta)
 
-    def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
-        raise EngineInputError("an AR stage takes its whole prompt at once")
-
-    def add_step_embeds(self, request_id: str, rows: torch.Tensor) -> None:
-        se = self.io.step_embeds[request_id]
-        se.rows.extend(self._check_embeds("step embeddings", rows).unbind(0))
-
-    def close_step_embeds(self, request_id: str) -> None:
-        se = self.io.step_embeds.get(request_id)
-        if se is not None:
-            se.closed = True
-
-    def collect_hidden(self, finishing: set[str]) -> dict[str, list[CapturedRows]]:
-        """Hidden-state rows whose copies to the host are complete; waits for those of
-        `finishing` requests (their last rows must go out with their last chunk)."""
-        return self.io.collect(finishing)
+    def extend(self, request_id: str, extension: Extension) -> None:
+        if extension.input_ids:
+            raise EngineInputError("an AR stage takes its whole prompt at once")
+        req = self.io.requests.get(request_id)
+        if req is None:
+            return  # finished or aborted meanwhile
+        if req.step_embeds is None:
+            if extension.step_rows is not None:
+                raise EngineInputError("this request takes no per-step embeddings")
+            return
+        if extension.step_rows is not None:
+            req.step_embeds.append(self._check_embeds("step embeddings", extension.step_rows))
+        if extension.closed:
+            req.step_embeds.close()
 
     def take_failed(self) -> dict[str, str]:
         """Requests the runner could not serve as asked, with the reason (each reported once)."""
@@ -230,41 +254,83 @@ class AREngine:
         return failed
 
     def abort(self, request_ids: list[str]) -> None:
-        if request_ids:
-            self.core.abort_requests(request_ids)
+        self.driver.abort(request_ids)
         for rid in request_ids:
-            self.io.forget(rid)
-
-    def has_work(self) -> bool:
-        return self.core.scheduler.has_requests() or bool(self.core.batch_queue)
+            self.io.release(rid)
 
     def can_step(self) -> bool:
-        """Work that a step can advance now (not only requests waiting for step embeddings)."""
-        sched = self.core.scheduler
-        if self.core.batch_queue:  # a batch in flight (async scheduling): its outputs are due
-            return True
-        if not sched.has_requests():
-            return False
-        if not self.io.step_embeds or sched.get_num_unfinished_requests() > len(sched.running):
-            return True
-        return any(self.io.decode_ready(r.request_id, r.num_computed_tokens) for r in sched.running)
+        return self.driver.can_step()
 
     def step(self) -> tuple[list[StepOutput], bool]:
         """One engine step over the whole batch; also says whether any token was computed.
-        With async scheduling (vLLM's default on CUDA) a step launches the next batch before
-        taking the outputs of the previous one, so the GPU never waits for the host."""
-        outputs, executed = self.core.step_fn()
-        self.core.post_step(executed)
+        Hidden-state rows come out with the step whose host copy completed them (a request
+        can have rows and no new token; a finished one has all its rows)."""
+        outputs, executed = self.driver.step()
+        finished = {out.request_id for out in outputs if out.finished}
+        captured = self.io.collect(finished) if self.io.capturing else {}
         result: list[StepOutput] = []
-        for per_client in (outputs or {}).values():
-            for out in per_client.outputs:
-                reason = None if out.finish_reason is None else str(out.finish_reason)
-                result.append(StepOutput(out.request_id, list(out.new_token_ids), out.finished, reason))
-                if out.finished:
-                    self.io.step_embeds.pop(out.request_id, None)
-                    self.io.prompt_lens.pop(out.request_id, None)
-                    self.io.finished(out.request_id)
+        by_request = {out.request_id: out for out in outputs}
+        for rid in dict.fromkeys([*by_request, *captured]):
+            out = by_request.get(rid)
+            req = self.io.requests.get(rid)
+            new_ids = [] if out is None else list(out.new_token_ids)
+            if req is not None:
+                req.num_output += len(new_ids)
+            hidden = None
+            if rid in captured and req is not None:
+                # A finished request has states for its prompt and all generated tokens but the last.
+                limit = req.prompt_len + req.num_output - 1 if rid in finished else None
+                hidden = self._hidden_rows(rid, req, captured[rid], limit)
+            if out is None and hidden is None:
+                continue
+            reason = None if out is None or out.finish_reason is None else str(out.finish_reason)
+            result.append(StepOutput(rid, new_ids, rid in finished, reason, hidden=hidden))
+        for rid in finished:
+            self.io.release(rid)
         return result, executed
 
+    def _hidden_rows(
+        self, rid: str, req: HookedRequest, captured: list[CapturedRows], limit: int | None
+    ) -> HiddenRows | None:
+        """The new rows of a request, in position order, below `limit`. Rows recomputed after
+        preemption were handed out already and are skipped; a gap fails the request."""
+        last: list[torch.Tensor] = []
+        layers: dict[int, list[torch.Tensor]] = {k: [] for k in self.io.capture_layers}
+        start = req.hidden_next
+        mrope = None
+        for rows in captured:
+            if rows.positions is not None:  # with the prompt's first rows, and goes with them
+                mrope = MRopePositions(rows.positions[0], rows.positions[1])
+            end = rows.start + rows.last.shape[0] if limit is None else min(limit, rows.start + rows.last.shape[0])
+            skip = max(0, req.hidden_next - rows.start)
+            if rows.start + skip >= end:
+                continue
+            if rows.start + skip != req.hidden_next:
+                self.io.failed.setdefault(
+                    rid, f"hidden states: rows from {rows.start} after {req.hidden_next} rows (a gap)"
+                )
+                return None
+            last.append(rows.last[skip : end - rows.start])
+            for k in layers:
+                layers[k].append(rows.layers[k][skip : end - rows.start])
+            req.hidden_next = end
+        if not last:
+            if mrope is None:
+                return None
+            # The positions still go out (with no rows): the consumer needs them before row 0.
+            first = captured[0]
+            last = [first.last[:0]]
+            layers = {k: [first.layers[k][:0]] for k in layers}
+        return HiddenRows(
+            start=start,
+            last=_cat(last),
+            layers=[LayerRows(k, _cat(parts)) for k, parts in layers.items()],
+            mrope=mrope,
+        )
+
     def shutdown(self) -> None:
-        self.core.shutdown()
+        self.driver.shutdown()
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -1,10 +1,11 @@
-"""What the stage loop needs from an engine, whatever its kind (AR or diffusion).
+"""The boundary between the stage loop and an engine, whatever its kind (AR or diffusion).
 
-Both kinds are vLLM `EngineCore`s in the stage process; the loop adds requests, steps while
-`can_step()`, forwards each step's outputs, aborts, and fails the requests the engine could
-not serve (`take_failed`). One request lifecycle (abort, deadline, errors, streaming,
-restart) for both: the loop does not know which kind it drives, beyond the processor's
-choice of how upstream data continues a started request (per-step embeddings or more input ids).
+Both kinds are vLLM `EngineCore`s in the stage process. The loop prepares a request
+(`prepare`: input checks and vLLM's input processing, on any thread), adds it (`add`, on the
+engine thread), extends a started request with what its upstream streams in (`extend`),
+steps while `can_step()`, forwards each step's outputs (tokens, hidden rows, audio), aborts,
+and fails the requests the engine could not serve (`take_failed`). The loop calls nothing
+else: one request lifecycle (abort, deadline, errors, streaming, restart) for both kinds.
 """
 
 from __future__ import annotations
@@ -13,9 +14,41 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 import torch
 
-from omni_mp.wire.payload import AdditionalInformation, SamplingParamsMsg
+from omni_mp.wire.payload import AdditionalInformation, HiddenRows, SamplingParamsMsg
+
+
+class StageInput(msgspec.Struct):
+    """A stage's prompt and how the engine should treat it (what a processor or an entry
+    stage's prompt format makes; the engine's `prepare` takes it whole).
+
+    `prompt_token_ids` alone: a token prompt. `prompt_embeds` alone: embeddings [n, width] of
+    the stage's model. Both: embeddings, with `prompt_token_ids` as the ids the sampler counts
+    for repetition penalties (vLLM's mixed prompt; nothing is embedded from them)."""
+
+    prompt_token_ids: list[int] | None = None
+    prompt_embeds: torch.Tensor | None = None
+    prompt_text: str | None = None  # entry stages: text the engine tokenizes with its media
+    multi_modal: dict[str, list[Any]] | None = None  # vLLM multi_modal_data of an entry stage
+    positions: tuple[torch.Tensor, int] | None = None  # M-RoPE prompt positions [3, p] and later offset
+    # Stages fed per-step embeddings: decode steps take extra rows (`Extension.step_rows`);
+    # `step_fill` is the row of every step after the stream's last one (None: zeros).
+    step_embeds: bool = False
+    step_fill: torch.Tensor | None = None
+    stop_token_ids: list[int] = []  # added to the request's sampling parameters
+    suppress_token_ids: list[int] = []  # never sampled
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """More input for a started request, as its upstream streams it: extra embeddings for
+    its next decode steps, or more input ids; `closed`: nothing more will come."""
+
+    step_rows: torch.Tensor | None = None  # [k, width]
+    input_ids: Sequence[int] = ()
+    closed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +58,7 @@ class StepOutput:
     finished: bool
     finish_reason: str | None
     info: AdditionalInformation | None = None  # named outputs of the step (diffusion: an audio chunk)
+    hidden: HiddenRows | None = None  # hidden-state rows this step completed (stages that emit them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,43 +69,44 @@ class PromptIds:
     token_ids: list[int] | None  # None: an embeddings prompt (or a diffusion stage's open input)
 
 
+class PreparedRequest(Protocol):
+    """A request checked and processed by `prepare`, ready for `add` (engine-specific)."""
+
+    request_id: str
+
+
 class EngineInputError(ValueError):
     """The engine rejected a request's input (the message says what and why)."""
 
 
 class StageEngine(Protocol):
-    def tokenize(self, text: str) -> list[int]: ...
-
-    def decode(self, token_ids: list[int]) -> str | None: ...
-
     @property
     def speakers(self) -> frozenset[str] | None:
         """The voices a request may pick (None: this engine does not speak)."""
         ...
 
-    def add_request(
-        self,
-        request_id: str,
-        sampling: SamplingParamsMsg,
-        *,
-        prompt_token_ids: list[int] | None = None,
-        prompt_embeds: torch.Tensor | None = None,
-        prompt_text: str | None = None,
-        multi_modal: dict[str, list[Any]] | None = None,
-        positions: tuple[torch.Tensor, int] | None = None,
-        step_embeds: Any = None,
-        speaker: str | None = None,
-    ) -> PromptIds:
-        """Start a request. Raises EngineInputError."""
+    def tokenize(self, text: str) -> list[int]:
+        """Text to prompt ids (safe on any thread). Raises EngineInputError."""
         ...
 
-    def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
-        """More input ids of a started request (stages whose processor streams inputs)."""
+    def decode(self, token_ids: list[int]) -> str | None: ...
+
+    def prepare(
+        self, request_id: str, sampling: SamplingParamsMsg, stage_input: StageInput, speaker: str | None
+    ) -> PreparedRequest:
+        """Check and process a request's input (media included) without touching the running
+        engine: safe on another thread than the engine's. Raises EngineInputError."""
+        ...
+
+    def add(self, prepared: PreparedRequest) -> PromptIds:
+        """Start a prepared request (engine thread). Raises EngineInputError."""
+        ...
+
+    def extend(self, request_id: str, extension: Extension) -> None:
+        """More input for a started request (engine thread). Raises EngineInputError."""
         ...
 
     def abort(self, request_ids: list[str]) -> None: ...
-
-    def has_work(self) -> bool: ...
 
     def can_step(self) -> bool: ...
 

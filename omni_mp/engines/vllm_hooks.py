@@ -38,12 +38,17 @@ Why here, and why it works with CUDA graphs and torch.compile on (vLLM's GPU def
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from omni_mp.engines.rows import RowStream
 
 # Captured steps not yet collected by the stage loop. The loop collects after every engine
 # step and at most two batches are in flight, so reaching this means the loop stopped
@@ -83,28 +88,32 @@ class CapturedStep:
 
 
 @dataclass
-class StepEmbeds:
-    """Extra input embeddings for one request's decode steps: row k is added to the input
-    embedding of generated token k (the k-th decode input). After `closed`, missing rows
-    are `fill` (e.g. a pad embedding), so the request never waits on a finished upstream."""
+class HookedRequest:
+    """The engine's state of one request, shared by the stage's engine (writer), the gated
+    scheduler and the runner hooks (readers). One object per request: released at once."""
 
-    rows: list[torch.Tensor] = field(default_factory=list)  # each [hidden]
-    closed: bool = False
-    fill: torch.Tensor | None = None
+    prompt_len: int
+    # Extra input embeddings of decode steps: row k is added to the input embedding of
+    # generated token k; past a closed stream's end, its fill row (e.g. a pad embedding).
+    step_embeds: RowStream | None = None
+    # M-RoPE prompt positions given for this request ([3, P] int64, delta): the first P prompt
+    # rows take them, later rows continue as text at index + delta.
+    positions: tuple[torch.Tensor, int] | None = None
+    # Capturing stages: the prompt positions the runner computed, until shipped with the
+    # request's first captured rows; `recorded` stays set (a preempted request is re-initialized).
+    source_positions: tuple[torch.Tensor, int] | None = None
+    recorded: bool = False
+    hidden_next: int = 0  # position of the next captured row to hand out
+    num_output: int = 0  # tokens generated so far
 
-    def row(self, k: int) -> torch.Tensor | None:
-        if k < len(self.rows):
-            return self.rows[k]
-        if self.closed:
-            return self.fill
-        return None
-
-    def ready(self, k: int) -> bool:
-        return k < len(self.rows) or self.closed
+    def decode_ready(self, num_computed_tokens: int) -> bool:
+        """May the next step run? Prefill always may; a decode step needs its extra row."""
+        k = num_computed_tokens - self.prompt_len
+        return self.step_embeds is None or k < 0 or self.step_embeds.ready(k)
 
 
 class StepIO:
-    """Shared by the stage loop (writer of extras, reader of captures), the scheduler (reads
+    """Shared by the engine (writer of extras, reader of captures), the scheduler (reads
     readiness) and the model runner (reads extras, writes captures). All of them run on the
     engine thread; the lock only guards against misuse from another thread."""
 
@@ -113,16 +122,7 @@ class StepIO:
         self.capture_layers = sorted(set(capture_layers)) if capturing else []
         self.takes_step_embeds = step_embeds
         self.pending: deque[CapturedStep] = deque()
-        self.step_embeds: dict[str, StepEmbeds] = {}
-        self.prompt_lens: dict[str, int] = {}
-        # M-RoPE prompt positions given for a request ([3, P] int64, delta): the first P prompt
-        # rows take them, later rows continue as text at index + delta (a talker's prompt is
-        # the thinker's prompt plus two rows).
-        self.positions: dict[str, tuple[torch.Tensor, int]] = {}
-        # Capturing stages: prompt positions recorded by the runner, not yet attached to a
-        # capture; and the requests already recorded (a preempted request is re-initialized).
-        self.source_positions: dict[str, tuple[torch.Tensor, int]] = {}
-        self.positions_recorded: set[str] = set()
+        self.requests: dict[str, HookedRequest] = {}
         # Requests the runner could not serve as asked (request id -> reason): the stage
         # loop fails exactly these requests; the engine keeps running.
         self.failed: dict[str, str] = {}
@@ -155,27 +155,15 @@ class StepIO:
                     out.setdefault(rid, []).append(rows)
         return out
 
-    def forget(self, request_id: str) -> None:
+    def release(self, request_id: str) -> None:
+        """The request ended (finished, aborted or failed): forget everything about it."""
         with self._lock:
-            self.step_embeds.pop(request_id, None)
-            self.prompt_lens.pop(request_id, None)
+            self.requests.pop(request_id, None)
             self.failed.pop(request_id, None)
-            self.finished(request_id)
-
-    def finished(self, request_id: str) -> None:
-        """Drop the per-request position state (captured positions already taken stay there)."""
-        self.positions.pop(request_id, None)
-        self.source_positions.pop(request_id, None)
-        self.positions_recorded.discard(request_id)
 
     def decode_ready(self, request_id: str, num_computed_tokens: int) -> bool:
-        """May the next step of this request run? Prefill always may; a decode step needs its
-        extra row when the request takes extras."""
-        extras = self.step_embeds.get(request_id)
-        if extras is None:
-            return True
-        k = num_computed_tokens - self.prompt_lens[request_id]
-        return k < 0 or extras.ready(k)
+        req = self.requests.get(request_id)
+        return req is None or req.decode_ready(num_computed_tokens)
 
 
 class OmniRunnerMixin:
@@ -198,7 +186,7 @@ class OmniRunnerMixin:
         req_ids: list[str] = batch.req_ids[:num_reqs]
         qsl = self.query_start_loc.np[: num_reqs + 1].tolist()  # type: ignore[attr-defined]
         starts = batch.num_computed_tokens_cpu[:num_reqs].tolist()
-        if io.step_embeds and num_reqs:
+        if io.takes_step_embeds and num_reqs:
             self._omni_add_step_embeds(req_ids, qsl, starts, inputs_embeds)
         out = super()._model_forward(  # type: ignore[misc]
             input_ids=input_ids,
@@ -217,18 +205,19 @@ class OmniRunnerMixin:
         M-RoPE model; `req_state` is its `CachedRequestState`."""
         super()._init_mrope_positions(req_state)  # type: ignore[misc]
         io = self.omni_io
-        rid = req_state.req_id
-        given = io.positions.get(rid)
-        if given is not None:
-            pos, delta = given
+        req = io.requests.get(req_state.req_id)
+        if req is None:
+            return
+        if req.positions is not None:
+            pos, delta = req.positions
             n = req_state.mrope_positions.shape[1]  # the prompt (+ outputs, when resumed)
             full = (torch.arange(n, dtype=torch.int64) + delta).expand(3, n).clone()
             full[:, : pos.shape[1]] = pos
             req_state.mrope_positions = full
             req_state.mrope_position_delta = delta
-        elif io.capturing and rid not in io.positions_recorded:
-            io.positions_recorded.add(rid)
-            io.source_positions[rid] = (req_state.mrope_positions.clone(), int(req_state.mrope_position_delta))
+        elif io.capturing and not req.recorded:
+            req.recorded = True
+            req.source_positions = (req_state.mrope_positions.clone(), int(req_state.mrope_position_delta))
 
     def _omni_add_step_embeds(
         self, req_ids: list[str], qsl: list[int], starts: list[int], inputs_embeds: torch.Tensor | None
@@ -237,10 +226,10 @@ class OmniRunnerMixin:
         rows: list[int] = []
         extras: list[torch.Tensor] = []
         for i, rid in enumerate(req_ids):
-            se = io.step_embeds.get(rid)
-            if se is None:
+            req = io.requests.get(rid)
+            if req is None or req.step_embeds is None:
                 continue
-            prompt_len = io.prompt_lens[rid]
+            se, prompt_len = req.step_embeds, req.prompt_len
             for j in range(qsl[i + 1] - qsl[i]):
                 k = starts[i] + j - prompt_len
                 if k < 0:
@@ -265,8 +254,11 @@ class OmniRunnerMixin:
         n = qsl[-1]
         parts = [hidden[:n], *(a[:n] for a in aux)]
         spans = {rid: (qsl[i], qsl[i + 1], starts[i]) for i, rid in enumerate(req_ids) if qsl[i + 1] > qsl[i]}
-        recorded = self.omni_io.source_positions
-        positions = {rid: recorded.pop(rid) for rid in spans if rid in recorded}  # with the first rows
+        positions = {}  # shipped with the request's first captured rows
+        for rid in spans:
+            req = self.omni_io.requests.get(rid)
+            if req is not None and req.source_positions is not None:
+                positions[rid], req.source_positions = req.source_positions, None
         if hidden.device.type != "cuda":
             self.omni_io.add_capture(CapturedStep(host=torch.stack(parts), done=None, spans=spans, positions=positions))
             return
@@ -332,11 +324,15 @@ def engine_core_cls(io: StepIO) -> type:
     return type("OmniEngineCore", (EngineCore,), {"_initialize_kv_caches": _initialize_kv_caches})
 
 
-def gated_scheduler_cls(base: type, io: StepIO) -> type:
-    """A subclass of the configured scheduler that skips, for one `schedule()`, every running
-    request whose next decode step's extra embedding has not arrived. Held requests stay
-    running and keep their slot: the running-request limit (`max_num_seqs`) counts them, so
-    no more requests are admitted than the runner has room for."""
+def gated_scheduler_cls(io: StepIO, base: type | None = None) -> type:
+    """A subclass of the scheduler (vLLM's default one unless `base`) that skips, for one
+    `schedule()`, every running request whose next decode step's extra embedding has not
+    arrived. Held requests stay running and keep their slot: the running-request limit
+    (`max_num_seqs`) counts them, so no more requests are admitted than the runner has room for."""
+    if base is None:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        base = Scheduler
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         held = [r for r in self.running if not io.decode_ready(r.request_id, r.num_computed_tokens)]
@@ -356,3 +352,79 @@ def gated_scheduler_cls(base: type, io: StepIO) -> type:
             self.running = sorted(kept + held, key=lambda r: order[id(r)]) + new
 
     return type(f"OmniGated{base.__name__}", (base,), {"schedule": schedule})
+
+
+@contextlib.contextmanager
+def env_overrides(values: dict[str, str]) -> Iterator[None]:
+    """Set vLLM environment switches while an engine is configured and built, then restore
+    them (an embedding process keeps its own settings). vLLM reads these while it builds the
+    config, the executor and the model runner, all inside this block."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def build_engine_core(engine_args: Any, core_cls: type | None = None, env: dict[str, str] | None = None) -> Any:
+    """An `EngineCore` in this process for `EngineArgs` (vLLM 0.25.0), with `env` set while it
+    is configured and built."""
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.executor import Executor
+
+    with env_overrides(env or {}):
+        vllm_config = engine_args.create_engine_config()
+        core = (core_cls or EngineCore)(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+    return core
+
+
+class CoreDriver:
+    """What a stage engine does with vLLM 0.25.0's `EngineCore` and its scheduler: the only
+    place that reads their state. `io` (hooked stages): requests held back by the gated
+    scheduler do not count as steppable work."""
+
+    def __init__(self, core: Any, io: StepIO | None = None) -> None:
+        self.core = core
+        self.io = io
+
+    @property
+    def vllm_config(self) -> Any:
+        return self.core.vllm_config
+
+    def add(self, request: Any) -> None:
+        """Hand a processed `EngineCoreRequest` to the scheduler."""
+        req, wave = self.core.preprocess_add_request(request)
+        self.core.add_request(req, wave)
+
+    def abort(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.core.abort_requests(request_ids)
+
+    def can_step(self) -> bool:
+        """Work that a step can advance now (not only requests waiting for step embeddings)."""
+        sched = self.core.scheduler
+        if self.core.batch_queue:  # a batch in flight (async scheduling): its outputs are due
+            return True
+        if not sched.has_requests():
+            return False
+        io = self.io
+        gated = io is not None and any(r.step_embeds is not None for r in io.requests.values())
+        if not gated or sched.get_num_unfinished_requests() > len(sched.running):
+            return True
+        return any(io.decode_ready(r.request_id, r.num_computed_tokens) for r in sched.running)
+
+    def step(self) -> tuple[list[Any], bool]:
+        """One engine step; its `EngineCoreOutput`s and whether anything was computed. With async
+        scheduling (vLLM's default on CUDA) a step launches the next batch before taking the
+        outputs of the previous one, so the GPU never waits for the host."""
+        outputs, executed = self.core.step_fn()
+        self.core.post_step(executed)
+        return [out for per_client in (outputs or {}).values() for out in per_client.outputs], executed
+
+    def shutdown(self) -> None:
+        self.core.shutdown()

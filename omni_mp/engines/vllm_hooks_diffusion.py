@@ -26,6 +26,7 @@ from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest, StepPla
 from omni_mp.engines.diffusion.chunking import check_streaming
 from omni_mp.engines.diffusion.params import DiffusionStageConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
+from omni_mp.engines.vllm_hooks import CoreDriver
 
 log = logging.getLogger("omni_mp.diffusion")
 
@@ -38,12 +39,10 @@ def stage_config(vllm_config: Any) -> DiffusionStageConfig:
 
 
 def load_model(model_dir: str, cfg: DiffusionStageConfig, device: torch.device) -> Any:
-    """The DiffusionModel named by `cfg.model_type` (one model today)."""
-    from omni_mp.engines.diffusion.token2wav import Token2WavModel
+    """The DiffusionModel named by `cfg.model_type` (a model family's, from the registry)."""
+    from omni_mp.models.registry import diffusion_model
 
-    if cfg.model_type == "qwen2_5_omni_token2wav":
-        return Token2WavModel.from_checkpoint(model_dir, device)
-    raise ValueError(f"unknown diffusion model_type {cfg.model_type!r}")
+    return diffusion_model(cfg.model_type, model_dir, device)
 
 
 def _base_classes() -> tuple[type, type]:
@@ -174,3 +173,23 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
 
     def shutdown(self) -> None:
         self.model_runner = None
+
+
+class DiffusionCoreDriver(CoreDriver):
+    """The diffusion engine's view of its `EngineCore`: our scheduler's batcher and the
+    worker's model (both in this process)."""
+
+    @property
+    def batcher(self) -> Batcher:
+        return self.core.scheduler.batcher
+
+    def add(self, request: Any) -> None:
+        """Our scheduler takes our request type as it is (no vLLM `Request` is made of it)."""
+        self.core.add_request(request)
+
+    def model(self) -> Any:
+        return self.core.collective_rpc("get_model")[0]
+
+    def can_step(self) -> bool:
+        """A step would advance something (not only requests waiting for upstream ids)."""
+        return self.batcher.runnable()

@@ -1,5 +1,5 @@
 """Reading parts of a Hugging Face checkpoint dir without loading the whole model: the
-tensors under a key prefix (possibly sharded safetensors) and Qwen2.5-Omni's `spk_dict.pt`."""
+tensors under a key prefix, or named ones (possibly sharded safetensors)."""
 
 from __future__ import annotations
 
@@ -47,15 +47,3 @@ def load_tensors(model_dir: str | Path, keys: list[str]) -> dict[str, torch.Tens
     if missing:
         raise KeyError(f"{model_dir}: no tensors {missing} in its safetensors files")
     return out
-
-
-def load_speakers(model_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """Qwen2.5-Omni's `spk_dict.pt`: {name: {"bos_token", "cond", "ref_mel"}}."""
-    path = Path(model_dir) / "spk_dict.pt"
-    if not path.exists():
-        raise FileNotFoundError(f"{model_dir}: no spk_dict.pt (the speakers' conditioning)")
-    # Tensors and plain values only (weights_only): no pickled code runs from a checkpoint file.
-    speakers = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(speakers, dict) or not speakers:
-        raise ValueError(f"{path}: expected a non-empty {{name: entry}} dict")
-    return speakers

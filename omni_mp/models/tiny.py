@@ -2,29 +2,21 @@
 
 A checkpoint is a real transformers architecture at toy size with random weights drawn
 from a seeded generator, plus a byte-level BPE tokenizer trained here on a built-in
-corpus. It is saved with ``save_pretrained`` into a cache dir keyed by a hash of the spec
-(and of the transformers version and this builder's version), built once under a file
-lock and reused by every later caller, test process or stage process.
+corpus. It is saved with ``save_pretrained`` into omni_mp's checkpoint cache
+(omni_mp.models.cache), built once and reused by every later caller, test process or stage
+process. Nothing at run time imports this module: a stage config names a built-in model and
+omni_mp.models.registry imports its builder only then.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
-import json
-import os
-import shutil
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-# Bump when the build procedure changes, so stale cache entries are not reused.
-BUILDER_VERSION = 1
+from omni_mp.models.cache import build_cached
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -82,36 +74,6 @@ def _corpus() -> Iterator[str]:
     for i in range(40):
         for line in _CORPUS:
             yield line if i % 2 == 0 else line.lower()
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("OMNI_MP_CACHE", Path.home() / ".cache" / "omni_mp")) / "models"
-
-
-def spec_key(spec: msgspec.Struct) -> str:
-    import transformers
-
-    blob = json.dumps(
-        {
-            "spec": msgspec.to_builtins(spec),
-            "kind": type(spec).__name__,
-            "builder": BUILDER_VERSION,
-            "transformers": transformers.__version__,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def build_tokenizer(vocab_size: int, out_dir: Path) -> int:
@@ -181,51 +143,11 @@ def _build_qwen2(spec: TinyQwen2Spec, out_dir: Path) -> None:
     model.save_pretrained(out_dir, safe_serialization=True)
 
 
-def build_cached(
-    prefix: str,
-    spec: msgspec.Struct,
-    build: Callable[[Path], None],
-    *,
-    cache_dir: Path | None = None,
-    verbose: bool = True,
-) -> Path:
-    """Return `<cache>/<prefix>-<hash of spec>`, running `build(tmp_dir)` once to create it
-    (process- and thread-safe: a file lock, then an atomic rename)."""
-    root = cache_dir or cache_root()
-    target = root / f"{prefix}-{spec_key(spec)}"
-    if (target / "config.json").exists():
-        return target
-    with _file_lock(root / f".{target.name}.lock"):
-        if (target / "config.json").exists():
-            return target
-        t0 = time.monotonic()
-        if verbose:
-            print(f"[omni_mp] building tiny model {target.name} ...", flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-        try:
-            build(tmp)
-            os.replace(tmp, target)  # atomic: readers never see a half-written checkpoint
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if verbose:
-            print(f"[omni_mp] built {target} in {time.monotonic() - t0:.1f}s", flush=True)
-    return target
-
-
 def build_tiny_model(spec: TinyQwen2Spec, cache_dir: Path | None = None, *, verbose: bool = True) -> Path:
     """Return the dir of the checkpoint for `spec`, building it once (process- and thread-safe)."""
     return build_cached("qwen2", spec, lambda out: _build_qwen2(spec, out), cache_dir=cache_dir, verbose=verbose)
 
 
-def resolve_model(name_or_path: str) -> str:
-    """A built-in tiny model name -> its (built) checkpoint dir; anything else is a path, returned as is."""
-    from omni_mp.models.qwen2_5_omni import build_named
-
-    omni_dir = build_named(name_or_path)
-    if omni_dir is not None:
-        return str(omni_dir)
-    spec = BUILTIN_SPECS.get(name_or_path)
-    if spec is None:
-        return name_or_path
-    return str(build_tiny_model(spec))
+def build_named(name: str) -> Path:
+    """The checkpoint dir of the built-in spec `name` (a key of BUILTIN_SPECS), built once."""
+    return build_tiny_model(BUILTIN_SPECS[name])

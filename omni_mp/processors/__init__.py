@@ -1,9 +1,10 @@
 """Stage input processors: turn what upstream stages produced into a stage's inputs.
 
-Processors are looked up by name in `PROCESSORS`; a pipeline YAML names one, it never names
-a module path to import (that would let a config file run arbitrary code). A stage process
-uses `PROCESSORS[name].bind(stage, model_dir)`: model-specific processors load the tables
-they need from the stage's checkpoint there.
+Processors are looked up by name in the model registry (omni_mp.models.registry: the
+generic ones of `generic`, and those of each model family); a pipeline YAML names one, it
+never names a module path to import (that would let a config file run arbitrary code). A
+stage process uses `stage_processor(name).bind(stage, model_dir)`: model-specific processors
+load the tables they need from the stage's checkpoint there.
 
 A processor sees the upstream results accumulated so far, chunk by chunk, so a stage can
 start before its upstream has finished (a talker speaks while the thinker still writes):
@@ -22,19 +23,8 @@ from omni_mp.processors.base import (
     StageProcessor,
     UpstreamResult,
 )
-from omni_mp.processors.generic import CodecTokens, ContinueTokens, GeneratedTokens, ThinkerToTalker
-from omni_mp.processors.qwen2_5_omni import Qwen25OmniTalkerInputs
-
-PROCESSORS: dict[str, StageProcessor] = {
-    "codec_tokens": CodecTokens(),
-    "continue_tokens": ContinueTokens(),
-    "generated_tokens": GeneratedTokens(),
-    "qwen2_5_omni_talker": Qwen25OmniTalkerInputs(),
-    "thinker_to_talker": ThinkerToTalker(),
-}
 
 __all__ = [
-    "PROCESSORS",
     "ProcessorError",
     "RequestContext",
     "StageInput",

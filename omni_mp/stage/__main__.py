@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
 
-    from omni_mp.control.procutil import die_with_parent
+    from omni_mp.procs import die_with_parent
 
     die_with_parent(args.parent_pid)
     cores = os.environ.get("OMNI_MP_CPU_CORES")
@@ -58,11 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     import zmq
 
     from omni_mp.config import config_from_json
-    from omni_mp.control.endpoints import CONTROL_HWM
     from omni_mp.keys import STAGE_DOMAIN, SecureContext, pipeline_identity
     from omni_mp.stage.io_threads import Heartbeater
     from omni_mp.wire.payload import Ready
-    from omni_mp.wire.transport import MessageReceiver, MessageSender
+    from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
     cfg = config_from_json(os.environ["OMNI_MP_PIPELINE_CONFIG"])
     stage = cfg.stage(args.stage_id)
@@ -94,13 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     beat.start()
     from omni_mp.engines.ar import AREngine, EngineFeatures
     from omni_mp.engines.base import StageEngine
-    from omni_mp.models.tiny import resolve_model
-    from omni_mp.processors import PROCESSORS
+    from omni_mp.models.registry import engine_model, resolve_model, stage_processor
     from omni_mp.stage.loop import StageLoop
 
     t0 = time.monotonic()
     log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
-    processor = PROCESSORS[stage.processor] if stage.processor else None
+    processor = stage_processor(stage.processor) if stage.processor else None
     engine: StageEngine
     if stage.kind == "diffusion":
         from omni_mp.engines.diffusion.engine import DiffusionEngine
@@ -116,18 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
             step_embeds=processor is not None and processor.step_embeds_enabled,
         )
-        model = resolve_model(stage.model)
-        engine_args = dict(stage.engine_args)
-        if stage.model_part == "talker":
-            # Our vLLM model of Qwen2.5-Omni's talker, loaded from a view of the checkpoint
-            # whose config is the talker's (omni_mp.models.talker_view); codec ids are not text.
-            from omni_mp.engines.vllm_hooks_talker import register_talker
-            from omni_mp.models.talker_view import talker_view_dir
-
-            register_talker()
-            model = str(talker_view_dir(model, require_weights=engine_args.get("load_format") != "dummy"))
-            engine_args["skip_tokenizer_init"] = True
-        engine = AREngine(model, engine_args, features)
+        # A `model_part` is a vLLM model of ours, registered by its family (omni_mp.models.registry).
+        built = engine_model(stage.model_part, resolve_model(stage.model), stage.engine_args)
+        engine = AREngine(built.model, built.engine_args, features)
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
     starting.set()
     beat.join()

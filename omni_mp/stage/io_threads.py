@@ -22,12 +22,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
-from omni_mp.control.endpoints import CONTROL_HWM
 from omni_mp.wire.payload import (
-    Abort,
     Connect,
     Connected,
     ErrorEvent,
@@ -35,12 +34,11 @@ from omni_mp.wire.payload import (
     Limits,
     Message,
     PayloadError,
-    Shutdown,
     StageOutputBatch,
-    StageRequest,
+    StageOutputChunk,
 )
 from omni_mp.wire.shm_pool import ShmPoolConfig
-from omni_mp.wire.transport import MessageReceiver, MessageSender
+from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.stage")
 
@@ -51,9 +49,6 @@ OUTBOX_MAX = 256  # messages waiting to be encoded and sent
 # Sends wait at most this long for queue space (a consumer that stays full this long is hung;
 # the coordinator then restarts or fails it).
 SEND_TIMEOUT_S = 30.0
-# Small messages that must not wait behind bulk data (a registration too: chunks of a request
-# that arrive before it wait as orphans).
-CONTROL_TYPES = (Abort, Shutdown, Connect, StageRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +66,15 @@ class Inbox:
     """Decoded messages for the engine thread: control first, then data, both bounded."""
 
     def __init__(self, stop: threading.Event) -> None:
-        self._control: deque[Message | InputError] = deque()
+        self._control: deque[Message | InputError | Any] = deque()
         self._data: deque[Message] = deque()
         self._cond = threading.Condition()
         self._stop = stop
 
-    def put(self, item: Message | InputError) -> None:
-        control = isinstance(item, (InputError, *CONTROL_TYPES))
+    def put(self, item: Message | InputError | Any) -> None:
+        """A decoded message, or an item of the stage's own threads (a prepared request):
+        small items take the control path."""
+        control = not isinstance(item, (StageOutputBatch, StageOutputChunk))
         queue, limit = (self._control, INBOX_CONTROL_MAX) if control else (self._data, INBOX_DATA_MAX)
         with self._cond:
             while len(queue) >= limit:  # backpressure: the input socket fills, then the senders wait
@@ -87,13 +84,13 @@ class Inbox:
             queue.append(item)
             self._cond.notify_all()
 
-    def take(self, timeout_s: float, max_data: int = 64) -> list[Message | InputError]:
+    def take(self, timeout_s: float, max_data: int = 64) -> list[Message | InputError | Any]:
         """Everything of the control path and up to `max_data` data messages; waits up to
         `timeout_s` for the first one."""
         with self._cond:
             if not self._control and not self._data and timeout_s > 0:
                 self._cond.wait(timeout_s)
-            items: list[Message | InputError] = list(self._control)
+            items: list[Message | InputError | Any] = list(self._control)
             self._control.clear()
             for _ in range(min(max_data, len(self._data))):
                 items.append(self._data.popleft())

@@ -17,21 +17,18 @@ import threading
 import time
 
 import msgspec
-import torch
 import zmq
 
 from omni_mp.config import PipelineConfig, StageConfig
-from omni_mp.engines.base import EngineInputError, StageEngine
-from omni_mp.engines.vllm_hooks import CapturedRows, StepEmbeds
-from omni_mp.models.tiny import resolve_model
-from omni_mp.processors import PROCESSORS, ProcessorError, RequestContext, StageInput
+from omni_mp.engines.base import EngineInputError, Extension, PreparedRequest, StageEngine
+from omni_mp.models.registry import resolve_model, stage_processor
+from omni_mp.processors import ProcessorError, RequestContext
 from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
-from omni_mp.stage.media import MediaError, build_entry_input
+from omni_mp.stage.prepare import Prepared, PrepareJob, Preparer
 from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
 from omni_mp.stage.timeline import StepRecord, StepTimeline
 from omni_mp.wire.payload import (
     Abort,
-    AdditionalInformation,
     Connect,
     ErrorEvent,
     Limits,
@@ -51,10 +48,6 @@ log = logging.getLogger("omni_mp.stage")
 IDLE_WAIT_S = 0.05  # how long an idle engine thread waits for input before re-checking deadlines
 
 
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)  # one forward per step: usually one part
-
-
 class StageLoop:
     def __init__(
         self,
@@ -71,17 +64,13 @@ class StageLoop:
         self.engine = engine
         self.limits: Limits = cfg.limits
         self.processor = (
-            PROCESSORS[stage.processor].bind(stage, resolve_model(stage.model)) if stage.processor else None
+            stage_processor(stage.processor).bind(stage, resolve_model(stage.model)) if stage.processor else None
         )
         # The voices this stage can speak in (None: it does not speak), checked at registration
         # so a bad name fails the request before any stage works on it.
         self.speakers = (self.processor.speakers if self.processor else None) or engine.speakers
-        # None: this stage emits no hidden states; else the intermediate layers it adds.
-        self.hidden_layers: list[int] | None = None if stage.hidden_states is None else list(stage.hidden_states.layers)
-        # The chunk tensors that travel packed: one tensor per key and step, not per request.
-        self.hidden_keys: list[str] = []
-        if self.hidden_layers is not None:
-            self.hidden_keys = ["hidden_states", *(f"hidden_states.layer{k}" for k in self.hidden_layers)]
+        # Its hidden rows travel packed: one tensor per layer and step, not per request.
+        self.emits_hidden = stage.hidden_states is not None
         self.requests: dict[str, StageRequestState] = {}
         self.orphans = OrphanChunks()
         self.ended = EndedRequests()
@@ -92,6 +81,8 @@ class StageLoop:
         self._handle_s = 0.0  # engine thread: handling input messages since the last step (timeline)
         self._stop = threading.Event()
         self.inbox = Inbox(self._stop)
+        # Entry stages prepare requests (media, prompt format, vLLM input processing) off this thread.
+        self.preparer = None if stage.inputs else Preparer(stage, engine, self.inbox.put, self._stop)
         # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
         shm: ShmPoolConfig | None = cfg.endpoints.shm if cfg.endpoints.transport == "ipc" else None
         self.input = InputPump(input_link, self.inbox, self._stop, stage.id)
@@ -141,24 +132,9 @@ class StageLoop:
                 f"unknown speaker {msg.speaker!r}; stage {self.stage.id} has {sorted(self.speakers)}",
             )
             return
-        if not self.stage.inputs:
-            try:
-                if msg.multi_modal is not None and self.stage.prompt_format is None:
-                    raise EngineInputError(f"stage {self.stage.id} takes no media (it has no prompt_format)")
-                if msg.prompt_embeds is not None:
-                    # A copy: the received tensor is a view of the message buffer.
-                    stage_input = StageInput(prompt_embeds=msg.prompt_embeds.data.clone())
-                elif msg.prompt_token_ids is not None:
-                    stage_input = StageInput(prompt_token_ids=list(msg.prompt_token_ids))
-                elif msg.prompt is not None and self.stage.prompt_format is not None:
-                    stage_input = build_entry_input(self.stage, msg.prompt, msg.multi_modal)
-                elif msg.prompt is not None:
-                    stage_input = StageInput(prompt_token_ids=self.engine.tokenize(msg.prompt))
-                else:
-                    raise EngineInputError("an entry stage needs a prompt, prompt_token_ids or prompt_embeds")
-                self._start(state, stage_input)
-            except (EngineInputError, MediaError) as err:
-                self._fail(rid, "invalid_input", str(err))
+        if self.preparer is not None:
+            if not self.preparer.submit(PrepareJob(msg, state.sampling, state)):
+                self._fail(rid, "overloaded", f"stage {self.stage.id}: too many requests wait for their preparation")
             return
         for chunk in self.orphans.take(rid):
             self._on_chunk(chunk)
@@ -188,67 +164,60 @@ class StageLoop:
                 stage_input = self.processor.prompt(state.upstream, state.ctx)
                 if stage_input is None:
                     return
-                self._start(state, stage_input)
-            if state.started and self.processor.step_embeds_enabled:
-                self._push_step_embeds(state)
-            if state.started and self.processor.streams_inputs:
-                self._push_inputs(state)
+                if self.processor.step_embeds_enabled:
+                    stage_input = msgspec.structs.replace(stage_input, step_embeds=True)
+                self._start(state, self.engine.prepare(rid, state.sampling, stage_input, state.ctx.speaker))
+            self._extend(state)
         except (ProcessorError, EngineInputError) as err:
             self._fail(rid, "invalid_input", f"from stage {chunk.stage_id}: {err}")
 
-    def _push_step_embeds(self, state: StageRequestState) -> None:
-        assert self.processor is not None
-        rows, complete = self.processor.step_embeds(state.upstream, state.step_rows_pushed)
-        if rows is not None and rows.shape[0]:
-            self.engine.add_step_embeds(state.request_id, rows)
-            state.step_rows_pushed += rows.shape[0]
-            self._rows_in += rows.shape[0]
-        if complete:
-            self.engine.close_step_embeds(state.request_id)
+    def _extend(self, state: StageRequestState) -> None:
+        """Hand a started request what its upstream streamed in since the last call."""
+        p = self.processor
+        assert p is not None
+        rows, ids, closed = None, [], False
+        if p.step_embeds_enabled:
+            rows, closed = p.step_embeds(state.upstream, state.rows_extended)
+            rows = rows if rows is not None and rows.shape[0] else None
+        elif p.streams_inputs:
+            ids, closed = p.more_inputs(state.upstream, state.prompt_len + state.inputs_extended)
+        if rows is None and not ids and not closed:
+            return
+        self.engine.extend(state.request_id, Extension(step_rows=rows, input_ids=ids, closed=closed))
+        n = 0 if rows is None else rows.shape[0]
+        state.rows_extended += n
+        state.inputs_extended += len(ids)
+        self._rows_in += n
 
-    def _push_inputs(self, state: StageRequestState) -> None:
-        assert self.processor is not None
-        ids, complete = self.processor.more_inputs(state.upstream, state.prompt_len + state.inputs_pushed)
-        if ids or complete:
-            self.engine.add_inputs(state.request_id, ids, complete)
-            state.inputs_pushed += len(ids)
+    def _on_prepared(self, result: Prepared) -> None:
+        state = self.requests.get(result.request_id)
+        if state is None or state is not result.token:
+            return  # ended (aborted, expired) while it was prepared
+        if result.request is None:
+            self._fail(result.request_id, result.code, result.error)
+            return
+        try:
+            self._start(state, result.request)
+        except EngineInputError as err:
+            self._fail(result.request_id, "invalid_input", str(err))
 
-    def _start(self, state: StageRequestState, stage_input: StageInput) -> None:
-        """Hand the request to the engine (raises EngineInputError on input vLLM rejects)."""
-        step_embeds = None
-        if self.processor is not None and self.processor.step_embeds_enabled:
-            fill = stage_input.step_fill
-            step_embeds = StepEmbeds(fill=torch.zeros(self.engine.inputs_embeds_size) if fill is None else fill)
-        sampling = state.sampling
-        if stage_input.stop_token_ids or stage_input.suppress_token_ids:
-            sampling = msgspec.structs.replace(
-                sampling,
-                stop_token_ids=sorted({*sampling.stop_token_ids, *stage_input.stop_token_ids}),
-                suppress_token_ids=sorted({*sampling.suppress_token_ids, *stage_input.suppress_token_ids}),
-            )
-        prompt_ids = self.engine.add_request(
-            state.request_id,
-            sampling,
-            prompt_token_ids=stage_input.prompt_token_ids,
-            prompt_embeds=stage_input.prompt_embeds,
-            prompt_text=stage_input.prompt_text,
-            multi_modal=stage_input.multi_modal,
-            positions=stage_input.positions,
-            step_embeds=step_embeds,
-            speaker=state.ctx.speaker,
-        )
+    def _start(self, state: StageRequestState, prepared: PreparedRequest) -> None:
+        """Hand a prepared request to the engine (raises EngineInputError on input it rejects)."""
+        prompt_ids = self.engine.add(prepared)
         state.started = True
         state.t_started = time.time()
         state.prompt_len = prompt_ids.length
         # The prompt as the model saw it (media placeholders expanded); None for embeddings.
-        state.prompt_token_ids = prompt_ids.token_ids if stage_input.prompt_embeds is None else None
+        state.prompt_token_ids = prompt_ids.token_ids
 
-    def _end(self, request_id: str) -> StageRequestState | None:
-        """Forget a request here (its late upstream chunks are dropped from now on)."""
+    def _end(self, request_id: str, *, in_engine: bool = True) -> StageRequestState | None:
+        """Forget a request here: the one way a request ends in this stage (finished, failed or
+        aborted). Its late upstream chunks are dropped from now on; `in_engine`: the engine
+        still holds it (not after it finished there) and aborts it."""
         state = self.requests.pop(request_id, None)
         self.orphans.take(request_id)
         self.ended.add(request_id)
-        if state is not None and state.started:
+        if in_engine and state is not None and state.started:
             self.engine.abort([request_id])
         return state
 
@@ -260,7 +229,7 @@ class StageLoop:
         self._end(request_id)
         self._error(request_id, code, message)
 
-    def _handle(self, msg: Message | InputError) -> None:
+    def _handle(self, msg: Message | InputError | Prepared) -> None:
         if isinstance(msg, InputError):
             # Dropped; if it names a request, that request (only) ends with the reason.
             rid = msg.error.request_id
@@ -276,6 +245,8 @@ class StageLoop:
                 return
             for chunk in chunks:
                 self._on_chunk(chunk)
+        elif isinstance(msg, Prepared):
+            self._on_prepared(msg)
         elif isinstance(msg, StageRequest):
             self._on_request(msg)
         elif isinstance(msg, Abort):
@@ -297,35 +268,8 @@ class StageLoop:
                 return
 
     # ---- engine -----------------------------------------------------------------------------
-    def _hidden_info(
-        self, state: StageRequestState, captured: list[CapturedRows], limit: int | None
-    ) -> AdditionalInformation | None:
-        """The new hidden-state rows of a request, in position order, below `limit` (a finished
-        request has none for its last token). Rows recomputed after preemption were sent
-        already and are skipped; a gap raises ProcessorError (that request fails)."""
-        last: list[torch.Tensor] = []
-        layers: dict[int, list[torch.Tensor]] = {k: [] for k in self.hidden_layers or []}
-        start = state.hidden_next
-        for rows in captured:
-            end = rows.start + rows.last.shape[0] if limit is None else min(limit, rows.start + rows.last.shape[0])
-            skip = max(0, state.hidden_next - rows.start)
-            if rows.start + skip >= end:
-                continue
-            if rows.start + skip != state.hidden_next:
-                raise ProcessorError(f"hidden states: rows from {rows.start} after {state.hidden_next} rows (a gap)")
-            last.append(rows.last[skip : end - rows.start])
-            for k in layers:
-                layers[k].append(rows.layers[k][skip : end - rows.start])
-            state.hidden_next = end
-        if not last:
-            return None
-        info: AdditionalInformation = {"hidden_start": start, "hidden_states": _cat(last)}
-        for k, parts in layers.items():
-            info[f"hidden_states.layer{k}"] = _cat(parts)
-        return info
-
     def _step(self, wait_s: float) -> bool:
-        """One engine step; queues every request's new tokens (and hidden states). Returns
+        """One engine step; queues every request's new tokens (and hidden rows, audio). Returns
         whether the step computed anything."""
         t0 = time.perf_counter()
         outputs, executed = self.engine.step()
@@ -334,60 +278,40 @@ class StageLoop:
         for rid, reason in self.engine.take_failed().items():
             if rid in self.requests:
                 self._fail(rid, "internal_error", f"stage {self.stage.id}: {reason}")
-        by_request = {out.request_id: out for out in outputs}
-        captured: dict[str, list[CapturedRows]] = {}
-        if self.hidden_layers is not None:
-            captured = self.engine.collect_hidden({o.request_id for o in outputs if o.finished})
         chunks: list[StageOutputChunk] = []
         done: list[StageDone] = []
         rows = 0
-        for rid in dict.fromkeys([*by_request, *captured]):
-            state = self.requests.get(rid)
+        for out in outputs:
+            state = self.requests.get(out.request_id)
             if state is None:  # ended while the step ran
                 continue
-            out = by_request.get(rid)
-            new_ids = out.new_token_ids if out is not None else []
-            finished = out is not None and out.finished
-            info = None
-            if rid in captured:
-                # A finished request has states for its prompt and all generated tokens but the last.
-                limit = state.prompt_len + len(state.output_token_ids) + len(new_ids) - 1 if finished else None
-                try:
-                    info = self._hidden_info(state, captured[rid], limit)
-                except ProcessorError as err:
-                    self._fail(rid, "internal_error", f"stage {self.stage.id}: {err}")
-                    continue
-                rows += 0 if info is None else info["hidden_states"].shape[0]
-                # M-RoPE: the prompt's positions come with its first rows, and go with them.
-                pos = next((r.positions for r in captured[rid] if r.positions is not None), None)
-                if pos is not None:
-                    info = {**(info or {}), "mrope_positions": pos[0], "mrope_delta": pos[1]}
+            rows += 0 if out.hidden is None or out.hidden.last is None else out.hidden.last.shape[0]
+            if (out.new_token_ids or out.info) and state.t_first_token is None:
+                state.t_first_token = now
+            state.output_token_ids.extend(out.new_token_ids)
             first = not state.sent_first
             state.sent_first = True
-            step_info = out.info if out is not None else None  # e.g. a diffusion stage's audio chunk
-            if (new_ids or step_info) and state.t_first_token is None:
-                state.t_first_token = now
-            state.output_token_ids.extend(new_ids)
+            final_text = out.finished and self.stage.final_output
             chunks.append(
                 StageOutputChunk(
-                    request_id=rid,
+                    request_id=out.request_id,
                     stage_id=self.stage.id,
-                    token_ids=new_ids,
+                    token_ids=out.new_token_ids,
                     prompt_token_ids=state.prompt_token_ids if first else None,
-                    additional_information=info if info is not None else step_info,
-                    finished=finished,
-                    finish_reason=out.finish_reason if out is not None else None,
-                    text=self.engine.decode(state.output_token_ids) if finished and self.stage.final_output else None,
+                    hidden=out.hidden,
+                    additional_information=out.info,  # e.g. a diffusion stage's audio chunk
+                    finished=out.finished,
+                    finish_reason=out.finish_reason,
+                    text=self.engine.decode(state.output_token_ids) if final_text else None,
                 )
             )
-            if finished:
-                del self.requests[rid]
-                self.ended.add(rid)
-                done.append(self._done(state, out.finish_reason if out is not None else None, now))
+            if out.finished:
+                self._end(out.request_id, in_engine=False)
+                done.append(self._done(state, out.finish_reason, now))
         step = self.timeline.steps
         self.timeline.steps += 1
         if chunks:
-            batch = StageOutputBatch.pack(chunks, self.hidden_keys) if self.hidden_keys else StageOutputBatch(chunks)
+            batch = StageOutputBatch.pack(chunks) if self.emits_hidden else StageOutputBatch(chunks)
             self._queue(Outgoing(batch, to_events=self.stage.final_output, downstream=True, step=step))
         for msg in done:  # after the chunks: the coordinator reads them in this order
             self._emit(msg)
@@ -412,7 +336,7 @@ class StageLoop:
         return StageDone(
             request_id=state.request_id,
             stage_id=self.stage.id,
-            num_prompt_tokens=state.prompt_len + state.inputs_pushed,  # with inputs streamed in after the start
+            num_prompt_tokens=state.prompt_len + state.inputs_extended,  # with inputs streamed in after the start
             num_output_tokens=len(state.output_token_ids),
             t_registered=state.t_registered,
             t_started=state.t_started or now,
@@ -428,7 +352,8 @@ class StageLoop:
 
     def run(self) -> None:
         """The engine thread; returns on Shutdown or when an I/O thread fails."""
-        for thread in (self.input, self.output, self.heart):
+        threads = [self.input, self.output, self.heart, *([self.preparer] if self.preparer else [])]
+        for thread in threads:
             thread.start()
         try:
             idle_step = False  # the last step computed nothing (every request waits on upstream)
@@ -447,10 +372,11 @@ class StageLoop:
             if self.output.is_alive():
                 self.output.put(None, self._alive)  # flush what is queued, then stop
                 self.output.join(timeout=10)
+            for thread in threads[2:]:
+                thread.join(timeout=2)
             self.input.join(timeout=2)
-            self.heart.join(timeout=2)
             self.output.close_links()
             self.timeline.write()
-        for thread in (self.input, self.output):
-            if thread.error is not None:
+        for thread in (self.input, self.output, self.preparer):
+            if thread is not None and thread.error is not None:
                 raise RuntimeError(f"stage {self.stage.id}: {thread.name} failed") from thread.error

@@ -1,6 +1,7 @@
 """An entry stage's text prompt and media -> the engine's input: checked against the stage's
 MediaLimits before anything is decoded, resampled or processed, then wrapped in the model's
-chat format (`prompt_format`) with one placeholder per medium, as the model's processor expects."""
+chat format (`prompt_format`, from the model registry) with one placeholder per medium, and
+the audio resampled to the rate the model's processor takes."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import torch
 
 from omni_mp.audio_io import resample
 from omni_mp.config import StageConfig
+from omni_mp.models.registry import prompt_format
 from omni_mp.processors import StageInput
 from omni_mp.wire.payload import MultiModalInput
-
-# What each prompt format's processor takes: audio sample rate.
-_AUDIO_RATES = {"qwen2_5_omni": 16_000}
 
 
 class MediaError(ValueError):
@@ -46,17 +45,15 @@ def check_media(stage: StageConfig, media: MultiModalInput) -> None:
 
 def build_entry_input(stage: StageConfig, text: str, media: MultiModalInput | None) -> StageInput:
     """The prompt in the stage's chat format, plus vLLM `multi_modal_data` for its media."""
-    from omni_mp.models.qwen2_5_omni import omni_prompt_text
-
     assert stage.prompt_format is not None
+    fmt = prompt_format(stage.prompt_format)
     media = media or MultiModalInput()
     check_media(stage, media)
-    rate = _AUDIO_RATES[stage.prompt_format]
     data: dict[str, list] = {}
     if media.audios:
         # New arrays (the received tensors are views of the message buffer), at the processor's rate.
-        data["audio"] = [resample(a.samples.numpy(), a.sample_rate, rate) for a in media.audios]
+        data["audio"] = [resample(a.samples.numpy(), a.sample_rate, fmt.audio_rate) for a in media.audios]
     if media.images:
         data["image"] = [img.pixels.clone().numpy() for img in media.images]
-    prompt = omni_prompt_text(text, n_audio=len(media.audios), n_image=len(media.images))
+    prompt = fmt.render(text, n_audio=len(media.audios), n_image=len(media.images))
     return StageInput(prompt_text=prompt, multi_modal=data or None)

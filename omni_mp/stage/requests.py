@@ -8,15 +8,19 @@ from dataclasses import dataclass, field
 import msgspec
 import torch
 
+from omni_mp.engines.rows import RowGap
 from omni_mp.processors import ProcessorError, RequestContext, UpstreamResult
-from omni_mp.wire.payload import SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.payload import HiddenRows, MRopePositions, SamplingParamsMsg, StageOutputChunk
 
 
 @dataclass
 class StageRequestState:
+    """Everything this stage holds of one request (the engine's own state of it aside), from
+    its registration until it ends here, which `StageLoop._end` does in one place."""
+
     request_id: str
     sampling: SamplingParamsMsg
-    deadline: float | None
+    deadline: float | None  # unix time, seconds
     inputs: list[int]  # upstream stage ids this request waits for (empty for an entry stage)
     ctx: RequestContext = field(default_factory=RequestContext)
     upstream: dict[int, UpstreamResult] = field(default_factory=dict)
@@ -25,9 +29,8 @@ class StageRequestState:
     prompt_token_ids: list[int] | None = None  # None for an embeddings prompt
     output_token_ids: list[int] = field(default_factory=list)
     sent_first: bool = False  # the first chunk (which carries the prompt ids) went out
-    hidden_next: int = 0  # position of the next hidden-state row to emit
-    step_rows_pushed: int = 0  # per-step extra embeddings handed to the engine
-    inputs_pushed: int = 0  # input ids handed to the engine after its prompt (streamed inputs)
+    rows_extended: int = 0  # per-step extra embeddings handed to the engine
+    inputs_extended: int = 0  # input ids handed to the engine after its prompt (streamed inputs)
     t_registered: float = field(default_factory=time.time)
     t_started: float | None = None
     t_first_token: float | None = None
@@ -38,33 +41,23 @@ class StageRequestState:
         if chunk.prompt_token_ids is not None:
             up.prompt_token_ids = list(chunk.prompt_token_ids)
         up.output_token_ids.extend(chunk.token_ids)
-        info = chunk.additional_information or {}
-        rows = info.get("hidden_states")
-        if rows is not None:
-            start = info.get("hidden_start")
-            if not isinstance(rows, torch.Tensor) or rows.ndim != 2 or start != up.hidden_rows:
-                raise ProcessorError(
-                    f"hidden_states from stage {chunk.stage_id}: expected a 2-D tensor starting at row "
-                    f"{up.hidden_rows}, got {getattr(rows, 'shape', type(rows).__name__)} at {start!r}"
-                )
-            # The chunk's tensors are views of the received buffer: keep a copy of our own.
-            up.add_hidden(rows.clone())
-        positions = info.get("mrope_positions")
-        if positions is not None:
-            delta = info.get("mrope_delta")
-            n = len(up.prompt_token_ids or [])
-            if (
-                not isinstance(positions, torch.Tensor)
-                or positions.dtype != torch.int64
-                or list(positions.shape) != [3, n]
-                or type(delta) is not int
-            ):
-                raise ProcessorError(
-                    f"mrope_positions from stage {chunk.stage_id}: expected int64 [3, {n}] and an int "
-                    f"mrope_delta, got {getattr(positions, 'dtype', None)} "
-                    f"{list(getattr(positions, 'shape', []))} and {delta!r}"
-                )
-            up.mrope_positions, up.mrope_delta = positions.clone(), delta
+        h = chunk.hidden
+        if h is not None:
+            where = f"hidden rows from stage {chunk.stage_id}"
+            if h.last is None:
+                raise ProcessorError(f"{where}: no rows (packed rows outside a batch)")
+            try:
+                # The chunk's tensors are views of the received buffer: keep a copy of our own.
+                up.hidden.append(h.last.clone(), h.start)
+            except RowGap as err:
+                raise ProcessorError(f"{where}: {err}") from None
+            if h.mrope is not None:
+                n = len(up.prompt_token_ids or [])
+                if list(h.mrope.positions.shape) != [3, n]:
+                    raise ProcessorError(
+                        f"{where}: M-RoPE positions of shape {list(h.mrope.positions.shape)} for a {n}-token prompt"
+                    )
+                up.mrope_positions, up.mrope_delta = h.mrope.positions.clone(), h.mrope.delta
         if chunk.finished:
             up.finished = True
             up.finish_reason = chunk.finish_reason
@@ -76,16 +69,23 @@ class StageRequestState:
 def _private_copy(chunk: StageOutputChunk) -> StageOutputChunk:
     """The chunk with its tensors copied out of the received buffers (shared-memory slots
     go back to the sender at once instead of when the chunk is used)."""
-    info = chunk.additional_information
-    if not info:
-        return chunk
-    copied = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in info.items()}
-    return msgspec.structs.replace(chunk, additional_information=copied)
+    info, h = chunk.additional_information, chunk.hidden
+    if info:
+        info = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in info.items()}
+    if h is not None:
+        mrope = h.mrope and MRopePositions(h.mrope.positions.clone(), h.mrope.delta)
+        last = None if h.last is None else h.last.clone()
+        h = HiddenRows(start=h.start, last=last, mrope=mrope)  # consumers read the last layer only
+    return msgspec.structs.replace(chunk, additional_information=info, hidden=h)
 
 
 def _nbytes(chunk: StageOutputChunk) -> int:
     info = chunk.additional_information or {}
-    return sum(v.numel() * v.element_size() for v in info.values() if isinstance(v, torch.Tensor))
+    tensors = [v for v in info.values() if isinstance(v, torch.Tensor)]
+    h = chunk.hidden
+    if h is not None:
+        tensors += [t for t in (h.last, h.mrope and h.mrope.positions) if t is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass

@@ -42,7 +42,6 @@ from omni_mp.wire.tensor_codec import (
 
 __all__ = [
     "MAX_STAGES",
-    "PACKED_ROWS",
     "DEFAULT_LIMITS",
     "MESSAGE_TYPES",
     "SUPPORTED_DTYPES",
@@ -54,9 +53,14 @@ __all__ = [
     "Connect",
     "ErrorEvent",
     "Finished",
+    "HiddenRows",
     "Heartbeat",
     "ImageInput",
     "InfoValue",
+    "LayerRows",
+    "MRopePositions",
+    "PackedRows",
+    "RowRange",
     "Limits",
     "Message",
     "MessageBase",
@@ -122,9 +126,6 @@ InfoValue = Tensor | Annotated[list[int], Meta(max_length=MAX_LIST_LENGTH)] | in
 AdditionalInformation = Annotated[dict[str, InfoValue], Meta(max_length=MAX_INFO_ENTRIES)]
 StrMap = Annotated[dict[str, str], Meta(max_length=MAX_INFO_ENTRIES)]
 
-# The AdditionalInformation key through which a chunk refers to rows of StageOutputBatch.packed.
-PACKED_ROWS = "packed_rows"
-
 SpeakerName = Annotated[str, Meta(min_length=1, max_length=64)]
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
@@ -134,6 +135,49 @@ class PromptEmbeds(msgspec.Struct, forbid_unknown_fields=True):
     """Embeddings to use as (part of) the next stage's prompt: [num_tokens, hidden]."""
 
     data: Tensor
+
+
+class LayerRows(msgspec.Struct, forbid_unknown_fields=True):
+    """Rows of one intermediate layer (Hugging Face numbering: 0 = embeddings)."""
+
+    layer: Annotated[int, Meta(ge=0, le=4096)]
+    rows: Tensor  # [n, hidden]
+
+
+class MRopePositions(msgspec.Struct, forbid_unknown_fields=True):
+    """M-RoPE models: a prompt's positions and the offset of every later position (row i >= L
+    is at i + delta on every axis; text after images runs ahead of or behind its index)."""
+
+    positions: Tensor  # int64 [3, L]
+    delta: int
+
+
+class RowRange(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    start: Annotated[int, Meta(ge=0)]
+    stop: Annotated[int, Meta(ge=0)]
+
+
+class HiddenRows(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Hidden states of consecutive positions [start, start + n) of one request: the one
+    type of a hidden-row stream from the engine that computed them, over the wire, to the
+    stage that consumes them (omni_mp.engines.rows.RowStream accumulates them there).
+
+    `last` is the last layer after the final norm. Inside a StageOutputBatch the rows travel
+    in the batch's `packed` tensors and `packed` names this request's range of them."""
+
+    start: Annotated[int, Meta(ge=0)]
+    last: Tensor | None = None  # [n, hidden]
+    layers: Annotated[list[LayerRows], Meta(max_length=64)] = []
+    mrope: MRopePositions | None = None  # with a request's first rows
+    packed: RowRange | None = None
+
+
+class PackedRows(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The hidden rows of every chunk of one step batch, concatenated: one header and one
+    buffer per layer and step instead of one per request."""
+
+    last: Tensor
+    layers: Annotated[list[LayerRows], Meta(max_length=64)] = []
 
 
 class AudioInput(msgspec.Struct, forbid_unknown_fields=True):
@@ -203,6 +247,7 @@ class StageOutputChunk(MessageBase):
     token_ids: TokenIds = []  # new tokens of this step
     prompt_token_ids: TokenIds | None = None  # the stage's prompt, on its first chunk
     prompt_embeds: PromptEmbeds | None = None
+    hidden: HiddenRows | None = None  # stages that emit hidden states
     additional_information: AdditionalInformation | None = None
     finished: bool = False
     finish_reason: str | None = None
@@ -213,51 +258,59 @@ class StageOutputBatch(MessageBase):
     """The chunks of one engine step, for every request that produced output: one message per
     step and destination, whatever the batch size (per-message costs do not grow with it).
 
-    `packed` holds tensors whose rows the chunks share out (one header and one buffer per
-    step instead of one per request): a chunk whose additional_information has
-    `PACKED_ROWS: [start, stop]` owns rows [start, stop) of every packed tensor, under the
-    packed tensor's name. `pack()` builds this; `unpacked()` restores per-chunk views."""
+    `packed` holds the chunks' hidden rows concatenated (see PackedRows); `pack()` builds it,
+    `unpacked()` gives each chunk its rows back as views."""
 
     chunks: Annotated[list[StageOutputChunk], Meta(max_length=MAX_BATCH)]
-    packed: AdditionalInformation | None = None
+    packed: PackedRows | None = None
 
     @classmethod
-    def pack(cls, chunks: list[StageOutputChunk], keys: Sequence[str]) -> StageOutputBatch:
-        """Move the tensors named `keys` out of the chunks into `packed` (rows concatenated)."""
-        parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+    def pack(cls, chunks: list[StageOutputChunk]) -> StageOutputBatch:
+        """Move the chunks' hidden rows into `packed` (every chunk's rows have the same layers)."""
+        last: list[torch.Tensor] = []
+        layers: dict[int, list[torch.Tensor]] = {}
         row = 0
         for chunk in chunks:
-            info = chunk.additional_information
-            if not info or keys[0] not in info:
+            h = chunk.hidden
+            if h is None or h.last is None:
                 continue
-            n = info[keys[0]].shape[0]
-            for k in keys:
-                parts[k].append(info.pop(k))
-            info[PACKED_ROWS] = [row, row + n]
+            n = h.last.shape[0]
+            last.append(h.last)
+            for lr in h.layers:
+                layers.setdefault(lr.layer, []).append(lr.rows)
+            chunk.hidden = msgspec.structs.replace(h, last=None, layers=[], packed=RowRange(row, row + n))
             row += n
-        if not row:
+        if not last:
             return cls(chunks=chunks)
-        return cls(chunks=chunks, packed={k: torch.cat(v) if len(v) > 1 else v[0] for k, v in parts.items()})
+        return cls(
+            chunks=chunks,
+            packed=PackedRows(last=_cat(last), layers=[LayerRows(k, _cat(v)) for k, v in layers.items()]),
+        )
 
     def unpacked(self) -> list[StageOutputChunk]:
         """The chunks with their packed rows restored as views; PayloadError on bad row ranges."""
-        packed = self.packed or {}
-        tensors = {k: v for k, v in packed.items() if isinstance(v, torch.Tensor)}
-        if len(tensors) != len(packed) or any(t.ndim == 0 for t in tensors.values()):
-            raise PayloadError("StageOutputBatch.packed: every entry must be a tensor of at least 1 dimension")
+        packed = self.packed
         for i, chunk in enumerate(self.chunks):
-            info = chunk.additional_information
-            if not info or PACKED_ROWS not in info:
+            h = chunk.hidden
+            if h is None or h.packed is None:
                 continue
-            rows = info.pop(PACKED_ROWS)
-            for k, t in tensors.items():
-                if not (isinstance(rows, list) and len(rows) == 2 and 0 <= rows[0] <= rows[1] <= t.shape[0]):
-                    raise PayloadError(
-                        f"StageOutputBatch.chunks[{i}].additional_information['{PACKED_ROWS}']: {shown(rows)} "
-                        f"is not a row range of packed[{shown(k)}] ({t.shape[0]} rows)"
-                    )
-                info[k] = t[rows[0] : rows[1]]
+            r = h.packed
+            if packed is None or not r.start <= r.stop <= packed.last.shape[0]:
+                size = "no packed rows" if packed is None else f"{packed.last.shape[0]} packed rows"
+                raise PayloadError(
+                    f"StageOutputBatch.chunks[{i}].hidden.packed: [{r.start}, {r.stop}) is not a row range ({size})"
+                )
+            chunk.hidden = msgspec.structs.replace(
+                h,
+                last=packed.last[r.start : r.stop],
+                layers=[LayerRows(lr.layer, lr.rows[r.start : r.stop]) for lr in packed.layers],
+                packed=None,
+            )
         return self.chunks
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class ErrorEvent(MessageBase):
@@ -491,8 +544,7 @@ def _check(msg: msgspec.Struct, limits: Limits, tensor_type: type, body_bytes: i
             else:
                 header = tensor_header(value, path)
             check_header(*header, limits, path)
-            if type(container) is PromptEmbeds and len(header[1]) != 2:
-                raise PayloadError(f"{path}: prompt embeds must be 2-D [num_tokens, hidden], got shape {header[1]}")
+            _check_shape(type(container), header, path)
             slots.append(_Slot(container, key, path, header))
             total += header[2]
         else:
@@ -505,6 +557,18 @@ def _check(msg: msgspec.Struct, limits: Limits, tensor_type: type, body_bytes: i
         )
     _check_total(msg, body_bytes + total, limits)
     return slots
+
+
+# Tensors whose shape the schema fixes: checked before any tensor exists.
+_ROWS_2D = (PromptEmbeds, HiddenRows, LayerRows, PackedRows)
+
+
+def _check_shape(container: type, header: tuple[str, list[int], int], path: str) -> None:
+    dtype, shape, _ = header
+    if container in _ROWS_2D and len(shape) != 2:
+        raise PayloadError(f"{path}: must be 2-D [rows, hidden], got shape {shape}")
+    if container is MRopePositions and (dtype != "int64" or len(shape) != 2 or shape[0] != 3):
+        raise PayloadError(f"{path}: M-RoPE positions must be int64 [3, prompt_len], got {dtype} {shape}")
 
 
 def _valid_request_id(request_id: Any, limits: Limits) -> bool:

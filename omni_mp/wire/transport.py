@@ -29,6 +29,11 @@ from omni_mp.wire.tensor_codec import DEFAULT_LIMITS, Limits
 # enough to absorb jitter, few enough that a stalled consumer pushes back within a few
 # steps instead of buffering gigabytes of hidden states.
 DEFAULT_HWM = 64
+# Queue depth of the runtime's own sockets (coordinator events and client port, stage inputs
+# and stage-to-stage links). Per-step chunks of a full batch arrive together; this absorbs
+# bursts, and a peer that stops reading still pushes back (senders wait with a timeout) long
+# before memory is at risk.
+CONTROL_HWM = 4096
 # On close, how long a sender keeps trying to deliver what is queued (and waits for its
 # pool to be drained): long enough for a clean shutdown, short enough to never hang one.
 SENDER_LINGER_MS = 1000

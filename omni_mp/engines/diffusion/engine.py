@@ -1,8 +1,8 @@
 """A diffusion stage engine: vLLM 0.25.0's `EngineCore`, in the stage process, running omni_mp's
 diffusion scheduler and worker (`omni_mp.engines.vllm_hooks_diffusion`).
 
-The stage loop drives it like the AR engine (`omni_mp.engines.base.StageEngine`): add
-requests (with `open_inputs`, their input ids keep arriving through `add_inputs` until
+The stage loop drives it like the AR engine (`omni_mp.engines.base.StageEngine`): prepare
+and add requests (with `open_inputs`, their input ids keep arriving through `extend` until
 closed), `step()` while `can_step()`, abort. Each step advances every running trajectory by
 one solver step; a step's outputs are audio chunks (`StepOutput.info`: float32 samples and
 their sample rate, see omni_mp.audio), the last one of a request marked finished.
@@ -10,19 +10,26 @@ their sample rate, see omni_mp.audio), the last one of a request marked finished
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import torch
 
 from omni_mp.audio import audio_info
-from omni_mp.engines.base import EngineInputError, PromptIds, StepOutput
+from omni_mp.engines.base import EngineInputError, Extension, PromptIds, StageInput, StepOutput
 from omni_mp.engines.diffusion.model import DiffusionInputError
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
 from omni_mp.wire.payload import SamplingParamsMsg
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDiffusion:
+    request_id: str
+    ids: list[int]
+    params: DiffusionParams
 
 
 class DiffusionEngine:
@@ -37,10 +44,9 @@ class DiffusionEngine:
         """`open_inputs`: requests started with `add_request` take more ids (`add_inputs`)
         until closed; set for stages fed by a processor that streams its inputs."""
         from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.core import EngineCore
-        from vllm.v1.executor import Executor
 
-        from omni_mp.engines.vllm_hooks_diffusion import CONFIG_KEY, WORKER_CLS, DiffusionScheduler
+        from omni_mp.engines.vllm_hooks import build_engine_core
+        from omni_mp.engines.vllm_hooks_diffusion import CONFIG_KEY, WORKER_CLS, DiffusionCoreDriver, DiffusionScheduler
 
         self.cfg = cfg
         self.open_inputs = open_inputs
@@ -63,25 +69,17 @@ class DiffusionEngine:
         )
         # The worker runs in this process: vLLM's CPU platform swaps "uni" for "mp" unless this is
         # 0 while the config is made (stage processes have it set; restored for embedders).
-        old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        try:
-            vllm_config = EngineArgs(model=model, **args).create_engine_config()
-        finally:
-            if old is None:
-                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-            else:
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
-        self.core = EngineCore(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        self.driver = DiffusionCoreDriver(build_engine_core(EngineArgs(model=model, **args), env=env))
         # After vLLM's worker init (which sets its own default); the model runs in this process.
         torch.set_float32_matmul_precision(cfg.float32_matmul)
-        self.batcher = self.core.scheduler.batcher
-        self.model = self.core.collective_rpc("get_model")[0]
+        self.batcher = self.driver.batcher
+        self.model = self.driver.model()
         self.sample_rate: int = self.model.sample_rate
         try:  # fail at start-up, not on the first request
             self.model.check(self.resolve(None), [])
         except DiffusionInputError as err:
-            self.core.shutdown()
+            self.driver.shutdown()
             raise ValueError(f"diffusion.default_speaker / defaults: {err}") from None
 
     # ---- requests ------------------------------------------------------------------------------
@@ -109,29 +107,22 @@ class DiffusionEngine:
     def decode(self, token_ids: list[int]) -> str | None:
         return None
 
-    def add_request(
-        self,
-        request_id: str,
-        sampling: SamplingParamsMsg,
-        *,
-        prompt_token_ids: list[int] | None = None,
-        prompt_embeds: torch.Tensor | None = None,
-        prompt_text: str | None = None,
-        multi_modal: dict[str, list[Any]] | None = None,
-        positions: tuple[torch.Tensor, int] | None = None,
-        step_embeds: Any = None,
-        speaker: str | None = None,
-    ) -> PromptIds:
-        """The stage loop's entry: the ids known so far, the stage's default parameters, the
-        request's seed (`sampling.seed`) and speaker."""
-        if prompt_embeds is not None or step_embeds is not None or positions is not None:
+    def prepare(
+        self, request_id: str, sampling: SamplingParamsMsg, stage_input: StageInput, speaker: str | None = None
+    ) -> PreparedDiffusion:
+        """The ids known so far, the stage's default parameters, the request's seed
+        (`sampling.seed`) and speaker."""
+        if stage_input.prompt_embeds is not None or stage_input.step_embeds or stage_input.positions is not None:
             raise EngineInputError("a diffusion stage takes codec ids, not embeddings")
-        if prompt_text is not None or multi_modal:
+        if stage_input.prompt_text is not None or stage_input.multi_modal:
             raise EngineInputError("a diffusion stage takes codec ids, not text or media")
-        ids = prompt_token_ids or []
+        ids = list(stage_input.prompt_token_ids or [])
         params = msgspec.structs.replace(self.cfg.defaults, seed=sampling.seed, speaker=speaker)
-        self.submit(request_id, ids, params, closed=not self.open_inputs)
-        return PromptIds(len(ids), list(ids))
+        return PreparedDiffusion(request_id, ids, params)
+
+    def add(self, prepared: PreparedDiffusion) -> PromptIds:  # type: ignore[override]
+        self.submit(prepared.request_id, prepared.ids, prepared.params, closed=not self.open_inputs)
+        return PromptIds(len(prepared.ids), list(prepared.ids))
 
     @property
     def speakers(self) -> frozenset[str] | None:
@@ -164,41 +155,38 @@ class DiffusionEngine:
             closed=closed,
             stream=self.cfg.stream if stream is None else stream,
         )
-        self.core.add_request(req)  # type: ignore[arg-type]
+        self.driver.add(req)
         return resolved
 
-    def add_inputs(self, request_id: str, ids: Sequence[int], closed: bool) -> None:
+    def extend(self, request_id: str, extension: Extension) -> None:
+        if extension.step_rows is not None:
+            raise EngineInputError("a diffusion stage takes codec ids, not embeddings")
         req = self.batcher.requests.get(request_id)
         if req is None:
             return  # finished or aborted meanwhile
-        if closed and not req.ids and not ids:
+        ids = list(extension.input_ids)
+        if extension.closed and not req.ids and not ids:
             raise EngineInputError("empty input: upstream produced no codec ids")
         self._check_ids(req.params, ids, len(req.ids) + len(ids))
-        self.batcher.extend(request_id, list(ids), closed)
+        self.batcher.extend(request_id, ids, extension.closed)
 
     def abort(self, request_ids: list[str]) -> None:
-        if request_ids:
-            self.core.abort_requests(request_ids)
+        self.driver.abort(request_ids)
 
     # ---- stepping ------------------------------------------------------------------------------
-    def has_work(self) -> bool:
-        return self.core.scheduler.has_requests()
-
     def can_step(self) -> bool:
-        """A step would advance something (not only requests waiting for upstream ids)."""
-        return self.batcher.runnable()
+        return self.driver.can_step()
 
     def step(self) -> tuple[list[StepOutput], bool]:
-        outputs, executed = self.core.step()
+        outputs, executed = self.driver.step()
         result: list[StepOutput] = []
-        for per_client in outputs.values():
-            for out in per_client.outputs:
-                if isinstance(out.stop_reason, str):  # the worker could not serve it (see take_failed)
-                    self._failed[out.request_id] = out.stop_reason
-                    continue
-                reason = None if out.finish_reason is None else str(out.finish_reason)
-                info = None if out.pooling_output is None else audio_info(out.pooling_output, self.sample_rate)
-                result.append(StepOutput(out.request_id, [], out.finished, reason, info))
+        for out in outputs:
+            if isinstance(out.stop_reason, str):  # the worker could not serve it (see take_failed)
+                self._failed[out.request_id] = out.stop_reason
+                continue
+            reason = None if out.finish_reason is None else str(out.finish_reason)
+            info = None if out.pooling_output is None else audio_info(out.pooling_output, self.sample_rate)
+            result.append(StepOutput(out.request_id, [], out.finished, reason, info))
         return result, executed
 
     def take_failed(self) -> dict[str, str]:
@@ -206,4 +194,4 @@ class DiffusionEngine:
         return failed
 
     def shutdown(self) -> None:
-        self.core.shutdown()
+        self.driver.shutdown()

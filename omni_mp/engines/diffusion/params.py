@@ -45,7 +45,7 @@ class StreamingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The `diffusion:` section of a `kind: diffusion` stage."""
 
-    model_type: Literal["qwen2_5_omni_token2wav"] = "qwen2_5_omni_token2wav"
+    model_type: str = "qwen2_5_omni_token2wav"  # a diffusion model type of omni_mp.models.registry
     defaults: DiffusionParams = DiffusionParams()
     default_speaker: str = "Chelsie"
     stream: bool = True  # emit audio chunk by chunk as upstream codes arrive; False: one shot at the end

@@ -6,7 +6,7 @@ states h (one row per token the thinker computed: the prompt and y_0..y_{N-2}; t
 token is never fed back), embed_t the thinker's token embedding (zero at the audio/image/video
 placeholders of the prompt), r_j = embed_t(y_j) + h[L + j]. All rows are in the thinker's
 width E, before the talker's `thinker_to_talker_proj` (which the talker model applies;
-omni_mp.engines.vllm_hooks_talker):
+omni_mp.models.qwen2_5_omni.vllm_hooks_talker):
 - prompt, L + 2 rows: embed_t(x_i) + h[i]; embed_t(speaker bos) + codec(pad);
   r_0 + codec(bos). Ready once the thinker has fed y_0 back (after its first decode step).
 - decode step k adds s_k: r_{k+1} while the reply lasts (streamed as the thinker writes),
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from omni_mp.models.checkpoint import load_speakers, load_tensors
+from omni_mp.models.checkpoint import load_tensors
+from omni_mp.models.qwen2_5_omni.speakers import load_speakers
 from omni_mp.processors.base import (
     ProcessorError,
     RequestContext,

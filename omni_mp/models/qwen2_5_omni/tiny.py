@@ -4,12 +4,14 @@ A checkpoint is a full `Qwen2_5OmniForConditionalGeneration` saved with `save_pr
 (`thinker.*` with audio and vision encoders, `talker.*`, `token2wav.*`, `config.json`) plus
 `spk_dict.pt` (`{name: {"bos_token", "cond" [1, enc_emb_dim], "ref_mel" [1, T_ref, mel_dim]}}`),
 at toy sizes (`../shared/models/qwen2_5_omni.md` §4). Cached like the other tiny models
-(omni_mp.models.tiny.build_cached). Two kinds:
+(omni_mp.models.cache). Nothing at run time imports this module: omni_mp.models.registry
+imports it when a stage names one of its built-in checkpoints. Two kinds:
 
 - `Token2WavSpec` ("tiny-token2wav", "token2wav-default-size"): for the token2wav (diffusion)
   stage alone; fixed special ids, no processor.
 - `OmniSpec` ("tiny-qwen2_5-omni"): the whole model, plus a processor (a Qwen2Tokenizer trained
-  here, Whisper features at 128 mel bins, Qwen2-VL image/video processors, `CHAT_TEMPLATE`);
+  here, Whisper features at 128 mel bins, Qwen2-VL image/video processors, the chat template
+  of omni_mp.models.qwen2_5_omni.prompt);
   every special id in the configs and `spk_dict.pt` is read from that tokenizer.
 
 Deviations from transformers' default init (the rest is transformers' own, seeded):
@@ -37,7 +39,8 @@ from typing import Any
 
 import msgspec
 
-from omni_mp.models.tiny import build_cached
+from omni_mp.models.cache import build_cached
+from omni_mp.models.qwen2_5_omni.prompt import CHAT_TEMPLATE
 
 
 class Token2WavSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -124,36 +127,6 @@ _NAMED_TOKENS = {
     "vision_bos_token": "<|vision_bos|>",
     "vision_eos_token": "<|vision_eos|>",
 }
-SYSTEM_PROMPT = "You are a helpful assistant who can hear, see and speak."
-AUDIO_SLOT = "<|audio_bos|><|AUDIO|><|audio_eos|>"
-IMAGE_SLOT = "<|vision_bos|><|IMAGE|><|vision_eos|>"
-VIDEO_SLOT = "<|vision_bos|><|VIDEO|><|vision_eos|>"
-
-# Qwen2.5-Omni's chat format; for a user message of audio parts, image parts, then text, it
-# renders exactly `omni_prompt_text` (the default system prompt when none is given).
-CHAT_TEMPLATE = (
-    "{%- if messages[0]['role'] != 'system' -%}"
-    "{{- '<|im_start|>system\\n" + SYSTEM_PROMPT + "<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'audio' -%}{{- '" + AUDIO_SLOT + "' -}}"
-    "{%- elif part['type'] == 'image' -%}{{- '" + IMAGE_SLOT + "' -}}"
-    "{%- elif part['type'] == 'video' -%}{{- '" + VIDEO_SLOT + "' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-
-
-def omni_prompt_text(text: str, n_audio: int = 0, n_image: int = 0, system: str = SYSTEM_PROMPT) -> str:
-    """The thinker prompt for one user turn: its audios, then its images, then `text`."""
-    media = AUDIO_SLOT * n_audio + IMAGE_SLOT * n_image
-    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{media}{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def speaker_token(name: str) -> str:
@@ -412,10 +385,8 @@ def build_omni(spec: OmniSpec, cache_dir: Path | None = None, *, verbose: bool =
     )
 
 
-def build_named(name: str) -> Path | None:
-    """The checkpoint dir of a built-in Qwen2.5-Omni spec name, None for other names."""
+def build_named(name: str) -> Path:
+    """The checkpoint dir of a built-in Qwen2.5-Omni spec name (of TOKEN2WAV_SPECS or OMNI_SPECS)."""
     if name in TOKEN2WAV_SPECS:
         return build_token2wav(TOKEN2WAV_SPECS[name])
-    if name in OMNI_SPECS:
-        return build_omni(OMNI_SPECS[name])
-    return None
+    return build_omni(OMNI_SPECS[name])

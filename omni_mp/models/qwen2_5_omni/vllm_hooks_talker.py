@@ -5,7 +5,7 @@ It computes what transformers' `Qwen2_5OmniTalkerForConditionalGeneration` compu
 thinker's space (width E = `embedding_size`): prompt rows come as prompt embeddings, and a
 decode step's row is `embed_tokens(code)` (an Embedding(Vc, E)) plus the per-step extra
 embedding that `vllm_hooks` adds in place into the runner's `inputs_embeds` buffer. The view
-config (`omni_mp.models.talker_view`) sets `projection_size = E`, so that buffer is E wide.
+config (`omni_mp.models.qwen2_5_omni.talker_view`) sets `projection_size = E`, so that buffer is E wide.
 
 The decoder is built from vLLM's Llama layers, not Qwen2's: vLLM's `Qwen2Attention` derives
 head_dim from hidden/heads, while the talker's `head_dim` is an explicit field (the 7B talker
@@ -39,7 +39,8 @@ from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaModel
 from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
-from omni_mp.models.talker_view import TALKER_ARCH
+from omni_mp.models.family import EngineModel
+from omni_mp.models.qwen2_5_omni.talker_view import TALKER_ARCH, talker_view_dir
 
 
 def _decoder_config(config: Any) -> Any:
@@ -161,3 +162,12 @@ def register_talker() -> None:
 
     if TALKER_ARCH not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(TALKER_ARCH, OmniMpQwen2_5OmniTalker)
+
+
+def talker_engine_model(model_dir: str, engine_args: dict[str, Any]) -> EngineModel:
+    """`model_part: talker` (omni_mp.models.family.ModelPart): our vLLM model of the talker,
+    loaded from a view of the checkpoint whose config is the talker's; codec ids are not text,
+    so vLLM starts no tokenizer."""
+    register_talker()
+    view = talker_view_dir(model_dir, require_weights=engine_args.get("load_format") != "dummy")
+    return EngineModel(str(view), {**engine_args, "skip_tokenizer_init": True})

@@ -3,7 +3,7 @@
 vLLM 0.25.0 has no talker model, and a full omni directory resolves to its thinker. The view is a
 small directory of our own: `config.json` is the checkpoint's `talker_config` as a standalone
 config (model_type `qwen2_5_omni_talker`, which transformers' AutoConfig knows) naming our vLLM
-model class (`omni_mp.engines.vllm_hooks_talker`, registered by `register_talker()`), and the
+model class (`omni_mp.models.qwen2_5_omni.vllm_hooks_talker`, registered by `register_talker()`), and the
 weight files are symlinks to the checkpoint's own (the model loads only `talker.*` keys).
 
 `projection_size` = `embedding_size`: vLLM sizes its persistent `inputs_embeds` buffer by
@@ -12,21 +12,21 @@ one. The talker's input embeddings then live in the thinker's space (width E, be
 `thinker_to_talker_proj`), exactly where transformers adds the codec embedding and the thinker
 rows; the model projects to its hidden size itself.
 
-Views are cached under `cache_root()/views`, keyed by the checkpoint path, its files' sizes and
-mtimes, and the transformers version (the config is rewritten by transformers' `to_dict`).
+Views are cached under `cache_root()/views` (omni_mp.models.cache), keyed by the checkpoint
+path, its files' sizes and mtimes, and the transformers version (the config is rewritten by
+transformers' `to_dict`).
 No vLLM import here.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from omni_mp.models.tiny import _file_lock, cache_root
+import msgspec
+
+from omni_mp.models.cache import build_cached, cache_root
 
 TALKER_ARCH = "OmniMpQwen2_5OmniTalker"  # the name register_talker() gives our vLLM model class
 VIEW_VERSION = 1  # bump when the view's contents change
@@ -42,17 +42,13 @@ def _weight_files(checkpoint: Path, *, require: bool = True) -> list[Path]:
     return files
 
 
-def _view_key(checkpoint: Path, files: list[Path]) -> str:
-    import transformers
+class _ViewSpec(msgspec.Struct, frozen=True):
+    """What a view holds depends on: its cache key (with the transformers version, which
+    rewrites the config through `to_dict`)."""
 
-    stats = []
-    for f in [checkpoint / "config.json", *files]:
-        st = f.stat()
-        stats.append([f.name, st.st_size, st.st_mtime_ns])
-    blob = json.dumps(
-        {"path": str(checkpoint), "files": stats, "transformers": transformers.__version__, "view": VIEW_VERSION}
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    path: str
+    files: tuple[tuple[str, int, int], ...]  # name, size, mtime (ns) of config.json and the weights
+    view: int = VIEW_VERSION
 
 
 def talker_config_dict(checkpoint: Path) -> dict:
@@ -72,26 +68,19 @@ def talker_config_dict(checkpoint: Path) -> dict:
     return cfg
 
 
+def _write_view(checkpoint: Path, files: list[Path], out: Path) -> None:
+    for f in files:
+        (out / f.name).symlink_to(f)
+    (out / "config.json").write_text(json.dumps(talker_config_dict(checkpoint), indent=2, sort_keys=True))
+
+
 def talker_view_dir(checkpoint_dir: str | Path, *, require_weights: bool = True) -> Path:
     """The view directory for `checkpoint_dir`, written once (file lock, atomic rename) and reused.
     `require_weights=False` (vLLM's `load_format: dummy` reads no weights): a checkpoint dir
     with only config files still gets a view, with no weight links."""
     checkpoint = Path(checkpoint_dir).resolve()
     files = _weight_files(checkpoint, require=require_weights)
-    root = cache_root() / "views"
-    target = root / f"talker-{_view_key(checkpoint, files)}"
-    if (target / "config.json").exists():
-        return target
-    with _file_lock(root / f".{target.name}.lock"):
-        if (target / "config.json").exists():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-        try:
-            for f in files:
-                (tmp / f.name).symlink_to(f)
-            (tmp / "config.json").write_text(json.dumps(talker_config_dict(checkpoint), indent=2, sort_keys=True))
-            os.replace(tmp, target)  # readers never see a half-written view
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return target
+    stats = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in [checkpoint / "config.json", *files])
+    spec = _ViewSpec(path=str(checkpoint), files=stats)
+    write = functools.partial(_write_view, checkpoint, files)
+    return build_cached("talker", spec, write, cache_dir=cache_root() / "views", verbose=False)

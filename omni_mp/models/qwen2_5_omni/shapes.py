@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from omni_mp.models.tiny import build_cached
+from omni_mp.models.cache import build_cached
 
 MROPE_SECTION = [16, 24, 24]  # the released checkpoint's; sum = head_dim / 2 with head_dim 128
 HEAD_DIM = 128
@@ -89,7 +89,7 @@ def omni_shapes_config(spec: OmniShapesSpec = SHAPES_7B) -> Any:
     if spec.scale > 1:
         # Toy encoders (text-only prompts never reach them) and token2wav; the codec vocab keeps
         # its 8193 DiT embeddings so every real codec id stays valid.
-        from omni_mp.models.qwen2_5_omni import Token2WavSpec, omni_config
+        from omni_mp.models.qwen2_5_omni.tiny import Token2WavSpec, omni_config
 
         tiny = omni_config(Token2WavSpec(num_embeds=default.token2wav_config.dit_config.num_embeds))
         thinker["audio_config"] = {**tiny.thinker_config.audio_config.to_dict(), "output_dim": width}
@@ -142,7 +142,7 @@ def _write_token2wav(out_dir: Path, config: Any, seed: int) -> None:
 
 
 def build_omni_shapes(spec: OmniShapesSpec = SHAPES_7B, cache_dir: Path | None = None) -> Path:
-    """The dir of `spec`, written once and cached (omni_mp.models.tiny's cache and lock)."""
+    """The dir of `spec`, written once and cached (omni_mp.models.cache)."""
     return build_cached("qwen2_5_omni-shapes", spec, lambda out: write_omni_shapes(out, spec), cache_dir=cache_dir)
 
 

@@ -25,7 +25,8 @@ import torch
 
 from omni_mp.engines.diffusion.model import DiffusionInputError, Window
 from omni_mp.engines.diffusion.params import DiffusionParams
-from omni_mp.models.checkpoint import load_prefixed, load_speakers
+from omni_mp.models.checkpoint import load_prefixed
+from omni_mp.models.qwen2_5_omni.speakers import load_speakers
 
 SAMPLE_RATE = 24000  # BigVGAN output rate of Qwen2.5-Omni (480 samples per codec token, 50 tokens/s)
 CFG_MIN = 1e-5  # transformers: guidance_scale below this runs no unconditional pass

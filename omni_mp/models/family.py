@@ -1,0 +1,94 @@
+"""What a model family declares to the runtime (omni_mp.models.registry reads it).
+
+A family is one package under omni_mp/models/ whose `__init__` holds a `FAMILY`: the names
+it serves (processors, prompt formats, model parts, diffusion model types, built-in
+checkpoints), each mapped to the code behind it as a "module:attribute" reference. The
+references are imported only when a stage asks for that name, so reading the names (config
+validation, the registry's listings) imports no torch, transformers or vLLM code of the family.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+
+class Family(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    # processor name -> a StageProcessor class (no-argument constructor)
+    processors: dict[str, str] = {}
+    # prompt_format name -> a PromptFormat
+    prompt_formats: dict[str, str] = {}
+    # model_part name -> a ModelPart function
+    model_parts: dict[str, str] = {}
+    # diffusion model_type -> a function (model_dir, device) -> DiffusionModel
+    diffusion_models: dict[str, str] = {}
+    # built-in checkpoint name (a stage's `model:`) -> a function (name) -> its built dir
+    builtin_models: dict[str, str] = {}
+    # a checkpoint's config.json `model_type` -> its CheckpointSizing (GPU memory planning)
+    checkpoint_types: dict[str, str] = {}
+
+
+class PromptFormat(Protocol):
+    """An entry stage's chat format and what its model's processor takes as media."""
+
+    audio_rate: int  # the sample rate audio is resampled to before the model's processor
+
+    def render(self, text: str, n_audio: int, n_image: int) -> str:
+        """The prompt for one user turn: `text` with one placeholder per audio and per image."""
+        ...
+
+
+class EngineModel(msgspec.Struct, frozen=True):
+    """What an AR stage's engine is built from: a model dir and vLLM engine args."""
+
+    model: str
+    engine_args: dict[str, Any]
+
+
+class ModelPart(Protocol):
+    def __call__(self, model_dir: str, engine_args: dict[str, Any]) -> EngineModel:
+        """The engine model of this part of the checkpoint in `model_dir` (registering any
+        vLLM model class of ours it needs)."""
+        ...
+
+
+class CheckpointSizing(Protocol):
+    """How the memory planner sizes a stage on one of the family's checkpoints (a checkpoint
+    of no family is sized whole, as a causal LM)."""
+
+    def part(self, stage: Any) -> str:
+        """The part of the checkpoint the stage runs: its weights' name prefix ('all': whole)."""
+        ...
+
+    def skipped(self, stage: Any, part: str) -> set[str]:
+        """Weight-name prefixes inside `part` the engine does not build for this stage."""
+        ...
+
+    def meta_model(self, config: Any, part: str) -> tuple[type, Any]:
+        """`part`'s Hugging Face class and config (its parameter count without weights)."""
+        ...
+
+    def text_config(self, config: dict[str, Any], part: str) -> dict[str, Any]:
+        """The config of `part`'s decoder (an AR stage's KV cache and activations)."""
+        ...
+
+    def diffusion_activations(self, stage: Any, config: dict[str, Any]) -> int:
+        """Activation bytes of a diffusion stage on this checkpoint."""
+        ...
+
+
+class BuiltinBuilder(Protocol):
+    def __call__(self, name: str) -> Path: ...
+
+
+def load_ref(ref: str) -> Any:
+    """The object a "package.module:attr.attr" reference names (the module is imported now)."""
+    module, _, attrs = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for attr in attrs.split("."):
+        obj = getattr(obj, attr)
+    return obj

@@ -1,0 +1,113 @@
+"""Preparing an entry stage's requests beside the engine thread.
+
+A request's preparation (media checks, resampling, the prompt format, tokenization and vLLM's
+input processing: the model's audio feature extractor and image processor) can take seconds
+for long audio or a large image. Done on the engine thread it would stall every request in
+flight; here it runs on a thread of its own, one request at a time in arrival order, and the
+engine thread only adds what comes back prepared. Not on the socket thread either: control
+messages and upstream data keep flowing while a request is prepared.
+
+Any exception while preparing one request fails that request only, with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from omni_mp.config import StageConfig
+from omni_mp.engines.base import EngineInputError, PreparedRequest, StageEngine, StageInput
+from omni_mp.stage.io_threads import Stopped
+from omni_mp.stage.media import MediaError, build_entry_input
+from omni_mp.wire.payload import SamplingParamsMsg, StageRequest
+
+log = logging.getLogger("omni_mp.stage")
+
+# Requests registered and waiting for their preparation; past this the stage is overloaded
+# (the coordinator's admission limit keeps it far below in normal operation).
+MAX_PENDING = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareJob:
+    msg: StageRequest
+    sampling: SamplingParamsMsg
+    token: object  # the engine thread's state of the request: a result for another one is stale
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A preparation's outcome, for the engine thread: the request, or why it failed."""
+
+    request_id: str
+    token: object
+    request: PreparedRequest | None = None
+    code: str = ""
+    error: str = ""
+
+
+def entry_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> StageInput:
+    """An entry stage's input from its registration (raises EngineInputError or MediaError)."""
+    if msg.multi_modal is not None and stage.prompt_format is None:
+        raise EngineInputError(f"stage {stage.id} takes no media (it has no prompt_format)")
+    if msg.prompt_embeds is not None:
+        # A copy: the received tensor is a view of the message buffer.
+        return StageInput(prompt_embeds=msg.prompt_embeds.data.clone())
+    if msg.prompt_token_ids is not None:
+        return StageInput(prompt_token_ids=list(msg.prompt_token_ids))
+    if msg.prompt is not None and stage.prompt_format is not None:
+        return build_entry_input(stage, msg.prompt, msg.multi_modal)
+    if msg.prompt is not None:
+        return StageInput(prompt_token_ids=engine.tokenize(msg.prompt))
+    raise EngineInputError("an entry stage needs a prompt, prompt_token_ids or prompt_embeds")
+
+
+class Preparer(threading.Thread):
+    """Prepares entry requests in order; results go to `deliver` (the engine thread's inbox)."""
+
+    def __init__(self, stage: StageConfig, engine: StageEngine, deliver: Any, stop: threading.Event) -> None:
+        super().__init__(name=f"stage{stage.id}-prepare", daemon=True)
+        self.stage, self.engine, self.deliver, self.stop = stage, engine, deliver, stop
+        self._jobs: deque[PrepareJob] = deque()
+        self._cond = threading.Condition()
+        self.error: BaseException | None = None
+
+    def submit(self, job: PrepareJob) -> bool:
+        """Queue a request (engine thread; never blocks). False: too many are waiting."""
+        with self._cond:
+            if len(self._jobs) >= MAX_PENDING:
+                return False
+            self._jobs.append(job)
+            self._cond.notify()
+            return True
+
+    def _prepare(self, job: PrepareJob) -> Prepared:
+        rid = job.msg.request_id
+        try:
+            stage_input = entry_input(self.stage, self.engine, job.msg)
+            prepared = self.engine.prepare(rid, job.sampling, stage_input, job.msg.speaker)
+        except (EngineInputError, MediaError) as err:
+            return Prepared(rid, job.token, code="invalid_input", error=str(err))
+        except Exception as err:  # noqa: BLE001 - e.g. MemoryError in a processor: this request only
+            log.exception("stage %d: preparing request %s failed", self.stage.id, rid)
+            text = f"stage {self.stage.id} could not prepare the request's input: {type(err).__name__}: {err}"
+            return Prepared(rid, job.token, code="invalid_input", error=text)
+        return Prepared(rid, job.token, request=prepared)
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                with self._cond:
+                    if not self._jobs:
+                        self._cond.wait(0.05)
+                        continue
+                    job = self._jobs.popleft()
+                self.deliver(self._prepare(job))
+        except Stopped:
+            pass
+        except BaseException as err:  # noqa: BLE001 - reported by the engine thread, which exits
+            self.error = err
+            self.stop.set()
