@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s http %(levelname)s %(name)s: %(message)s")
 
     if args.parent_pid is not None:
-        from omni_mp.control.procutil import die_with_parent
+        from omni_mp.procs import die_with_parent
 
         die_with_parent(args.parent_pid)
     import uvicorn
