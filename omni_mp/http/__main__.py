@@ -43,12 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     from omni_mp.config import load_config
     from omni_mp.http.app import ServerSettings, create_app
     from omni_mp.http.detok import load_tokenizer
-    from omni_mp.http.pipeline import PipelineView, load_voices
+    from omni_mp.http.pipeline import PipelineView
     from omni_mp.keys import INTERNAL, client_identity
 
     host, port = parse_listen(args.listen)
     cfg = load_config(args.config)
-    view = PipelineView.of(cfg, load_voices(cfg))
+    view = PipelineView.of(cfg)
     body = int(args.max_body_mb * (1 << 20))
     settings = ServerSettings(
         endpoint=args.endpoint, model=cfg.name, api_key=os.environ.get(API_KEY_ENV) or None,

@@ -26,7 +26,7 @@ from omni_mp.http.errors import ApiError, bad_request, from_validation, too_larg
 from omni_mp.http.events import ChatEvent, as_api_errors, primed, tracked
 from omni_mp.http.media import MediaSizes
 from omni_mp.http.metrics import Metrics
-from omni_mp.http.pipeline import PipelineView
+from omni_mp.http.pipeline import PipelineView, voices_of
 from omni_mp.http.schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -250,6 +250,7 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         srv.client = client_factory() if client_factory is not None else AsyncOmniClient(settings.endpoint)
+        view.voices = voices_of(await srv.client.status())  # the pipeline serves before this starts
         try:
             yield
         finally:

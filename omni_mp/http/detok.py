@@ -57,6 +57,6 @@ class Detokenizer:
 def load_tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
-    from omni_mp.models.tiny import resolve_model
+    from omni_mp.models.registry import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(model))

@@ -1,16 +1,15 @@
-"""What the HTTP server needs to know of the pipeline it fronts, read from its YAML once:
-which final stage answers in text and which in audio, the voices, the media limits, and how
-an OpenAI request's sampling maps onto the stages' own sampling."""
+"""What the HTTP server needs to know of the pipeline it fronts, read from its YAML (and the
+voices from the stages once they serve): which final stage answers in text and which in
+audio, the media limits, and how an OpenAI request's sampling maps onto the stages' own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import msgspec
 
 from omni_mp.config import MediaLimits, PipelineConfig, StageConfig
-from omni_mp.wire.payload import SamplingParamsMsg
+from omni_mp.wire.payload import SamplingParamsMsg, StatusReply
 
 
 def stage_name(stage: StageConfig) -> str:
@@ -18,19 +17,12 @@ def stage_name(stage: StageConfig) -> str:
     return stage.kind if stage.model_part is None else f"{stage.kind}/{stage.model_part}"
 
 
-def _speaks(stage: StageConfig) -> bool:
-    return stage.kind == "diffusion" or stage.model_part == "talker"
-
-
-def load_voices(cfg: PipelineConfig) -> list[str]:
-    """The voices every speaking stage knows (their checkpoints' speaker tables)."""
-    from omni_mp.models.checkpoint import load_speakers
-    from omni_mp.models.tiny import resolve_model
-
+def voices_of(status: StatusReply) -> list[str]:
+    """The voices every speaking stage knows: each publishes its own in its Ready info."""
     common: set[str] | None = None
-    for stage in cfg.stages:
-        if _speaks(stage) and (Path(resolve_model(stage.model)) / "spk_dict.pt").exists():
-            names = set(load_speakers(resolve_model(stage.model)))
+    for st in status.stages:
+        if st.info.get("speakers"):
+            names = set(st.info["speakers"].split(","))
             common = names if common is None else common & names
     return sorted(common or ())
 
@@ -45,25 +37,20 @@ class Sampling:
     seed: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class PipelineView:
     cfg: PipelineConfig
     text_stage: StageConfig
     audio_stage: StageConfig | None
-    voices: list[str]
-    default_voice: str | None
+    voices: list[str] = field(default_factory=list)  # from the stages once they serve (voices_of)
 
     @classmethod
-    def of(cls, cfg: PipelineConfig, voices: list[str]) -> PipelineView:
+    def of(cls, cfg: PipelineConfig) -> PipelineView:
         finals = cfg.final_stages
         text = [s for s in finals if s.kind == "ar" and s.model_part is None]
         if not text:
             raise ValueError(f"pipeline {cfg.name!r}: no final AR stage answers in text")
-        audio = next((s for s in finals if s.kind == "diffusion"), None)
-        default = audio.diffusion.default_speaker if audio is not None else None
-        if default is None and voices:
-            default = voices[0]
-        return cls(cfg, text[0], audio, voices, default)
+        return cls(cfg, text[0], next((s for s in finals if s.kind == "diffusion"), None))
 
     @property
     def media_limits(self) -> MediaLimits:
