@@ -6,6 +6,7 @@ ZMQ client gets from the same pipeline for the same request."""
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import http.client
 import io
 import json
@@ -28,7 +29,7 @@ import yaml
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from omni_mp.client import OmniClient
+from omni_mp.client import OmniClient, RequestError
 from omni_mp.config import load_config
 from omni_mp.http.app import SPEECH_PROMPT
 from omni_mp.wire.payload import Finished, SamplingParamsMsg
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.engine
 
 BASE_CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 KEY = "test-key-123"
-MAX_INFLIGHT = 3
+MAX_INFLIGHT = 32
 PCM_LSB = 1 / 32768  # one step of 16-bit PCM as soundfile reads it
 
 
@@ -377,21 +378,60 @@ def test_client_disconnect_aborts_the_request(served: Served, zmq: OmniClient) -
 
 
 def test_overload_is_429_with_retry_after(served: Served, zmq: OmniClient) -> None:
-    streams = [
-        httpx.stream("POST", f"{served.url}/v1/chat/completions", json=_long_body(True), headers=_auth(), timeout=600)
-        for _ in range(MAX_INFLIGHT)
-    ]
-    try:
-        for s in streams:
-            s.__enter__()
-        status, err = _error(served, {"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
-        assert status == 429 and err["code"] == "overloaded" and err["type"] == "rate_limit_error"
-        with pytest.raises(openai.RateLimitError) as raised:
-            served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
-        assert raised.value.response.headers["retry-after"] == "1"
-    finally:
-        for s in streams:
-            s.__exit__(None, None, None)
+    """With admission.max_inflight requests in flight (long ones, from the ZMQ client), a
+    new HTTP request gets 429 with Retry-After at once."""
+    long = {0: msgspec.structs.replace(served.cfg.stage(0).sampling, max_tokens=1900)}
+    with concurrent.futures.ThreadPoolExecutor(MAX_INFLIGHT) as pool:
+        holds = [
+            pool.submit(zmq.generate, "Tell me everything.", sampling=long, request_id=f"hold{i}", deadline_s=600)
+            for i in range(MAX_INFLIGHT)
+        ]
+        try:
+            deadline = time.monotonic() + 60
+            while zmq.status().inflight < MAX_INFLIGHT:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            status, err = _error(served, {"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+            assert status == 429 and err["code"] == "overloaded" and err["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError) as raised:
+                served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+            assert raised.value.response.headers["retry-after"] == "1"
+        finally:
+            for i in range(MAX_INFLIGHT):
+                zmq.abort(f"hold{i}")
+        for fut in holds:
+            with pytest.raises(RequestError, match="aborted"):
+                fut.result()
+    assert _wait_idle(zmq, 10) < 10
+
+
+def test_32_concurrent_requests_each_end_exactly_once(served: Served, zmq: OmniClient) -> None:
+    """Streaming and non-streaming, text and spoken, all in flight together: each ends once
+    (one finish_reason; streams one [DONE]) and the outcome counter grows by exactly 32."""
+    before = _outcomes(served).get(("chat", "ok"), 0)
+
+    def one(i: int) -> int:
+        body = {"model": "m", "messages": [{"role": "user", "content": f"Count to {i}."}], "max_completion_tokens": 8}
+        if i % 4 == 0:
+            body |= {
+                "modalities": ["text", "audio"],
+                "audio": {"voice": ("Ethan", "Chelsie")[i % 8 // 4], "format": "pcm16"},
+            }
+        if i % 2:
+            r = httpx.post(f"{served.url}/v1/chat/completions", json=body, headers=_auth(), timeout=900)
+            assert r.status_code == 200, r.text
+            return int(r.json()["choices"][0]["finish_reason"] in ("stop", "length"))
+        body["stream"] = True
+        with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=body, headers=_auth(), timeout=900) as r:
+            assert r.status_code == 200
+            events = [line for line in r.iter_lines() if line]
+        assert events.count("data: [DONE]") == 1 and events[-1] == "data: [DONE]"
+        return sum(json.loads(e[6:])["choices"][0]["finish_reason"] is not None for e in events[:-1])
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        ends = list(pool.map(one, range(32)))
+    assert ends == [1] * 32
+    assert _outcomes(served).get(("chat", "ok"), 0) == before + 32
     assert _wait_idle(zmq, 10) < 10
 
 
