@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import time
@@ -42,6 +43,7 @@ BASE_CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 KEY = "test-key-123"
 MAX_INFLIGHT = 32
 PCM_LSB = 1 / 32768  # one step of 16-bit PCM as soundfile reads it
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # the playground test's browser
 
 
 def _free_port() -> int:
@@ -451,6 +453,41 @@ def test_metrics_parse_with_per_stage_labels(served: Served) -> None:
     outcomes = _outcomes(served)
     assert outcomes[("chat", "ok")] >= 1 and outcomes[("chat", "unknown_field")] >= 1
     assert families["omni_mp_http_time_to_first_audio_seconds"].samples
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium from the system packages (apt-get install chromium)")
+def test_playground_page_streams_an_answer_in_a_real_browser(served: Served, zmq: OmniClient, tmp_path: Path) -> None:
+    """The page at / in headless Chromium: attach an audio file, send, the text appears, the
+    audio plays as it streams and its <audio> element ends up with a playable WAV."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    soundfile.write(tmp_path / "question.wav", tone(), 16_000, subtype="FLOAT")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--autoplay-policy=no-user-gesture-required"]
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{served.url}/")
+            assert page.eval_on_selector_all("#voice option", "os => os.map(o => o.value)") == ["Chelsie", "Ethan"]
+            page.fill("#api-key", KEY)
+            page.fill("#message", "What do you hear?")
+            page.set_input_files("#audio-file", str(tmp_path / "question.wav"))
+            page.select_option("#voice", "Ethan")
+            page.click("#send")
+            page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=600_000)
+            status, answer = page.inner_text("#status"), page.inner_text("#answer")
+            duration = page.evaluate(
+                """() => new Promise((resolve) => {
+                    const a = document.getElementById("player");
+                    if (a.readyState >= 1) resolve(a.duration); else a.onloadedmetadata = () => resolve(a.duration);
+                })"""
+            )
+        finally:
+            browser.close()
+    assert "first audio after" in status
+    want = zmq.generate("What do you hear?", audios=[(tone(), 16_000)], speaker="Ethan", deadline_s=600)
+    assert answer == _text(want)
+    assert duration == pytest.approx(want.outputs[-1].audio.numel() / 24_000, abs=1e-3)
 
 
 def test_health_names_a_killed_stage_until_it_restarts(served: Served, zmq: OmniClient) -> None:

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
@@ -46,6 +47,7 @@ T = TypeVar("T")
 # /v1/audio/speech: the model answers a chat turn, so it is asked to read the input aloud.
 SPEECH_PROMPT = "Read the following text aloud, word for word, and say nothing else:\n\n{input}"
 SPEECH_FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+_PLAYGROUND = Path(__file__).resolve().parent / "static" / "playground.html"
 CLIENT_GONE = 499  # the answer to a client that disconnected (nobody reads it)
 AUDIO_EXPIRY_S = 3600  # message.audio.expires_at: nothing is stored, so only nominal
 
@@ -147,6 +149,11 @@ def _routes(app: FastAPI, srv: Server) -> None:
             return _json({"status": "unavailable", "reason": f"not serving: {names}", "stages": stages}, 503)
         return _json({"status": "ok", "pipeline": status.pipeline, "inflight": status.inflight, "stages": stages})
 
+    @app.get("/")
+    async def playground() -> Response:
+        """The playground page (no secrets in it: the API calls it makes carry the key)."""
+        return Response(playground_page(srv.settings.model, srv.view.voices), media_type="text/html; charset=utf-8")
+
     @app.get("/v1/models", dependencies=auth)
     async def models() -> Response:
         return _json(ModelList(data=[Model(id=srv.settings.model, created=int(time.time()), owned_by="omni_mp")]))
@@ -204,6 +211,12 @@ def _routes(app: FastAPI, srv: Server) -> None:
         if events is None:
             return Response(status_code=CLIENT_GONE)
         return AbortingStream(_speech_bytes(fmt, events), media_type=SPEECH_FORMATS[fmt])
+
+
+def playground_page(model: str, voices: list[str]) -> bytes:
+    """static/playground.html with the pipeline's name and voices in its config block."""
+    config = msgspec.json.encode({"model": model, "voices": voices}).replace(b"</", b"<\\/")
+    return _PLAYGROUND.read_bytes().replace(b"__OMNI_MP_CONFIG__", config)
 
 
 def _speech_job(req: SpeechRequest, view: PipelineView) -> ChatJob:
