@@ -21,11 +21,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from omni_mp.audio_io import write_wav
 from omni_mp.wire.payload import Finished
+
+if TYPE_CHECKING:
+    from omni_mp.config import PipelineConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 
@@ -76,6 +80,21 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 def _say(msg: str) -> None:
     print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
+
+
+def _say_what_the_demo_is(cfg: PipelineConfig, output_dir: Path | None) -> None:
+    """Built-in tiny checkpoints have random weights: say so, so that gibberish text and noise
+    are not taken for a fault; and say where the results go."""
+    from omni_mp.models.registry import names
+
+    tiny = sorted({s.model for s in cfg.stages} & set(names("builtin_models")))
+    if tiny:
+        _say(
+            f"note: {', '.join(tiny)} = built-in tiny model(s) with random weights (for trying omni_mp out): "
+            "the text is gibberish and the audio is noise; point `model:` at a real checkpoint for real answers"
+        )
+    if output_dir is not None:
+        _say(f"results go to {output_dir.resolve()}/ (one JSON per request, one WAV per audio output)")
 
 
 def _write_audio(res: Finished, out_dir: Path | None, stem: str) -> tuple[Finished, dict[str, str]]:
@@ -224,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = threading.Thread(target=serve, name="coordinator")
     server.start()
+    _say_what_the_demo_is(cfg, args.output_dir if prompts else None)
     http = None
     try:
         if not prompts:
@@ -240,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             with OmniClient(coord.client_endpoint, limits=cfg.limits, keys=keys) as client:
                 code = _run_prompts(client, prompts, args, server)
     finally:
+        _say("shutting down the pipeline")
         if http is not None:
             from omni_mp.http.process import stop_http
 
@@ -252,5 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def cli() -> None:
+    """The `omni-mp` command: `main`, then a prompt exit (see omni_mp.procs.exit_now)."""
+    from omni_mp.procs import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

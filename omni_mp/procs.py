@@ -43,6 +43,22 @@ def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def exit_now(code: int) -> None:
+    """End a process whose work is done and whose resources are released (sockets closed, files
+    written): flush logs and standard streams, then exit without the interpreter's finalization.
+    Measured on a stage process after a clean shutdown: 3-8 s of third-party exit work (atexit
+    hooks importing Ray, native thread pools winding down) that releases nothing the OS does not."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 class _Spawner:
     """Starts child processes from one thread that lives as long as this process.
 

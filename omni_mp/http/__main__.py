@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 
 API_KEY_ENV = "OMNI_MP_API_KEY"
@@ -65,4 +64,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from omni_mp.procs import exit_now
+
+    exit_now(main())  # uvicorn has closed its sockets and the client its own: skip the finalization

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loop.run()
     finally:
-        engine.shutdown()
+        # No engine.shutdown(): vLLM's in-process teardown frees memory for a process that goes
+        # on (1.8 s for the tiny thinker on CPU); this one ends below and the OS frees it all.
         for link in [input_link, heartbeats, events]:
             link.close()  # senders linger briefly so the last events reach their peer
         if auth is not None:
@@ -139,4 +140,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from omni_mp.procs import exit_now
+
+    exit_now(main())
