@@ -114,6 +114,17 @@ def test_incremental_text_equals_the_full_decode_and_cuts_at_stop_strings() -> N
     d = Detokenizer(tok, [])
     parts = [d.add([i]) for i in ids]
     assert "".join(parts) == tok.decode(ids) and sum(bool(p) for p in parts) > 1
+    for text in ["héllo wörld, 日本語のテキスト 😀👍🏽 done", "  spaces   and\n\nnewlines "]:
+        ids = tok.encode(text)
+        d = Detokenizer(tok, [])
+        assert "".join(d.add([i]) for i in ids) == tok.decode(ids)
+    rng = np.random.default_rng(0)  # what a random-weight model writes: any ids, bytes cut anywhere
+    ids = rng.integers(0, len(tok), 300).tolist()
+    d = Detokenizer(tok, [])
+    streamed = "".join(d.add([i]) for i in ids)
+    assert tok.decode(ids).startswith(streamed)
+    assert streamed + d.add([], final_text=tok.decode(ids)) == tok.decode(ids)
+    ids = tok.encode("Hello there, general Kenobi. You are a bold one.")
     d = Detokenizer(tok, ["Kenobi"])
     out = "".join(d.add([i]) for i in ids)
     assert d.stopped and out == tok.decode(ids)[: tok.decode(ids).index("Kenobi")]

@@ -10,12 +10,18 @@ _REPLACEMENT = "\ufffd"  # a multi-byte character cut between tokens: wait for i
 
 class Detokenizer:
     """Decodes the growing id list and hands out only the text not handed out before; text
-    that could still become a stop string is held back until it cannot."""
+    that could still become a stop string is held back until it cannot.
+
+    Each step decodes only the ids since the previous step's and those before them (their
+    text is then cut off the front: the tokens' own context, so spaces and multi-byte
+    characters come out as in a decode of the whole list), not the whole list again."""
 
     def __init__(self, tokenizer: Any, stop: list[str]) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.ids: list[int] = []
+        self.prefix = 0  # ids[prefix:read] were decoded last step: the context of the next decode
+        self.read = 0  # ids[:read] are in `text`
         self.text = ""  # decoded so far (up to a stop string, once one is found)
         self.sent = 0  # characters handed out
         self.stopped = False
@@ -31,10 +37,21 @@ class Detokenizer:
         return held
 
     def _cut(self) -> None:
-        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+        start = max(0, self.sent - max((len(s) for s in self.stop), default=0))
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
         if hits:
             self.text = self.text[: min(hits)]
             self.stopped = True
+
+    def _decode_new(self) -> bool:
+        """Append the text of the new ids; False while they end inside a character."""
+        context = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        window = self.tokenizer.decode(self.ids[self.prefix :])
+        if window.endswith(_REPLACEMENT) or not window.startswith(context):
+            return False
+        self.text += window[len(context) :]
+        self.prefix, self.read = self.read, len(self.ids)
+        return True
 
     def add(self, ids: list[int], final_text: str | None = None) -> str:
         """The new text after `ids`; `final_text` (the stage's own decode, on its last chunk)
@@ -42,10 +59,10 @@ class Detokenizer:
         if self.stopped:
             return ""
         self.ids.extend(ids)
-        text = final_text if final_text is not None else self.tokenizer.decode(self.ids)
-        if final_text is None and text.endswith(_REPLACEMENT):
+        if final_text is not None:
+            self.text = final_text
+        elif not self._decode_new():
             return ""
-        self.text = text
         self._cut()
         end = len(self.text) if (self.stopped or final_text is not None) else len(self.text) - self._held()
         if end <= self.sent:
