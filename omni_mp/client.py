@@ -131,6 +131,7 @@ class AsyncOmniClient:
         deadline_s: float | None = None,
         request_id: str | None = None,
         timeout_s: float | None = None,
+        final_stages: Sequence[int] = (),
         _stream: bool = True,
     ) -> AsyncIterator[StageOutputChunk | Finished]:
         """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
@@ -141,6 +142,8 @@ class AsyncOmniClient:
 
         `timeout_s` bounds the wait on the client side (abort + TimeoutError), for a
         coordinator that is gone; `deadline_s` is enforced by the pipeline itself.
+        `final_stages`: the outputs wanted (default: every final stage); only those stages
+        and the ones upstream of them run the request.
         """
         self._ensure_reader()
         rid = request_id or uuid.uuid4().hex
@@ -161,6 +164,7 @@ class AsyncOmniClient:
                     sampling=[StageSampling(stage_id=k, params=v) for k, v in (sampling or {}).items()],
                     deadline_s=deadline_s,
                     stream=_stream,
+                    final_stages=list(final_stages),
                 )
             )
             while True:

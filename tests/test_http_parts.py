@@ -138,3 +138,19 @@ def test_listen_spec() -> None:
     for bad in ["8000", "host:", ":80", "h:99999"]:
         with pytest.raises(ValueError):
             parse_listen(bad)
+
+
+def test_a_request_runs_in_its_final_stages_and_their_upstream() -> None:
+    from omni_mp.config import load_config
+    from omni_mp.control.requests import Rejected, check_submit, request_stages
+    from omni_mp.wire.payload import Submit
+    from tests.launcher import REPO
+
+    cfg = load_config(REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml")  # 0 -> 1 -> 2, all final
+    assert request_stages(cfg, {0}) == {0}
+    assert request_stages(cfg, {1}) == {0, 1}
+    assert request_stages(cfg, {2}) == {0, 1, 2}
+    check_submit(cfg, Submit(request_id="r", prompt="hi", final_stages=[0]))
+    for bad, why in [([3], "not a final stage"), ([0, 0], "given twice")]:
+        with pytest.raises(Rejected, match=why):
+            check_submit(cfg, Submit(request_id="r", prompt="hi", final_stages=bad))

@@ -144,6 +144,33 @@ def test_text_only_equals_the_zmq_client(served: Served, zmq: OmniClient) -> Non
     assert got.usage.completion_tokens == t0.num_output_tokens
 
 
+def _stage_counts(served: Served) -> dict[str, float]:
+    """Per stage: how many requests it finished (its time-to-first-token observations)."""
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    name = "omni_mp_stage_time_to_first_token_seconds_count"
+    return {
+        s.labels["stage_id"]: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
+    }
+
+
+def test_text_only_runs_only_the_stages_a_text_answer_needs(served: Served, zmq: OmniClient) -> None:
+    """modalities ["text"]: the request is registered with the thinker alone. The talker and
+    token2wav never take it (no output, no StageDone from them, which a request registered
+    there gives even when its text is done first), and the text equals a full run's."""
+    before = _stage_counts(served)
+    got = served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello there"}])
+    after = _stage_counts(served)
+    assert after.get("0", 0) == before.get("0", 0) + 1
+    assert after.get("1", 0) == before.get("1", 0) and after.get("2", 0) == before.get("2", 0)
+    text_only = zmq.generate("Hello there", final_stages=[0], deadline_s=600)
+    assert [o.stage_id for o in text_only.outputs] == [0] == [t.stage_id for t in text_only.stage_timings]
+    full = zmq.generate("Hello there", deadline_s=600)
+    assert [t.stage_id for t in full.stage_timings] == [0, 1, 2]
+    assert got.choices[0].message.content == _text(text_only) == _text(full)
+    with pytest.raises(RequestError, match="not a final stage"):
+        zmq.generate("Hello there", final_stages=[7], deadline_s=60)
+
+
 def test_text_and_audio_wav_equals_the_zmq_client(served: Served, zmq: OmniClient) -> None:
     prompt = "Hello there"
     got = served.openai.chat.completions.create(

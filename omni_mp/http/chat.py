@@ -31,6 +31,7 @@ class ChatJob:
     audio_out: bool = False
     voice: str | None = None
     audio_format: str = "wav"
+    final_stages: list[int] = field(default_factory=list)  # empty: every final stage
     sampling: dict[int, SamplingParamsMsg] = field(default_factory=dict)
     stop: list[str] = field(default_factory=list)
 
@@ -95,6 +96,7 @@ def _audio_choice(req: ChatCompletionRequest, view: PipelineView, job: ChatJob) 
     if not job.audio_out:
         if req.audio is not None:
             raise bad_request("`audio` is given but modalities do not include 'audio'", "audio")
+        job.final_stages = [view.text_stage.id]  # a text answer: no stage after the text stage runs
         return
     if view.audio_stage is None:
         raise bad_request(f"pipeline {view.cfg.name!r} cannot speak", "modalities", "unsupported_value")
@@ -151,6 +153,7 @@ async def run_chat(
         speaker=job.voice,
         sampling=job.sampling,
         request_id=request_id,
+        final_stages=job.final_stages,
     )
     async with aclosing(events):
         async for ev in events:
