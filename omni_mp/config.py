@@ -310,6 +310,31 @@ def _check_entry_and_part(s: StageConfig, where: str) -> None:
         _check_name("model_parts", s.model_part, f"{where}.model_part")
 
 
+def _check_inputs(cfg: PipelineConfig, s: StageConfig, where: str) -> None:
+    """A stage's inputs exist, and its processor is known and gets what it needs from them."""
+    ids = [st.id for st in cfg.stages]
+    for j, up in enumerate(s.inputs):
+        if up not in ids:
+            raise ConfigError(f"`{where}.inputs[{j}]`: unknown stage id {up} (stages: {ids})")
+        if up == s.id:
+            raise ConfigError(f"`{where}.inputs[{j}]`: stage {s.id} cannot be its own input")
+    if s.inputs and s.processor is None:
+        known = registry.names("processors")
+        raise ConfigError(f"`{where}.processor`: required for a stage with inputs; known: {known}")
+    if s.processor is None:
+        return
+    if not s.inputs:
+        raise ConfigError(f"`{where}.processor`: an entry stage (no inputs) takes the prompt, not a processor")
+    _check_name("processors", s.processor, f"{where}.processor")
+    if registry.stage_processor(s.processor).needs_hidden_states:
+        for j, up in enumerate(s.inputs):
+            if cfg.stages[ids.index(up)].hidden_states is None:
+                raise ConfigError(
+                    f"`{where}.inputs[{j}]`: processor {s.processor!r} needs hidden states from stage {up}; "
+                    f"set `hidden_states: {{}}` there"
+                )
+
+
 def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> PipelineConfig:
     ids = [s.id for s in cfg.stages]
     if not cfg.stages:
@@ -321,25 +346,7 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
         if s.id in ids[:i]:
             raise ConfigError(f"`{where}.id`: stage id {s.id} is already used by stages[{ids.index(s.id)}]")
         _check_kind(s, where)
-        for j, up in enumerate(s.inputs):
-            if up not in ids:
-                raise ConfigError(f"`{where}.inputs[{j}]`: unknown stage id {up} (stages: {ids})")
-            if up == s.id:
-                raise ConfigError(f"`{where}.inputs[{j}]`: stage {s.id} cannot be its own input")
-        if s.inputs and s.processor is None:
-            known = registry.names("processors")
-            raise ConfigError(f"`{where}.processor`: required for a stage with inputs; known: {known}")
-        if s.processor is not None:
-            if not s.inputs:
-                raise ConfigError(f"`{where}.processor`: an entry stage (no inputs) takes the prompt, not a processor")
-            _check_name("processors", s.processor, f"{where}.processor")
-        if s.processor is not None and registry.stage_processor(s.processor).needs_hidden_states:
-            for j, up in enumerate(s.inputs):
-                if up in ids and cfg.stages[ids.index(up)].hidden_states is None:
-                    raise ConfigError(
-                        f"`{where}.inputs[{j}]`: processor {s.processor!r} needs hidden states from stage {up}; "
-                        f"set `hidden_states: {{}}` there"
-                    )
+        _check_inputs(cfg, s, where)
         _check_entry_and_part(s, where)
         if s.hidden_states is not None and any(k < 0 for k in s.hidden_states.layers):
             raise ConfigError(f"`{where}.hidden_states.layers`: layer indices must be >= 0")
@@ -377,8 +384,8 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
         raise ConfigError(f"`stages[{where}].ray_resources`: only with `placement.kind: ray`")
     if cfg.endpoints.transport == "tcp" and cfg.security.keys is None:
         raise ConfigError(
-            "`security.keys`: tcp endpoints require CURVE keys; create a key directory with `omni-mp keys DIR` "
-            "and name it here"
+            "`security.keys`: tcp endpoints need CURVE keys: create them with `omni-mp keys DIR --client NAME` "
+            "and set `security: {keys: DIR}` here"
         )
     if cfg.security.keys is not None:
         from omni_mp.keys import KeyFileError, pipeline_identity
@@ -392,6 +399,18 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
     if not cfg.final_stages:
         raise ConfigError("`stages`: no stage has `final_output: true`")
     return cfg
+
+
+def check_models(cfg: PipelineConfig) -> None:
+    """Every stage's `model` is a built-in name or a checkpoint dir on this host (placement
+    local; Ray nodes hold their own). Cheap: checked before anything imports vLLM or starts."""
+    if cfg.placement.kind != "local":
+        return
+    for i, s in enumerate(cfg.stages):
+        try:
+            registry.check_model(s.model)
+        except registry.RegistryError as err:
+            raise ConfigError(f"`stages[{i}].model`: {err}") from None
 
 
 def _check_acyclic(cfg: PipelineConfig) -> None:

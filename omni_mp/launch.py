@@ -78,6 +78,31 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def _check_media(cfg: PipelineConfig, audios: list[Path], images: list[Path]) -> None:
+    """Read every --audio and --image file now, before any stage starts, and check that the
+    entry stages take that much media (ValueError or OSError naming the file or the limit)."""
+    if not audios and not images:
+        return
+    from omni_mp.media_files import multi_modal_input
+
+    for path in [*audios, *images]:
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+    try:
+        multi_modal_input(audios, images)
+    except (ValueError, OSError) as err:  # PIL's UnidentifiedImageError is an OSError
+        raise ValueError(f"cannot read the media files: {err}") from None
+    for stage in cfg.entry_stages:
+        limits = stage.media
+        if stage.prompt_format is None:
+            raise ValueError(f"stage {stage.id} takes no media (it has no `prompt_format`): drop --audio/--image")
+        if len(audios) > limits.max_audios or len(images) > limits.max_images:
+            raise ValueError(
+                f"stage {stage.id} takes at most {limits.max_audios} audios and {limits.max_images} images "
+                f"per request, got {len(audios)} and {len(images)}"
+            )
+
+
 def _say(msg: str) -> None:
     print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
 
@@ -189,13 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["keys"]:
         return _keys_main(argv[1:])
     args = _parse(argv)
-    from omni_mp.config import ConfigError, load_config  # (after `keys`, which needs no torch)
+    from omni_mp.config import ConfigError, check_models, load_config, validate  # (after `keys`: no torch)
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config)
+        # The quick checks first: a mistyped model or file is reported before vLLM is imported.
+        cfg = load_config(args.config, check_engine_args=False)
+        check_models(cfg)
         prompts = _prompts(args)
-    except (ConfigError, OSError) as err:
+        _check_media(cfg, args.audio, args.image)
+        cfg = validate(cfg)  # engine_args against vLLM's EngineArgs
+    except (ConfigError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.http:

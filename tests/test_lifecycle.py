@@ -10,9 +10,11 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
+from omni_mp.audio_io import write_wav
 from omni_mp.client import OmniClient, RequestError
 from omni_mp.wire.payload import SamplingParamsMsg
 from tests.launcher import REPO, abstract_sockets_of, serve
@@ -22,26 +24,63 @@ pytestmark = pytest.mark.engine
 SINGLE = REPO / "tests" / "configs" / "tiny_single.yaml"
 
 
-def test_startup_failure_names_the_stage_and_shows_its_log() -> None:
+def _launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "omni_mp.launch", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_a_mistyped_model_exits_2_before_any_stage_starts() -> None:
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "omni_mp.launch",
-            "--config",
-            str(REPO / "tests/configs/bad_model.yaml"),
-            "--prompt",
-            "x",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
+    proc = _launch("--config", str(REPO / "tests/configs/bad_model.yaml"), "--prompt", "x")
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert "`stages[0].model`: '/nonexistent/omni_mp/model' is neither a built-in model (" in line
+    assert "tiny-qwen2_5-omni" in line and "a path to a dir with config.json" in line
+    assert "starting" not in proc.stderr  # no stage process was started
+    assert elapsed <= 10, f"{elapsed:.1f}s"
+
+
+def test_missing_or_unreadable_input_files_exit_2_before_any_stage_starts(tmp_path: Path) -> None:
+    not_an_image = tmp_path / "notes.png"
+    not_an_image.write_text("not an image")
+    cases = [
+        (["--audio", str(tmp_path / "missing.wav")], "missing.wav: no such file"),
+        (["--image", str(not_an_image)], "cannot read the media files"),
+        (["--prompts-file", str(tmp_path / "missing.txt")], "missing.txt"),
+    ]
+    for extra, want in cases:
+        proc = _launch("--config", str(REPO / "stage_configs/tiny_qwen2_5_omni.yaml"), "--prompt", "x", *extra)
+        assert proc.returncode == 2 and want in proc.stderr, (extra, proc.stderr[-2000:])
+        assert "starting" not in proc.stderr
+    # Media for a pipeline whose entry stage takes none (no prompt_format) are refused as well.
+    audio = tmp_path / "a.wav"
+    write_wav(audio, np.zeros(1600, dtype=np.float32), 16_000)
+    proc = _launch("--config", str(REPO / "stage_configs/tiny_chain.yaml"), "--prompt", "x", "--audio", str(audio))
+    assert proc.returncode == 2 and "stage 0 takes no media (it has no `prompt_format`)" in proc.stderr
+
+
+def test_tcp_without_keys_says_how_to_make_them() -> None:
+    proc = _launch("--config", str(REPO / "stage_configs/tiny_chain.yaml"), "--bind", "tcp://127.0.0.1:0")
+    assert proc.returncode == 2
+    assert "`omni-mp keys DIR --client NAME`" in proc.stderr and "`security: {keys: DIR}`" in proc.stderr
+    assert "starting" not in proc.stderr
+
+
+def test_startup_failure_names_the_stage_and_shows_its_log(tmp_path: Path) -> None:
+    """A checkpoint dir that exists but that vLLM cannot load: only the stage can find out."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["NoSuchModelForLM"]}))
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        (REPO / "tests/configs/bad_model.yaml").read_text().replace("/nonexistent/omni_mp/model", str(model))
     )
+    t0 = time.monotonic()
+    proc = _launch("--config", str(config), "--prompt", "x")
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "stage 0 exited with code" in proc.stderr
-    assert "/nonexistent/omni_mp/model" in proc.stderr  # from the stage's own log lines
+    assert "NoSuchModelForLM" in proc.stderr  # from the stage's own log lines
     assert time.monotonic() - t0 < 120
 
 

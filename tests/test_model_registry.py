@@ -16,7 +16,6 @@ import pytest
 
 from omni_mp.config import ConfigError, parse_config
 from omni_mp.models import registry
-from omni_mp.models.family import load_ref
 from omni_mp.processors import StageProcessor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,8 +37,8 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 
 def _builder_modules() -> set[str]:
     """The modules behind the built-in checkpoint names, and the 7B-shape writer."""
-    refs = {ref.partition(":")[0] for f in registry.families() for ref in f.builtin_models.values()}
-    return refs | {"omni_mp.models.qwen2_5_omni.shapes"}
+    builders = {load().__module__ for f in registry.families() for load in f.builtin_models.values()}
+    return builders | {"omni_mp.models.qwen2_5_omni.shapes"}
 
 
 def test_registry_lists_the_families() -> None:
@@ -47,7 +46,7 @@ def test_registry_lists_the_families() -> None:
     names = [f.name for f in families]
     assert names[0] == "generic" and len(names) == len(set(names)) == 1 + len(registry.FAMILY_PACKAGES)
     for package, family in zip(registry.FAMILY_PACKAGES, families[1:], strict=True):
-        assert load_ref(f"{package}:FAMILY") is family
+        assert package.FAMILY is family
     omni = families[names.index("qwen2_5_omni")]
     assert "qwen2_5_omni_talker" in omni.processors and "qwen2_5_omni" in omni.prompt_formats
     assert "talker" in omni.model_parts and "qwen2_5_omni_token2wav" in omni.diffusion_models
@@ -56,11 +55,11 @@ def test_registry_lists_the_families() -> None:
 
 
 def test_every_reference_resolves() -> None:
-    """Each name's "module:attr" imports (typos would otherwise surface only when a stage runs)."""
+    """Each name's loader imports its code (a typo would otherwise surface only when a stage runs)."""
     for family in registry.families():
         for kind in registry.KINDS:
             for name, ref in getattr(family, kind).items():
-                target = load_ref(ref)  # prompt formats and sizings are objects, the rest classes or functions
+                target = ref()  # prompt formats and sizings are objects, the rest classes or functions
                 assert kind in ("prompt_formats", "checkpoint_types") or callable(target), (
                     family.name,
                     kind,

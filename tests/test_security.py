@@ -45,7 +45,9 @@ def test_keys_command_writes_secret_files_0600(tmp_path: Path) -> None:
 
 
 def test_tcp_requires_keys_and_keys_must_exist(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"`security.keys`: tcp endpoints require CURVE keys"):
+    with pytest.raises(
+        ConfigError, match=r"`security.keys`: tcp endpoints need CURVE keys: .*`omni-mp keys DIR --client NAME`"
+    ):
         parse_config({"name": "p", "stages": STAGES, "endpoints": {"transport": "tcp"}}, check_engine_args=False)
     with pytest.raises(ConfigError, match=r"`security.keys`: .*server.key_secret: no such key file"):
         parse_config({"name": "p", "stages": STAGES, "security": {"keys": str(tmp_path)}}, check_engine_args=False)

@@ -31,7 +31,7 @@ import msgspec
 import zmq
 
 from omni_mp.audio import AUDIO_KEY, AudioParts
-from omni_mp.config import PipelineConfig
+from omni_mp.config import PipelineConfig, check_models
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.memory_budget import resolve_memory_budgets
@@ -84,15 +84,20 @@ class Coordinator:
         log_dir: Path | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
-        # Before anything is bound or spawned: a budget that cannot fit fails here
-        # (MemoryBudgetError, a ValueError), with every number named.
+        # Before anything is bound or spawned: a model that is not here, or a budget that cannot
+        # fit, fails now (ValueErrors naming the stage and every number), not in a stage.
+        check_models(cfg)
         self.cfg = cfg = resolve_memory_budgets(cfg, progress=progress)
         self.run_id = new_run_id()
         self.endpoints = RunEndpoints(cfg.endpoints, self.run_id)
         bind = client_bind or self.endpoints.client()
         self.curve = None if cfg.security.keys is None else pipeline_identity(cfg.security.keys)
         if self.curve is None and not bind.startswith("ipc://"):
-            raise ValueError(f"client endpoint {bind}: only ipc endpoints may run without `security.keys` (CURVE)")
+            raise ValueError(
+                f"client endpoint {bind}: tcp needs CURVE keys. Create them with `omni-mp keys DIR --client NAME`, "
+                "set `security: {keys: DIR}` in the pipeline YAML, and give clients DIR/NAME's keys "
+                "(or serve on an ipc:// endpoint, which needs none)"
+            )
         self._own_log_dir = log_dir is None
         self.log_dir = Path(tempfile.mkdtemp(prefix=f"{self.run_id}-logs-")) if log_dir is None else log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -2,34 +2,38 @@
 
 A family is one package under omni_mp/models/ whose `__init__` holds a `FAMILY`: the names
 it serves (processors, prompt formats, model parts, diffusion model types, built-in
-checkpoints), each mapped to the code behind it as a "module:attribute" reference. The
-references are imported only when a stage asks for that name, so reading the names (config
-validation, the registry's listings) imports no torch, transformers or vLLM code of the family.
+checkpoints), each mapped to a loader: a small function that imports the code behind the name
+when a stage asks for it, so reading the names (config validation, the registry's listings)
+imports no torch, transformers or vLLM code of the family.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 
+# Returns the code behind a name, importing its module then (static imports inside the loader:
+# the import graph stays visible, and no module path is ever built from a string).
+Loader = Callable[[], Any]
+
 
 class Family(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
-    # processor name -> a StageProcessor class (no-argument constructor)
-    processors: dict[str, str] = {}
-    # prompt_format name -> a PromptFormat
-    prompt_formats: dict[str, str] = {}
-    # model_part name -> a ModelPart function
-    model_parts: dict[str, str] = {}
-    # diffusion model_type -> a function (model_dir, device) -> DiffusionModel
-    diffusion_models: dict[str, str] = {}
-    # built-in checkpoint name (a stage's `model:`) -> a function (name) -> its built dir
-    builtin_models: dict[str, str] = {}
-    # a checkpoint's config.json `model_type` -> its CheckpointSizing (GPU memory planning)
-    checkpoint_types: dict[str, str] = {}
+    # processor name -> a loader of a StageProcessor class (no-argument constructor)
+    processors: dict[str, Loader] = {}
+    # prompt_format name -> a loader of a PromptFormat
+    prompt_formats: dict[str, Loader] = {}
+    # model_part name -> a loader of a ModelPart function
+    model_parts: dict[str, Loader] = {}
+    # diffusion model_type -> a loader of a function (model_dir, device) -> DiffusionModel
+    diffusion_models: dict[str, Loader] = {}
+    # built-in checkpoint name (a stage's `model:`) -> a loader of a function (name) -> its built dir
+    builtin_models: dict[str, Loader] = {}
+    # a checkpoint's config.json `model_type` -> a loader of its CheckpointSizing (GPU memory planning)
+    checkpoint_types: dict[str, Loader] = {}
 
 
 class PromptFormat(Protocol):
@@ -83,12 +87,3 @@ class CheckpointSizing(Protocol):
 
 class BuiltinBuilder(Protocol):
     def __call__(self, name: str) -> Path: ...
-
-
-def load_ref(ref: str) -> Any:
-    """The object a "package.module:attr.attr" reference names (the module is imported now)."""
-    module, _, attrs = ref.partition(":")
-    obj: Any = importlib.import_module(module)
-    for attr in attrs.split("."):
-        obj = getattr(obj, attr)
-    return obj

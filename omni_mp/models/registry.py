@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from omni_mp.models.family import CheckpointSizing, EngineModel, Family, PromptFormat, load_ref
+from omni_mp.models import qwen2_5_omni
+from omni_mp.models.family import CheckpointSizing, EngineModel, Family, Loader, PromptFormat
 
 if TYPE_CHECKING:
     import torch
@@ -21,22 +23,39 @@ if TYPE_CHECKING:
     from omni_mp.engines.diffusion.model import DiffusionModel
     from omni_mp.processors.base import StageProcessor
 
+
+
+def _generic_processor(name: str) -> Any:
+    def load() -> Any:
+        from omni_mp.processors import generic
+
+        return getattr(generic, name)
+
+    return load
+
+
+def _tiny_qwen2() -> Any:
+    from omni_mp.models.tiny import build_named
+
+    return build_named
+
+
 # Processors of no particular model, and the plain Qwen2 test checkpoints (vLLM runs Qwen2
 # itself: no engine code of ours).
 GENERIC = Family(
     name="generic",
     processors={
-        "codec_tokens": "omni_mp.processors.generic:CodecTokens",
-        "continue_tokens": "omni_mp.processors.generic:ContinueTokens",
-        "generated_tokens": "omni_mp.processors.generic:GeneratedTokens",
-        "thinker_to_talker": "omni_mp.processors.generic:ThinkerToTalker",
+        "codec_tokens": _generic_processor("CodecTokens"),
+        "continue_tokens": _generic_processor("ContinueTokens"),
+        "generated_tokens": _generic_processor("GeneratedTokens"),
+        "thinker_to_talker": _generic_processor("ThinkerToTalker"),
     },
-    builtin_models={name: "omni_mp.models.tiny:build_named" for name in ("tiny-qwen2", "tiny-qwen2-b", "small-qwen2")},
+    builtin_models={name: _tiny_qwen2 for name in ("tiny-qwen2", "tiny-qwen2-b", "small-qwen2")},
 )
 
-# One line per model family: the package whose `__init__` declares its FAMILY.
-FAMILY_PACKAGES: tuple[str, ...] = (
-    "omni_mp.models.qwen2_5_omni",
+# One line per model family: its package (whose `__init__` declares its FAMILY: names only).
+FAMILY_PACKAGES: tuple[ModuleType, ...] = (
+    qwen2_5_omni,
 )  # fmt: skip
 
 Kind = Literal["processors", "prompt_formats", "model_parts", "diffusion_models", "builtin_models", "checkpoint_types"]
@@ -59,7 +78,7 @@ class RegistryError(ValueError):
 
 @functools.cache
 def families() -> tuple[Family, ...]:
-    found = (GENERIC, *(load_ref(f"{package}:FAMILY") for package in FAMILY_PACKAGES))
+    found = (GENERIC, *(package.FAMILY for package in FAMILY_PACKAGES))
     for kind in KINDS:
         owner: dict[str, str] = {}
         for family in found:
@@ -77,26 +96,28 @@ def names(kind: Kind) -> list[str]:
 
 def check(kind: Kind, name: str) -> None:
     """RegistryError (listing the known names) unless some family serves `name` as a `kind`."""
-    _ref(kind, name)
+    if name not in names(kind):
+        raise RegistryError(f"unknown {_WHAT[kind]} {name!r}; known: {names(kind)}")
 
 
-def _ref(kind: Kind, name: str) -> str:
+def _load(kind: Kind, name: str) -> Any:
+    """The code behind `name` (its module imported now)."""
     for family in families():
-        ref: str | None = getattr(family, kind).get(name)
-        if ref is not None:
-            return ref
+        loader: Loader | None = getattr(family, kind).get(name)
+        if loader is not None:
+            return loader()
     raise RegistryError(f"unknown {_WHAT[kind]} {name!r}; known: {names(kind)}")
 
 
 @functools.cache
 def stage_processor(name: str) -> StageProcessor:
     """The processor named `name` (one shared instance; a stage binds it to its checkpoint)."""
-    return load_ref(_ref("processors", name))()
+    return _load("processors", name)()
 
 
 @functools.cache
 def prompt_format(name: str) -> PromptFormat:
-    return load_ref(_ref("prompt_formats", name))
+    return _load("prompt_formats", name)
 
 
 def engine_model(model_part: str | None, model_dir: str, engine_args: dict[str, Any]) -> EngineModel:
@@ -104,17 +125,28 @@ def engine_model(model_part: str | None, model_dir: str, engine_args: dict[str, 
     `model_part` makes of it (e.g. a view dir holding one part, our vLLM model registered)."""
     if model_part is None:
         return EngineModel(model_dir, dict(engine_args))
-    return load_ref(_ref("model_parts", model_part))(model_dir, dict(engine_args))
+    return _load("model_parts", model_part)(model_dir, dict(engine_args))
 
 
 def diffusion_model(model_type: str, model_dir: str, device: torch.device) -> DiffusionModel:
     """The DiffusionModel of `model_type`, loaded from `model_dir` onto `device`."""
-    return load_ref(_ref("diffusion_models", model_type))(model_dir, device)
+    return _load("diffusion_models", model_type)(model_dir, device)
 
 
 def builtin_model(name: str) -> Path:
     """The dir of the built-in checkpoint `name`, built on first use (then cached on disk)."""
-    return load_ref(_ref("builtin_models", name))(name)
+    return _load("builtin_models", name)(name)
+
+
+def check_model(name_or_path: str) -> None:
+    """RegistryError unless `name_or_path` is a built-in checkpoint name or a checkpoint dir
+    (a dir with config.json) on this host; nothing is fetched from a hub."""
+    if name_or_path in names("builtin_models") or (Path(name_or_path) / "config.json").is_file():
+        return
+    raise RegistryError(
+        f"{name_or_path!r} is neither a built-in model ({', '.join(names('builtin_models'))}) nor a checkpoint "
+        "directory on this host (a path to a dir with config.json; nothing is downloaded)"
+    )
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -130,4 +162,4 @@ def checkpoint_sizing(model_type: str) -> CheckpointSizing | None:
     no family claims it (it is sized whole, as a causal LM)."""
     if model_type not in names("checkpoint_types"):
         return None
-    return load_ref(_ref("checkpoint_types", model_type))
+    return _load("checkpoint_types", model_type)

@@ -13,6 +13,11 @@ import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni_mp.config import StageConfig
+    from omni_mp.engines.base import StageEngine
 
 
 def device_info() -> dict[str, str]:
@@ -29,6 +34,28 @@ def device_info() -> dict[str, str]:
     else:
         info["torch_cuda_device_count"] = "0"
     return info
+
+
+def build_engine(stage: StageConfig) -> StageEngine:
+    """The stage's engine: diffusion, or AR with what its processor and config need (a
+    `model_part` is a vLLM model of ours, registered by its family: omni_mp.models.registry)."""
+    from omni_mp.engines.ar import AREngine, EngineFeatures
+    from omni_mp.models.registry import engine_model, resolve_model, stage_processor
+
+    processor = stage_processor(stage.processor) if stage.processor else None
+    if stage.kind == "diffusion":
+        from omni_mp.engines.diffusion.engine import DiffusionEngine
+
+        open_inputs = processor is not None and processor.streams_inputs
+        return DiffusionEngine(resolve_model(stage.model), stage.diffusion, stage.engine_args, open_inputs=open_inputs)
+    features = EngineFeatures(
+        hidden_states=stage.hidden_states is not None,
+        hidden_layers=tuple(stage.hidden_states.layers) if stage.hidden_states is not None else (),
+        prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
+        step_embeds=processor is not None and processor.step_embeds_enabled,
+    )
+    built = engine_model(stage.model_part, resolve_model(stage.model), stage.engine_args)
+    return AREngine(built.model, built.engine_args, features)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,32 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     interval = cfg.timeouts.heartbeat_interval_s
     beat = Heartbeater(heartbeats, stage.id, interval, math.inf, time.monotonic, starting)
     beat.start()
-    from omni_mp.engines.ar import AREngine, EngineFeatures
-    from omni_mp.engines.base import StageEngine
-    from omni_mp.models.registry import engine_model, resolve_model, stage_processor
     from omni_mp.stage.loop import StageLoop
 
     t0 = time.monotonic()
     log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
-    processor = stage_processor(stage.processor) if stage.processor else None
-    engine: StageEngine
-    if stage.kind == "diffusion":
-        from omni_mp.engines.diffusion.engine import DiffusionEngine
-
-        open_inputs = processor is not None and processor.streams_inputs
-        engine = DiffusionEngine(
-            resolve_model(stage.model), stage.diffusion, stage.engine_args, open_inputs=open_inputs
-        )
-    else:
-        features = EngineFeatures(
-            hidden_states=stage.hidden_states is not None,
-            hidden_layers=tuple(stage.hidden_states.layers) if stage.hidden_states is not None else (),
-            prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
-            step_embeds=processor is not None and processor.step_embeds_enabled,
-        )
-        # A `model_part` is a vLLM model of ours, registered by its family (omni_mp.models.registry).
-        built = engine_model(stage.model_part, resolve_model(stage.model), stage.engine_args)
-        engine = AREngine(built.model, built.engine_args, features)
+    engine = build_engine(stage)
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
     starting.set()
     beat.join()

@@ -14,18 +14,53 @@ vLLM runs the thinker with its own Qwen2.5-Omni model. This module only declares
 (omni_mp.models.registry reads them); each is imported when a stage asks for it.
 """
 
+from typing import Any
+
 from omni_mp.models.family import Family
 
-_PKG = "omni_mp.models.qwen2_5_omni"
+
+def _processor() -> Any:
+    from omni_mp.models.qwen2_5_omni.processor import Qwen25OmniTalkerInputs
+
+    return Qwen25OmniTalkerInputs
+
+
+def _prompt_format() -> Any:
+    from omni_mp.models.qwen2_5_omni.prompt import PROMPT_FORMAT
+
+    return PROMPT_FORMAT
+
+
+def _talker() -> Any:
+    from omni_mp.models.qwen2_5_omni.vllm_hooks_talker import talker_engine_model
+
+    return talker_engine_model
+
+
+def _token2wav() -> Any:
+    from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel
+
+    return Token2WavModel.from_checkpoint
+
+
+def _sizing() -> Any:
+    from omni_mp.models.qwen2_5_omni.sizing import SIZING
+
+    return SIZING
+
+
+def _tiny() -> Any:
+    from omni_mp.models.qwen2_5_omni.tiny import build_named
+
+    return build_named
+
 
 FAMILY = Family(
     name="qwen2_5_omni",
-    processors={"qwen2_5_omni_talker": f"{_PKG}.processor:Qwen25OmniTalkerInputs"},
-    prompt_formats={"qwen2_5_omni": f"{_PKG}.prompt:PROMPT_FORMAT"},
-    model_parts={"talker": f"{_PKG}.vllm_hooks_talker:talker_engine_model"},
-    diffusion_models={"qwen2_5_omni_token2wav": f"{_PKG}.token2wav:Token2WavModel.from_checkpoint"},
-    checkpoint_types={"qwen2_5_omni": f"{_PKG}.sizing:SIZING"},
-    builtin_models={
-        name: f"{_PKG}.tiny:build_named" for name in ("tiny-qwen2_5-omni", "tiny-token2wav", "token2wav-default-size")
-    },
+    processors={"qwen2_5_omni_talker": _processor},
+    prompt_formats={"qwen2_5_omni": _prompt_format},
+    model_parts={"talker": _talker},
+    diffusion_models={"qwen2_5_omni_token2wav": _token2wav},
+    checkpoint_types={"qwen2_5_omni": _sizing},
+    builtin_models={name: _tiny for name in ("tiny-qwen2_5-omni", "tiny-token2wav", "token2wav-default-size")},
 )

@@ -160,6 +160,15 @@ def omni_config(
 
     special_ids = _SPECIAL_IDS if special_ids is None else special_ids
     tts_ids = _T2W_TTS_IDS if tts_ids is None else tts_ids
+    return Qwen2_5OmniConfig(
+        thinker_config=_thinker_config(special_ids, thinker_vocab, eos_token_id),
+        talker_config=_talker_config(special_ids, tts_ids),
+        token2wav_config={} if spec.default_size else _token2wav_config(spec),
+        enable_audio_output=True,
+    )
+
+
+def _thinker_config(special_ids: dict[str, int], thinker_vocab: int, eos_token_id: int | None) -> dict[str, Any]:
     text = {
         "vocab_size": thinker_vocab,
         "hidden_size": 64,
@@ -199,7 +208,11 @@ def omni_config(
         },
         **special_ids,
     }
-    talker = {
+    return thinker
+
+
+def _talker_config(special_ids: dict[str, int], tts_ids: dict[str, int]) -> dict[str, Any]:
+    return {
         "vocab_size": CODEC_VOCAB,
         "embedding_size": 64,
         "hidden_size": 96,
@@ -216,6 +229,9 @@ def omni_config(
         **tts_ids,
         **special_ids,
     }
+
+
+def _token2wav_config(spec: Token2WavSpec) -> dict[str, Any]:
     dit = {
         "hidden_size": spec.dit_hidden,
         "num_hidden_layers": spec.dit_layers,
@@ -245,12 +261,7 @@ def omni_config(
         "upsample_rates": [5, 3, 2, 2, 2, 2],
         "upsample_kernel_sizes": [11, 7, 4, 4, 4, 4],
     }
-    return Qwen2_5OmniConfig(
-        thinker_config=thinker,
-        talker_config=talker,
-        token2wav_config={} if spec.default_size else {"dit_config": dit, "bigvgan_config": bigvgan},
-        enable_audio_output=True,
-    )
+    return {"dit_config": dit, "bigvgan_config": bigvgan}
 
 
 def _random_model(config: Any, seed: int, t2w: Token2WavSpec) -> tuple[Any, Any]:
