@@ -427,7 +427,7 @@ class Coordinator:
             req = self.table.admit(client, msg, now, deadline_s, finals)
         except Rejected as err:
             return self._reject(client, msg.request_id, err.code, str(err))
-        runs = request_stages(self.cfg, finals)
+        runs = request_stages(self.cfg, finals) if msg.final_stages else set(self.stages)  # (default: as before)
         for stage in self._register_order:
             if stage.id not in runs:
                 # Not on the way to a wanted output: never registered there, and what its
