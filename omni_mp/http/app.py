@@ -250,6 +250,12 @@ def _error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, err: ApiError) -> Response:
         return _json(err.body, err.status, err.headers)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception) -> Response:  # a bug here, not the client's fault
+        log.exception("%s %s failed", request.method, request.url.path)
+        body = ApiError(500, f"internal error: {type(err).__name__}", type="server_error", code="internal_error").body
+        return _json(body, 500)
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> Response:
         code = "not_found" if err.status_code == 404 else f"http_{err.status_code}"
