@@ -54,7 +54,9 @@ class PipelineView:
 
     @property
     def media_limits(self) -> MediaLimits:
-        return self.text_stage.media if not self.text_stage.inputs else MediaLimits()
+        """What the entry stage takes (the strictest, if several), checked here before decoding."""
+        entries = [s.media for s in self.cfg.entry_stages]
+        return min(entries, key=lambda m: (m.max_audio_s, m.max_image_pixels)) if entries else MediaLimits()
 
     def sampling(self, s: Sampling, *, audio: bool) -> dict[int, SamplingParamsMsg]:
         """Per-stage overrides: the text stage gets the OpenAI fields; the seed also seeds
