@@ -54,9 +54,9 @@ class PipelineView:
 
     @property
     def media_limits(self) -> MediaLimits:
-        """What the entry stage takes (the strictest, if several), checked here before decoding."""
-        entries = [s.media for s in self.cfg.entry_stages]
-        return min(entries, key=lambda m: (m.max_audio_s, m.max_image_pixels)) if entries else MediaLimits()
+        """What the entry stages take (each limit the smallest of theirs), checked before decoding."""
+        entries = [s.media for s in self.cfg.entry_stages] or [MediaLimits()]
+        return MediaLimits(**{f: min(getattr(m, f) for m in entries) for f in MediaLimits.__struct_fields__})
 
     def sampling(self, s: Sampling, *, audio: bool) -> dict[int, SamplingParamsMsg]:
         """Per-stage overrides: the text stage gets the OpenAI fields; the seed also seeds
