@@ -1,0 +1,446 @@
+"""The messages between processes: msgspec Structs in one tagged union, with the bounds of
+every list, map and string in their types. How they travel (encoding, validation against
+Limits, tensors as headers plus raw buffers) is codec.py's job.
+
+A tensor field holds a torch tensor or a numpy array when sending; received, it is what the
+receiver's ArrayCodec builds (torch in stages and the coordinator; numpy in a client that
+does not use torch). On the wire it is a TensorRef header.
+
+Adding a message type: subclass MessageBase and add the class to `Message` below.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Annotated, Any, get_args
+
+import msgspec
+from msgspec import Meta
+
+from omni_mp.wire.shm_pool import ShmRef
+from omni_mp.wire.tensor_codec import (
+    MAX_INFO_ENTRIES,
+    MAX_LIST_LENGTH,
+    MAX_NDIM,
+    PayloadError,
+    array_codec,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+__all__ = [
+    "AUDIO_KEY",
+    "SAMPLE_RATE_KEY",
+    "MAX_BATCH",
+    "MAX_STAGES",
+    "MESSAGE_TYPES",
+    "REQUEST_ID_PATTERN",
+    "Abort",
+    "AdditionalInformation",
+    "AudioInput",
+    "Connect",
+    "Connected",
+    "ErrorEvent",
+    "Finished",
+    "Heartbeat",
+    "HiddenRows",
+    "ImageInput",
+    "InfoValue",
+    "LayerRows",
+    "MRopePositions",
+    "Message",
+    "MessageBase",
+    "MultiModalInput",
+    "PackedRows",
+    "PromptEmbeds",
+    "Ready",
+    "RowRange",
+    "SamplingParamsMsg",
+    "Shutdown",
+    "StageDone",
+    "StageEndpoint",
+    "StageOutputBatch",
+    "StageOutputChunk",
+    "StageRequest",
+    "StageResult",
+    "StageSampling",
+    "StageStatus",
+    "StatusReply",
+    "StatusRequest",
+    "Submit",
+    "TensorRef",
+]
+
+
+# A step's batch: at most vLLM's max_num_seqs requests (1024 is already a very large batch).
+MAX_BATCH = 8192
+# Stages of one pipeline (config.PipelineConfig checks it too): bounds every per-stage list.
+MAX_STAGES = 64
+
+
+class TensorRef(msgspec.Struct, forbid_unknown_fields=True):
+    """Wire header of one tensor. `loc` is the index of the frame holding its bytes, or the
+    shared-memory region holding them."""
+
+    dtype: Annotated[str, Meta(max_length=16)]
+    shape: Annotated[list[int], Meta(max_length=MAX_NDIM)]
+    nbytes: int
+    loc: int | ShmRef
+
+
+if TYPE_CHECKING:
+    Tensor = torch.Tensor | np.ndarray
+else:
+    # msgspec reads annotations to decode, and on the wire a tensor *is* its TensorRef
+    # header: decode() swaps each header for the real tensor once everything is validated.
+    # Encoding ignores annotations (enc_hook turns tensors into headers).
+    Tensor = TensorRef
+
+TokenId = Annotated[int, Meta(ge=0)]
+StageId = Annotated[int, Meta(ge=0, le=2**31)]
+# Every list and map is bounded in its type, so an oversized one is refused while msgspec
+# decodes it, before any of its items exist (a Submit with 100k `sampling` entries took
+# 0.6 s to decode and refuse; now it fails at the length prefix). Limits (YAML) may lower
+# the bounds of token lists, strings and maps further; they are checked after decoding.
+TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_LIST_LENGTH)]
+PerStage = Meta(max_length=MAX_STAGES)
+InfoValue = Tensor | Annotated[list[int], Meta(max_length=MAX_LIST_LENGTH)] | int | float | bool | str
+# Named tensors and scalars for the next stage (e.g. per-step hidden states, speaker).
+AdditionalInformation = Annotated[dict[str, InfoValue], Meta(max_length=MAX_INFO_ENTRIES)]
+StrMap = Annotated[dict[str, str], Meta(max_length=MAX_INFO_ENTRIES)]
+
+# AdditionalInformation keys of a chunk of audio: float32 [n] samples in [-1, 1], and their rate.
+AUDIO_KEY = "audio"
+SAMPLE_RATE_KEY = "sample_rate"
+
+SpeakerName = Annotated[str, Meta(min_length=1, max_length=64)]
+
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+class PromptEmbeds(msgspec.Struct, forbid_unknown_fields=True):
+    """Embeddings to use as (part of) the next stage's prompt: [num_tokens, hidden]."""
+
+    data: Tensor
+
+
+class LayerRows(msgspec.Struct, forbid_unknown_fields=True):
+    """Rows of one intermediate layer (Hugging Face numbering: 0 = embeddings)."""
+
+    layer: Annotated[int, Meta(ge=0, le=4096)]
+    rows: Tensor  # [n, hidden]
+
+
+class MRopePositions(msgspec.Struct, forbid_unknown_fields=True):
+    """M-RoPE models: a prompt's positions and the offset of every later position (row i >= L
+    is at i + delta on every axis; text after images runs ahead of or behind its index)."""
+
+    positions: Tensor  # int64 [3, L]
+    delta: int
+
+
+class RowRange(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    start: Annotated[int, Meta(ge=0)]
+    stop: Annotated[int, Meta(ge=0)]
+
+
+class HiddenRows(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Hidden states of consecutive positions [start, start + n) of one request: the one
+    type of a hidden-row stream from the engine that computed them, over the wire, to the
+    stage that consumes them (omni_mp.engines.rows.RowStream accumulates them there).
+
+    `last` is the last layer after the final norm. Inside a StageOutputBatch the rows travel
+    in the batch's `packed` tensors and `packed` names this request's range of them."""
+
+    start: Annotated[int, Meta(ge=0)]
+    last: Tensor | None = None  # [n, hidden]
+    layers: Annotated[list[LayerRows], Meta(max_length=64)] = []
+    mrope: MRopePositions | None = None  # with a request's first rows
+    packed: RowRange | None = None
+
+
+class PackedRows(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The hidden rows of every chunk of one step batch, concatenated: one header and one
+    buffer per layer and step instead of one per request."""
+
+    last: Tensor
+    layers: Annotated[list[LayerRows], Meta(max_length=64)] = []
+
+
+class AudioInput(msgspec.Struct, forbid_unknown_fields=True):
+    """A mono waveform: float32 [samples] in [-1, 1] at `sample_rate` (the stage resamples)."""
+
+    samples: Tensor
+    sample_rate: Annotated[int, Meta(ge=1000, le=384_000)]
+
+
+class ImageInput(msgspec.Struct, forbid_unknown_fields=True):
+    """An RGB image: uint8 [height, width, 3]."""
+
+    pixels: Tensor
+
+
+class MultiModalInput(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Media for an entry stage whose model takes them (e.g. Qwen2.5-Omni's thinker), in the
+    order the prompt mentions them. Shapes and sizes are checked by the stage against its
+    model (MediaLimits) before anything is processed."""
+
+    audios: Annotated[list[AudioInput], Meta(max_length=16)] = []
+    images: Annotated[list[ImageInput], Meta(max_length=16)] = []
+
+
+class SamplingParamsMsg(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    max_tokens: Annotated[int, Meta(ge=0)] = 16
+    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    temperature: Annotated[float, Meta(ge=0.0)] = 0.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Meta(ge=0)] = 0  # 0 = disabled
+    seed: int | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] = 1.0
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []
+    ignore_eos: bool = False
+    # Ids never sampled (transformers' suppress_tokens), e.g. a talker's codec_bos.
+    suppress_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []
+
+
+class MessageBase(
+    msgspec.Struct, tag_field="t", tag=True, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, weakref=True
+):
+    """Base of every wire message; the tag is the class name. (weakref: a receiver tracks
+    which shared-memory regions a message holds without keeping the message alive.)"""
+
+
+class StageRequest(MessageBase):
+    """Coordinator -> stage: register a request (every stage of the pipeline gets one); an
+    entry stage also gets the prompt, as text (tokenized by the stage) or token ids."""
+
+    request_id: str
+    stage_id: StageId
+    prompt: str | None = None
+    prompt_token_ids: TokenIds | None = None
+    prompt_embeds: PromptEmbeds | None = None
+    multi_modal: MultiModalInput | None = None  # entry stages only
+    speaker: SpeakerName | None = None  # stages that speak use it; None: their default
+    additional_information: AdditionalInformation | None = None
+    sampling_params: SamplingParamsMsg | None = None
+    # Seconds left of the request's deadline when sent: relative, so that no two hosts' clocks
+    # need agree; the stage adds it to its own monotonic clock on receipt.
+    deadline_s: Annotated[float, Meta(ge=0.0, le=1e7)] | None = None
+
+
+class StageOutputChunk(MessageBase):
+    """One engine step's output for one request."""
+
+    request_id: str
+    stage_id: StageId
+    token_ids: TokenIds = []  # new tokens of this step
+    prompt_token_ids: TokenIds | None = None  # the stage's prompt, on its first chunk
+    prompt_embeds: PromptEmbeds | None = None
+    hidden: HiddenRows | None = None  # stages that emit hidden states
+    additional_information: AdditionalInformation | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    text: str | None = None  # the decoded output, on the last chunk of a final stage
+
+
+class StageOutputBatch(MessageBase):
+    """The chunks of one engine step, for every request that produced output: one message per
+    step and destination, whatever the batch size (per-message costs do not grow with it).
+
+    `packed` holds the chunks' hidden rows concatenated (see PackedRows); `pack()` builds it,
+    `unpacked()` gives each chunk its rows back as views."""
+
+    chunks: Annotated[list[StageOutputChunk], Meta(max_length=MAX_BATCH)]
+    packed: PackedRows | None = None
+
+    @classmethod
+    def pack(cls, chunks: list[StageOutputChunk]) -> StageOutputBatch:
+        """Move the chunks' hidden rows into `packed` (every chunk's rows have the same layers)."""
+        last: list[Any] = []
+        layers: dict[int, list[Any]] = {}
+        row = 0
+        for chunk in chunks:
+            h = chunk.hidden
+            if h is None or h.last is None:
+                continue
+            n = h.last.shape[0]
+            last.append(h.last)
+            for lr in h.layers:
+                layers.setdefault(lr.layer, []).append(lr.rows)
+            chunk.hidden = msgspec.structs.replace(h, last=None, layers=[], packed=RowRange(row, row + n))
+            row += n
+        if not last:
+            return cls(chunks=chunks)
+        return cls(
+            chunks=chunks,
+            packed=PackedRows(last=_concat(last), layers=[LayerRows(k, _concat(v)) for k, v in layers.items()]),
+        )
+
+    def unpacked(self) -> list[StageOutputChunk]:
+        """The chunks with their packed rows restored as views; PayloadError on bad row ranges."""
+        packed = self.packed
+        for i, chunk in enumerate(self.chunks):
+            h = chunk.hidden
+            if h is None or h.packed is None:
+                continue
+            r = h.packed
+            if packed is None or not r.start <= r.stop <= packed.last.shape[0]:
+                size = "no packed rows" if packed is None else f"{packed.last.shape[0]} packed rows"
+                raise PayloadError(
+                    f"StageOutputBatch.chunks[{i}].hidden.packed: [{r.start}, {r.stop}) is not a row range ({size})"
+                )
+            chunk.hidden = msgspec.structs.replace(
+                h,
+                last=packed.last[r.start : r.stop],
+                layers=[LayerRows(lr.layer, lr.rows[r.start : r.stop]) for lr in packed.layers],
+                packed=None,
+            )
+        return self.chunks
+
+
+def _concat(parts: list[Any]) -> Any:
+    if len(parts) == 1:
+        return parts[0]
+    codec = array_codec(parts[0])
+    assert codec is not None  # hidden rows are tensors
+    return codec.concat(parts)
+
+
+class ErrorEvent(MessageBase):
+    """A request ended with an error. `stage_id` None: raised by the coordinator itself;
+    `request_id` None: the offending message could not be tied to a request."""
+
+    request_id: str | None
+    stage_id: StageId | None
+    code: str
+    message: str
+
+
+class Abort(MessageBase):
+    request_id: str
+    reason: str
+
+
+class Ready(MessageBase):
+    """Stage -> coordinator: the engine is up; `info["input"]` is the address it bound."""
+
+    stage_id: StageId
+    pid: int
+    info: StrMap = {}
+
+
+class Heartbeat(MessageBase):
+    stage_id: StageId
+    seq: int
+    time: float
+
+
+class Shutdown(MessageBase):
+    reason: str = ""
+
+
+class StageEndpoint(msgspec.Struct, forbid_unknown_fields=True):
+    stage_id: StageId
+    endpoint: str
+
+
+class Connect(MessageBase):
+    """Coordinator -> stage: send your outputs to these downstream stage inputs (again after
+    a downstream stage restarted, possibly at a new address)."""
+
+    downstream: Annotated[list[StageEndpoint], PerStage]
+
+
+class Connected(MessageBase):
+    """Stage -> coordinator: the links to these downstream stage inputs are open (after Connect)."""
+
+    stage_id: StageId
+    downstream: Annotated[list[StageEndpoint], PerStage]
+
+
+class StageDone(MessageBase):
+    """Stage -> coordinator: a request finished in this stage; counts and unix timestamps."""
+
+    request_id: str
+    stage_id: StageId
+    num_prompt_tokens: int
+    num_output_tokens: int
+    t_registered: float
+    t_started: float
+    t_first_token: float | None
+    t_finished: float
+    finish_reason: str | None = None
+
+
+class StageSampling(msgspec.Struct, forbid_unknown_fields=True):
+    stage_id: StageId
+    params: SamplingParamsMsg
+
+
+class Submit(MessageBase):
+    """Client -> coordinator: run a request through the pipeline. Exactly one of `prompt`,
+    `prompt_token_ids` and `prompt_embeds`; `sampling` overrides stage defaults;
+    `deadline_s` is relative."""
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: TokenIds | None = None
+    prompt_embeds: PromptEmbeds | None = None  # for entry stages with `prompt_embeds: true`
+    multi_modal: MultiModalInput | None = None  # audio/images for an entry stage that takes them
+    speaker: SpeakerName | None = None  # the voice of stages that speak (unknown: an error)
+    sampling: Annotated[list[StageSampling], PerStage] = []
+    deadline_s: Annotated[float, Meta(gt=0.0, le=1e7)] | None = None  # NaN and inf refused while decoding
+    stream: bool = False
+
+
+class StageResult(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What a final stage produced for a request."""
+
+    stage_id: StageId
+    token_ids: TokenIds = []
+    text: str | None = None
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    audio: Tensor | None = None  # float32 [samples] of an audio-producing stage (omni_mp.audio)
+    sample_rate: int | None = None
+
+
+class Finished(MessageBase):
+    """Coordinator -> client: the request's terminal success event."""
+
+    request_id: str
+    outputs: Annotated[list[StageResult], PerStage]
+    stage_timings: Annotated[list[StageDone], PerStage]
+    t_submit: float
+    t_finished: float
+
+
+class StatusRequest(MessageBase):
+    """Client -> coordinator; the reply carries the same `request_id` (the client's tag)."""
+
+    request_id: str | None = None
+
+
+class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
+    stage_id: StageId
+    pid: int
+    alive: bool
+    ready: bool  # serving: engine up and links to its downstream stages open
+    restarts: int
+    info: StrMap = {}
+
+
+class StatusReply(MessageBase):
+    pipeline: str
+    stages: Annotated[list[StageStatus], PerStage]
+    inflight: int
+    request_id: str | None = None  # the StatusRequest's
+
+
+Message = (
+    StageRequest | StageOutputChunk | StageOutputBatch | ErrorEvent | Abort | Ready | Heartbeat | Shutdown
+    | Connect | Connected | StageDone | Submit | Finished | StatusRequest | StatusReply
+)  # fmt: skip
+MESSAGE_TYPES: tuple[type[MessageBase], ...] = get_args(Message)
