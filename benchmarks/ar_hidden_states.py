@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from omni_mp.client import AsyncOmniClient  # noqa: E402
 from omni_mp.config import parse_config  # noqa: E402
 from omni_mp.control.coordinator import Coordinator  # noqa: E402
-from omni_mp.wire.payload import SamplingParamsMsg  # noqa: E402
+from omni_mp.wire.messages import SamplingParamsMsg  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

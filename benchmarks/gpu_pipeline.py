@@ -138,7 +138,7 @@ def pipeline_config(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 async def pipeline_round(endpoint: str, batch: list[list[int]], tokens: int, stages: list[int]) -> dict[str, Any]:
     from omni_mp.client import AsyncOmniClient
-    from omni_mp.wire.payload import SamplingParamsMsg
+    from omni_mp.wire.messages import SamplingParamsMsg
 
     sampling = {s: SamplingParamsMsg(max_tokens=tokens, ignore_eos=True) for s in stages}
     async with AsyncOmniClient(endpoint) as client:

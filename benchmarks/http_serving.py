@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from omni_mp.client import AsyncOmniClient  # noqa: E402
 from omni_mp.config import load_config  # noqa: E402
 from omni_mp.http.pipeline import PipelineView, Sampling  # noqa: E402
-from omni_mp.wire.payload import StageOutputChunk  # noqa: E402
+from omni_mp.wire.messages import StageOutputChunk  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 VOICES = ("Chelsie", "Ethan")

@@ -212,7 +212,7 @@ def preflight(args: argparse.Namespace) -> list[str]:
     if not missing and phases - {"hf"}:
         from omni_mp.config import StageConfig
         from omni_mp.models import registry
-        from omni_mp.wire.payload import SamplingParamsMsg
+        from omni_mp.wire.messages import SamplingParamsMsg
 
         if "qwen2_5_omni_talker" not in registry.names("processors"):
             missing.append("omni_mp processor qwen2_5_omni_talker")
@@ -299,7 +299,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
 
 async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:
     from omni_mp.audio import chunk_audio
-    from omni_mp.wire.payload import Finished
+    from omni_mp.wire.messages import Finished
 
     first, samples, rate, fin = None, 0, SAMPLE_RATE, None
     async for ev in client.stream(prompt_token_ids=prompt, timeout_s=1800):

@@ -52,13 +52,8 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omni_mp.wire.payload import (
-    Heartbeat,
-    PayloadError,
-    PromptEmbeds,
-    Shutdown,
-    StageOutputChunk,
-)
+from omni_mp.wire.codec import PayloadError
+from omni_mp.wire.messages import Heartbeat, PromptEmbeds, Shutdown, StageOutputChunk
 from omni_mp.wire.shm_pool import ShmPoolConfig
 from omni_mp.wire.transport import MessageReceiver, MessageSender, make_socket
 

@@ -27,7 +27,7 @@ from omni_mp.client import AsyncOmniClient  # noqa: E402
 from omni_mp.config import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
 from omni_mp.models.registry import resolve_model  # noqa: E402
-from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk  # noqa: E402
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk  # noqa: E402
 from tests.hf_oracle import greedy, greedy_hidden, talker_greedy, tokenize  # noqa: E402
 
 # Hidden states, eager vs graphs: max |difference| / max |value|. fp32, but compiled kernels

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from omni_mp.client import AsyncOmniClient  # noqa: E402
 from omni_mp.config import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
-from omni_mp.wire.payload import Finished, SamplingParamsMsg  # noqa: E402
+from omni_mp.wire.messages import Finished, SamplingParamsMsg  # noqa: E402
 from tests.synthetic_media import pattern, tone  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-AUDIO_KEY = "audio"
-SAMPLE_RATE_KEY = "sample_rate"
+from omni_mp.wire.messages import AUDIO_KEY, SAMPLE_RATE_KEY
 
 
 def audio_info(samples: torch.Tensor, sample_rate: int) -> dict[str, torch.Tensor | int]:

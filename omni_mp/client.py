@@ -9,29 +9,36 @@ sync client is safe to call from many threads at once.
         print(done.outputs[-1].text)
         for chunk in client.stream("Hello"):
             print(chunk.token_ids)
+
+Importing this module imports neither torch nor vLLM. Tensors in replies (audio, hidden
+states) arrive as numpy arrays, or as torch tensors when torch is already imported in the
+process when the client is made; `arrays="numpy"` or `"torch"` chooses explicitly. (numpy
+has no bfloat16: a bfloat16 tensor arrives as torch either way.) Requests may carry numpy
+arrays or torch tensors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 import zmq
 import zmq.asyncio
 
 from omni_mp.keys import CurveIdentity
 from omni_mp.media_files import AudioLike, ImageLike, multi_modal_input
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import NUMPY_ARRAYS, ArrayCodec, Limits, PayloadError, decode, encode, torch_arrays
+from omni_mp.wire.messages import (
+    AUDIO_KEY,
+    SAMPLE_RATE_KEY,
     Abort,
     ErrorEvent,
     Finished,
-    Limits,
-    PayloadError,
     PromptEmbeds,
     SamplingParamsMsg,
     StageOutputChunk,
@@ -39,9 +46,37 @@ from omni_mp.wire.payload import (
     StatusReply,
     StatusRequest,
     Submit,
-    decode,
-    encode,
 )
+from omni_mp.wire.tensor_codec import array_codec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+ArrayKind = Literal["numpy", "torch"]
+
+
+def _array_codec(kind: ArrayKind | None) -> ArrayCodec:
+    """None: torch if the process has already imported it, numpy otherwise."""
+    if kind is None:
+        kind = "torch" if "torch" in sys.modules else "numpy"
+    return torch_arrays() if kind == "torch" else NUMPY_ARRAYS
+
+
+def _chunk_audio(ev: StageOutputChunk | Finished) -> tuple[Any, int] | None:
+    """(samples, sample_rate) of a chunk carrying audio samples, None otherwise; ValueError
+    if its audio entries are malformed."""
+    info = getattr(ev, "additional_information", None)
+    if not info or AUDIO_KEY not in info:
+        return None
+    samples, rate = info[AUDIO_KEY], info.get(SAMPLE_RATE_KEY)
+    codec = array_codec(samples)
+    dtype, shape, _ = codec.header(samples, AUDIO_KEY) if codec else (type(samples).__name__, [], 0)
+    if dtype != "float32" or len(shape) != 1:
+        raise ValueError(f"{AUDIO_KEY}: expected a 1-D float32 array, got {dtype} of shape {shape}")
+    if not isinstance(rate, int) or rate <= 0:
+        raise ValueError(f"{SAMPLE_RATE_KEY}: expected a positive int, got {rate!r}")
+    return (samples, rate) if shape[0] else None
 
 
 class RequestError(RuntimeError):
@@ -65,11 +100,20 @@ STREAM_QUEUE = 4096
 
 class AsyncOmniClient:
     """`keys`: this client's CURVE identity (keys.client_identity(DIR, NAME)); required by
-    pipelines with `security.keys` (every tcp endpoint)."""
+    pipelines with `security.keys` (every tcp endpoint). `arrays`: what received tensors
+    are (see the module docstring)."""
 
-    def __init__(self, endpoint: str, *, limits: Limits | None = None, keys: CurveIdentity | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        limits: Limits | None = None,
+        keys: CurveIdentity | None = None,
+        arrays: ArrayKind | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.limits = limits or Limits()
+        self._arrays = _array_codec(arrays)
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -91,7 +135,7 @@ class AsyncOmniClient:
         while True:
             frames = await self._sock.recv_multipart(copy=False)
             try:
-                msg = decode(frames, self.limits)
+                msg = decode(frames, self.limits, arrays=self._arrays)
             except PayloadError:
                 continue  # a corrupt reply cannot be routed; its request times out or gets its error
             if isinstance(msg, StatusReply):
@@ -123,7 +167,7 @@ class AsyncOmniClient:
         prompt: str | None = None,
         *,
         prompt_token_ids: list[int] | None = None,
-        prompt_embeds: torch.Tensor | None = None,
+        prompt_embeds: torch.Tensor | np.ndarray | None = None,
         audios: Sequence[AudioLike] = (),
         images: Sequence[ImageLike] = (),
         speaker: str | None = None,
@@ -231,15 +275,24 @@ class AsyncOmniClient:
 class OmniClient:
     """Synchronous client; thread-safe (all socket work happens on one private loop thread)."""
 
-    def __init__(self, endpoint: str, *, limits: Limits | None = None, keys: CurveIdentity | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        limits: Limits | None = None,
+        keys: CurveIdentity | None = None,
+        arrays: ArrayKind | None = None,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omni-client-loop", daemon=True)
         self._thread.start()
-        self._async: AsyncOmniClient = self._call(self._make(endpoint, limits, keys))
+        self._async: AsyncOmniClient = self._call(self._make(endpoint, limits, keys, arrays))
 
     @staticmethod
-    async def _make(endpoint: str, limits: Limits | None, keys: CurveIdentity | None) -> AsyncOmniClient:
-        return AsyncOmniClient(endpoint, limits=limits, keys=keys)
+    async def _make(
+        endpoint: str, limits: Limits | None, keys: CurveIdentity | None, arrays: ArrayKind | None
+    ) -> AsyncOmniClient:
+        return AsyncOmniClient(endpoint, limits=limits, keys=keys, arrays=arrays)
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -262,13 +315,16 @@ class OmniClient:
         finally:
             self._call(agen.aclose())  # runs the stream's finally: the abort, if unfinished
 
-    def stream_audio(self, prompt: str | None = None, **kwargs: Any) -> Iterator[tuple[torch.Tensor, int]]:
+    def stream_audio(
+        self, prompt: str | None = None, **kwargs: Any
+    ) -> Iterator[tuple[torch.Tensor | np.ndarray, int]]:
         """PCM chunks (float32 samples, sample rate) of an audio stage, as they are produced."""
-        from omni_mp.audio import pcm_chunks
-
         events = self.stream(prompt, **kwargs)
         try:
-            yield from pcm_chunks(events)
+            for ev in events:
+                got = _chunk_audio(ev)
+                if got is not None:
+                    yield got
         finally:
             events.close()  # early exit: aborts the request
 

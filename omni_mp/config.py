@@ -18,7 +18,8 @@ from msgspec import Meta
 
 from omni_mp.engines.diffusion.params import DiffusionStageConfig
 from omni_mp.models import registry
-from omni_mp.wire.payload import MAX_STAGES, Limits, SamplingParamsMsg
+from omni_mp.wire.codec import Limits
+from omni_mp.wire.messages import MAX_STAGES, SamplingParamsMsg
 from omni_mp.wire.shm_pool import ShmPoolConfig
 
 

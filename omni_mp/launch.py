@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from omni_mp.audio_io import write_wav
-from omni_mp.wire.payload import Finished
+from omni_mp.wire.messages import Finished
 
 if TYPE_CHECKING:
     from omni_mp.config import PipelineConfig

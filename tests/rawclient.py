@@ -10,7 +10,8 @@ from collections import defaultdict
 import msgspec
 import zmq
 
-from omni_mp.wire.payload import ErrorEvent, Finished, Message, StatusReply, StatusRequest, decode, encode
+from omni_mp.wire.codec import decode, encode
+from omni_mp.wire.messages import ErrorEvent, Finished, Message, StatusReply, StatusRequest
 
 TERMINAL = (Finished, ErrorEvent)
 

@@ -4,21 +4,21 @@ bounded per-request queues, status replies matched to their requests, close() an
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
+import torch
 import zmq
 import zmq.asyncio
 
 from omni_mp.client import STREAM_QUEUE, AsyncOmniClient, RequestError
-from omni_mp.wire.payload import (
-    Abort,
-    StageOutputChunk,
-    StatusReply,
-    StatusRequest,
-    Submit,
-    decode,
-    encode,
-)
+from omni_mp.wire.codec import decode, encode
+from omni_mp.wire.messages import Abort, StageOutputChunk, StatusReply, StatusRequest, Submit
+from tests.audio_server import audio_round_trip
+from tests.launcher import REPO
 
 
 async def _serve(router: zmq.asyncio.Socket, seen: list[object]) -> None:
@@ -77,3 +77,44 @@ def test_a_stream_not_read_ends_with_slow_consumer_and_status_is_matched() -> No
             ctx.term()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+# ---- a client without torch ---------------------------------------------------------------------
+TORCH_FREE_SCRIPT = """
+import sys
+import omni_mp.client
+assert "torch" not in sys.modules and "vllm" not in sys.modules, "imported on import"
+import numpy as np
+from tests.audio_server import audio_round_trip
+whole = np.arange(6, dtype=np.float32) / 8
+audio, chunks = audio_round_trip(sys.argv[1], None, whole, [whole[:2], whole[2:]])
+assert type(audio) is np.ndarray and np.array_equal(audio, whole), audio
+assert [type(c[0]) for c in chunks] == [np.ndarray] * 2 and [c[1] for c in chunks] == [24000] * 2
+assert np.array_equal(np.concatenate([c[0] for c in chunks]), whole)
+assert "torch" not in sys.modules and "vllm" not in sys.modules, "imported while serving"
+print("ok")
+"""
+
+
+def test_the_client_imports_neither_torch_nor_vllm_and_gets_numpy_arrays() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", TORCH_FREE_SCRIPT, f"ipc://@omni_mp-test-client-np-{os.getpid()}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_arrays_picks_numpy_or_torch_and_bfloat16_arrives_as_torch() -> None:
+    whole = torch.linspace(-1, 1, 6)
+    endpoint = f"ipc://@omni_mp-test-client-arrays-{os.getpid()}"
+    audio, chunks = audio_round_trip(endpoint, "numpy", whole, [whole[:3], whole[3:]])
+    assert type(audio) is np.ndarray and np.array_equal(audio, whole.numpy())
+    assert [type(c[0]) for c in chunks] == [np.ndarray] * 2
+    audio, chunks = audio_round_trip(endpoint, None, whole, [whole[:3], whole[3:]])  # torch is imported here
+    assert isinstance(audio, torch.Tensor) and torch.equal(audio, whole)
+    assert all(isinstance(c[0], torch.Tensor) for c in chunks)
+    audio, _ = audio_round_trip(endpoint, "numpy", whole.to(torch.bfloat16), [])  # numpy has no bfloat16
+    assert isinstance(audio, torch.Tensor) and torch.equal(audio, whole.to(torch.bfloat16))

@@ -18,12 +18,12 @@ from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.requests import Rejected, RequestTable, check_submit
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.wiring import Wiring
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import Limits, decode, encode
+from omni_mp.wire.messages import (
     Abort,
     Connect,
     ErrorEvent,
     Finished,
-    Limits,
     SamplingParamsMsg,
     Shutdown,
     StageEndpoint,
@@ -31,8 +31,6 @@ from omni_mp.wire.payload import (
     StageRequest,
     StageSampling,
     Submit,
-    decode,
-    encode,
 )
 from omni_mp.wire.transport import MessageSender
 

@@ -20,7 +20,7 @@ from omni_mp.audio_io import read_audio
 from omni_mp.client import OmniClient
 from omni_mp.engines.diffusion.params import DiffusionParams
 from omni_mp.models.registry import resolve_model
-from omni_mp.wire.payload import Finished, SamplingParamsMsg
+from omni_mp.wire.messages import Finished, SamplingParamsMsg
 from tests.hf_oracle import assert_close_audio, greedy, token2wav, tokenize
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 

@@ -11,7 +11,7 @@ import torch
 
 from omni_mp.client import AsyncOmniClient, OmniClient
 from omni_mp.models.registry import resolve_model
-from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_same_tokens, embed_rows, greedy, greedy_hidden, talker_greedy, tokenize
 from tests.launcher import REPO, ServedPipeline, serve
 

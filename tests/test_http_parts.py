@@ -143,7 +143,7 @@ def test_listen_spec() -> None:
 def test_a_request_runs_in_its_final_stages_and_their_upstream() -> None:
     from omni_mp.config import load_config
     from omni_mp.control.requests import Rejected, check_submit, request_stages
-    from omni_mp.wire.payload import Submit
+    from omni_mp.wire.messages import Submit
     from tests.launcher import REPO
 
     cfg = load_config(REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml")  # 0 -> 1 -> 2, all final

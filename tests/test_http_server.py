@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from omni_mp.client import OmniClient, RequestError
 from omni_mp.config import load_config
 from omni_mp.http.app import SPEECH_PROMPT
-from omni_mp.wire.payload import Finished, SamplingParamsMsg
+from omni_mp.wire.messages import Finished, SamplingParamsMsg
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 from tests.synthetic_media import pattern, tone
 

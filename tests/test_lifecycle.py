@@ -16,7 +16,7 @@ import pytest
 
 from omni_mp.audio_io import write_wav
 from omni_mp.client import OmniClient, RequestError
-from omni_mp.wire.payload import SamplingParamsMsg
+from omni_mp.wire.messages import SamplingParamsMsg
 from tests.launcher import REPO, abstract_sockets_of, serve
 
 pytestmark = pytest.mark.engine

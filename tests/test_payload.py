@@ -1,4 +1,4 @@
-"""Codec round trips (hypothesis, bit-exact) and adversarial inputs for omni_mp.wire.payload."""
+"""Codec round trips (hypothesis, bit-exact) and adversarial inputs for omni_mp.wire.codec."""
 
 from __future__ import annotations
 
@@ -14,20 +14,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_mp.wire.payload import (
-    DEFAULT_LIMITS,
+from omni_mp.wire.codec import DEFAULT_LIMITS, Limits, PayloadError, decode, encode, validate
+from omni_mp.wire.messages import (
     MESSAGE_TYPES,
-    SUPPORTED_DTYPES,
     Abort,
     ErrorEvent,
     Finished,
     Heartbeat,
     HiddenRows,
     LayerRows,
-    Limits,
     MessageBase,
     MRopePositions,
-    PayloadError,
     PromptEmbeds,
     Ready,
     RowRange,
@@ -38,10 +35,8 @@ from omni_mp.wire.payload import (
     StageRequest,
     StageResult,
     TensorRef,
-    decode,
-    encode,
-    validate,
 )
+from omni_mp.wire.torch_tensors import TORCH_DTYPES as SUPPORTED_DTYPES
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -170,7 +165,7 @@ def test_every_message_type_round_trips() -> None:
             prompt_embeds=PromptEmbeds(torch.randn(2, 4, dtype=torch.bfloat16)),
             additional_information=info,
             sampling_params=SamplingParamsMsg(max_tokens=4, temperature=0.7, top_k=5, seed=3, stop_token_ids=[2]),
-            deadline=1.7e9,
+            deadline_s=17.5,
         ),
         StageOutputChunk(request_id="r", stage_id=0, token_ids=[5], finished=True, finish_reason="stop"),
         StageOutputBatch(chunks=[StageOutputChunk(request_id="r", stage_id=0, token_ids=[5])]),
@@ -367,7 +362,7 @@ def test_huge_tensor_header_allocates_nothing() -> None:
     script = textwrap.dedent(
         """
         import resource, msgspec
-        from omni_mp.wire.payload import Limits, PayloadError, decode
+        from omni_mp.wire.codec import Limits, PayloadError, decode
         huge = {"dtype": "float32", "shape": [10**6, 10**6], "nbytes": 4 * 10**12, "loc": 1}
         body = msgspec.msgpack.encode({"t": "StageRequest", "request_id": "r", "stage_id": 0,
                                        "additional_information": {"h": huge}})

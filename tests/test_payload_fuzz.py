@@ -6,19 +6,11 @@ import functools
 import random
 import time
 
+import numpy as np
 import torch
 
-from omni_mp.wire.payload import (
-    Abort,
-    Limits,
-    PayloadError,
-    PromptEmbeds,
-    SamplingParamsMsg,
-    StageOutputChunk,
-    StageRequest,
-    decode,
-    encode,
-)
+from omni_mp.wire.codec import Limits, PayloadError, decode, encode
+from omni_mp.wire.messages import Abort, PromptEmbeds, SamplingParamsMsg, StageOutputChunk, StageRequest
 from omni_mp.wire.shm_pool import ShmPool, ShmPoolConfig, ShmReader, ShmRef
 
 ITERATIONS = 10_000
@@ -46,7 +38,7 @@ def seed_messages() -> list[object]:
                 "tokens": [4, 5],
             },
             sampling_params=SamplingParamsMsg(temperature=0.8, stop_token_ids=[2]),
-            deadline=1.0,
+            deadline_s=1.0,
         ),
         StageOutputChunk(request_id="r", stage_id=0, token_ids=[9, 8], additional_information={"x": torch.ones(4)}),
         Abort(request_id="r", reason="x"),
@@ -97,9 +89,9 @@ def test_mutated_frames_only_raise_payload_error() -> None:
     assert time.monotonic() - start < 20
 
 
-def place(pool: ShmPool, placed: list[ShmRef], data: torch.Tensor) -> ShmRef | None:
+def place(pool: ShmPool, placed: list[ShmRef], data: np.ndarray) -> ShmRef | None:
     """A BufferPlacer that remembers what it put in the pool."""
-    if not pool.accepts(data.numel()):
+    if not pool.accepts(data.size):
         return None
     placed.append(pool.put(data))
     return placed[-1]

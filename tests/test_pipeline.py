@@ -15,7 +15,7 @@ import zmq
 
 from omni_mp.client import AsyncOmniClient, OmniClient, RequestError
 from omni_mp.models.registry import resolve_model
-from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_same_tokens, greedy, tokenize
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from omni_mp.client import OmniClient
-from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.launcher import serve, settled_client
 from tests.synthetic_media import tone
 

@@ -26,7 +26,7 @@ import torch
 from omni_mp.audio_io import read_audio
 from omni_mp.client import OmniClient, RequestError
 from omni_mp.models.registry import resolve_model
-from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_close_audio, assert_same_tokens, omni_generate
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 from tests.synthetic_media import pattern, tone

@@ -29,7 +29,8 @@ import zmq.asyncio
 from omni_mp.client import OmniClient, RequestError
 from omni_mp.config import load_config
 from omni_mp.control.coordinator import Coordinator
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import decode, encode
+from omni_mp.wire.messages import (
     Abort,
     Connected,
     ErrorEvent,
@@ -41,8 +42,6 @@ from omni_mp.wire.payload import (
     StageEndpoint,
     StageSampling,
     Submit,
-    decode,
-    encode,
 )
 from omni_mp.wire.transport import MessageSender
 from tests.launcher import REPO, gone, settled_client

@@ -15,7 +15,8 @@ import zmq
 
 from omni_mp.config import IMPORT_CAPABLE_ENGINE_ARGS, ConfigError, parse_config
 from omni_mp.keys import INTERNAL, STAGE_DOMAIN, SecureContext, client_identity, generate, pipeline_identity
-from omni_mp.wire.payload import Shutdown, StageRequest, encode
+from omni_mp.wire.codec import encode
+from omni_mp.wire.messages import Shutdown, StageRequest
 from omni_mp.wire.transport import MessageReceiver, MessageSender
 from tests.launcher import REPO
 
@@ -113,9 +114,9 @@ FORBIDDEN_BUILTINS = {"eval", "exec", "compile", "__import__"}  # as bare names 
 FORBIDDEN_CALLS = {"import_module", "import_string", "locate", "resolve_obj_by_qualname", "import_from_path"}
 FORBIDDEN_ATTRS = {("yaml", "load"), ("yaml", "unsafe_load"), ("torch", "load"), ("yaml", "full_load")}
 # Where bytes and YAML enter: every omni_mp module they import, transitively, is checked.
-ENTRY_MODULES = ["omni_mp.wire.payload", "omni_mp.wire.transport", "omni_mp.config", "omni_mp.client",
-                 "omni_mp.control.coordinator", "omni_mp.stage.loop", "omni_mp.processors", "omni_mp.launch",
-                 "omni_mp.keys"]  # fmt: skip
+ENTRY_MODULES = ["omni_mp.wire.messages", "omni_mp.wire.codec", "omni_mp.wire.transport", "omni_mp.config",
+                 "omni_mp.client", "omni_mp.control.coordinator", "omni_mp.stage.loop", "omni_mp.processors",
+                 "omni_mp.launch", "omni_mp.keys"]  # fmt: skip
 
 
 def _module_file(name: str) -> Path | None:

@@ -19,13 +19,8 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_mp.wire.payload import (
-    PayloadError,
-    PromptEmbeds,
-    StageOutputChunk,
-    decode_with_regions,
-    encode,
-)
+from omni_mp.wire.codec import PayloadError, decode_with_regions, encode
+from omni_mp.wire.messages import PromptEmbeds, StageOutputChunk
 from omni_mp.wire.shm_pool import ALIGN, ShmPool, ShmPoolConfig, ShmReader, ShmRef
 from omni_mp.wire.transport import MessageReceiver, MessageSender
 
@@ -161,7 +156,7 @@ def test_rejected_message_returns_its_credits(pool: ShmPool) -> None:
 CHILD = textwrap.dedent(
     """
     import sys, time, torch, zmq
-    from omni_mp.wire.payload import StageOutputChunk
+    from omni_mp.wire.messages import StageOutputChunk
     from omni_mp.wire.shm_pool import ShmPoolConfig
     from omni_mp.wire.transport import MessageReceiver, MessageSender
     role, endpoint, count = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -19,7 +19,7 @@ from omni_mp.config import PipelineConfig, parse_config
 from omni_mp.control.endpoints import new_run_id
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage.loop import StageLoop
-from omni_mp.wire.payload import (
+from omni_mp.wire.messages import (
     Abort,
     Connect,
     ErrorEvent,

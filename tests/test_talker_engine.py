@@ -19,7 +19,7 @@ import torch
 
 from omni_mp.engines.base import Extension
 from omni_mp.models.registry import resolve_model
-from omni_mp.wire.payload import SamplingParamsMsg
+from omni_mp.wire.messages import SamplingParamsMsg
 from tests.hf_oracle import assert_same_tokens
 from tests.launcher import engine_is_empty, in_process_engine, start_request
 

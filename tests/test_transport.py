@@ -11,14 +11,8 @@ import pytest
 import torch
 import zmq
 
-from omni_mp.wire.payload import (
-    Heartbeat,
-    Limits,
-    PayloadError,
-    PromptEmbeds,
-    StageOutputChunk,
-    encode,
-)
+from omni_mp.wire.codec import Limits, PayloadError, encode
+from omni_mp.wire.messages import Heartbeat, PromptEmbeds, StageOutputChunk
 from omni_mp.wire.shm_pool import ShmPoolConfig
 from omni_mp.wire.transport import (
     MessageReceiver,

@@ -36,20 +36,21 @@ from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.memory_budget import resolve_memory_budgets
 from omni_mp.control.ray_placement import RayPlacement
-from omni_mp.control.requests import Rejected, RequestTable, check_submit, request_stages
+from omni_mp.control.requests import Inflight, Rejected, RequestTable, check_submit, request_stages
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.control.wiring import Wiring
 from omni_mp.keys import CLIENT_DOMAIN, STAGE_DOMAIN, SecureContext, pipeline_identity
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import PayloadError
+from omni_mp.wire.messages import (
     Abort,
     Connected,
     ErrorEvent,
     Finished,
     Heartbeat,
     Message,
-    PayloadError,
     Ready,
+    SamplingParamsMsg,
     Shutdown,
     StageDone,
     StageOutputBatch,
@@ -69,6 +70,8 @@ POLL_MS = 100  # loop tick: bounds how late a death, deadline or heartbeat loss 
 BUSY_POLL_MS = 5  # the tick while outgoing messages wait for room
 # Messages handled per socket per turn: a flood on one socket cannot starve the other.
 DRAIN_BATCH = 512
+# The error code of a request whose message (prompt or output) breaks the wire limits.
+LIMIT_EXCEEDED = "limit_exceeded"
 
 
 class StartupError(RuntimeError):
@@ -312,9 +315,13 @@ class Coordinator:
             res.text = chunk.text
             res.finish_reason = chunk.finish_reason
         if req.stream:  # as the stage sent it (hidden states included), under the client's id
-            sent = self.clients.send(
-                req.client, msgspec.structs.replace(chunk, request_id=req.request_id), droppable=True
-            )
+            try:
+                sent = self.clients.send(
+                    req.client, msgspec.structs.replace(chunk, request_id=req.request_id), droppable=True
+                )
+            except PayloadError as err:  # the request fails, not the coordinator
+                self._finish_with_error(req.internal_id, LIMIT_EXCEEDED, f"its output could not be sent: {err}", None)
+                return
             if sent == "full":
                 limit = self.cfg.admission.client_queue
                 message = f"the client reads its stream too slowly ({limit} messages waiting; admission.client_queue)"
@@ -354,8 +361,18 @@ class Coordinator:
     # ---- clients ------------------------------------------------------------------------------
     def _to_client(self, client: bytes, msg: Message) -> None:
         """An answer the client waits for: kept even when it reads slowly (a client found gone
-        is handled with the disconnections, in _flush)."""
-        self.clients.send(client, msg, droppable=False)
+        is handled with the disconnections, in _flush). One that cannot be encoded becomes
+        an error event for its request."""
+        try:
+            self.clients.send(client, msg, droppable=False)
+        except PayloadError as err:
+            request_id = getattr(msg, "request_id", None)
+            log.error("could not send a %s for request %s: %s", type(msg).__name__, request_id, err)
+            if request_id is None or isinstance(msg, ErrorEvent | StatusReply):
+                return  # not a request's answer, or already an error: it stays logged
+            text = f"its {type(msg).__name__} could not be sent: {err}"[: self.cfg.limits.max_string_length]
+            error = ErrorEvent(request_id=request_id, stage_id=None, code=LIMIT_EXCEEDED, message=text)
+            self.clients.send(client, error, droppable=False)
 
     def _client_gone(self, client: bytes) -> None:
         for rid in self.table.of_client(client):
@@ -421,13 +438,24 @@ class Coordinator:
             full = [sid for sid, link in self.links.items() if link.full()]
             if full:
                 raise Rejected("overloaded", f"stage(s) {full} have a full queue; retry later")
-            now = time.time()
+            now, admitted = time.time(), time.monotonic()
             deadline_s = msg.deadline_s if msg.deadline_s is not None else self.cfg.timeouts.default_deadline_s
             finals = set(msg.final_stages) or self._final
             req = self.table.admit(client, msg, now, deadline_s, finals)
         except Rejected as err:
             return self._reject(client, msg.request_id, err.code, str(err))
-        runs = request_stages(self.cfg, finals) if msg.final_stages else set(self.stages)  # (default: as before)
+        try:
+            self._register(req, msg, sampling, None if deadline_s is None else admitted + deadline_s)
+        except PayloadError as err:  # e.g. a prompt within the client's limits but not a stage's
+            self._finish_with_error(req.internal_id, LIMIT_EXCEEDED, f"could not be sent to a stage: {err}", None)
+
+    def _register(
+        self, req: Inflight, msg: Submit, sampling: dict[int, SamplingParamsMsg], deadline_at: float | None
+    ) -> None:
+        """The request's stages get it (entry stages get its prompt) and the seconds left until
+        `deadline_at` (time.monotonic()): every stage, or with `final_stages` those and the
+        stages upstream of them."""
+        runs = request_stages(self.cfg, set(msg.final_stages)) if msg.final_stages else set(self.stages)
         for stage in self._register_order:
             if stage.id not in runs:
                 # Not on the way to a wanted output: never registered there, and what its
@@ -435,6 +463,7 @@ class Coordinator:
                 off_path = Abort(request_id=req.internal_id, reason="not a stage of this request")
                 self.links[stage.id].send_control(off_path)
                 continue
+            left = None if deadline_at is None else max(deadline_at - time.monotonic(), 0.0)
             entry = not stage.inputs
             self.links[stage.id].register(
                 StageRequest(
@@ -446,7 +475,7 @@ class Coordinator:
                     multi_modal=msg.multi_modal if entry else None,
                     speaker=msg.speaker,
                     sampling_params=sampling.get(stage.id, stage.sampling),
-                    deadline=req.deadline,
+                    deadline_s=left,
                 )
             )
 

@@ -26,7 +26,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from omni_mp.keys import CLIENT_DOMAIN, CurveIdentity
-from omni_mp.wire.payload import Buffer, Limits, Message, PayloadError, StageRequest, decode, encode
+from omni_mp.wire.codec import Buffer, Limits, PayloadError, decode, encode
+from omni_mp.wire.messages import Message, StageRequest
 from omni_mp.wire.transport import CONTROL_HWM, MessageSender, make_socket
 
 log = logging.getLogger("omni_mp.control.links")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from omni_mp.audio import AudioParts
 from omni_mp.config import PipelineConfig
-from omni_mp.wire.payload import SamplingParamsMsg, StageDone, StageResult, Submit
+from omni_mp.wire.messages import SamplingParamsMsg, StageDone, StageResult, Submit
 
 
 @dataclass

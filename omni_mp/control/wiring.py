@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from omni_mp.config import PipelineConfig
 from omni_mp.control.stage_handle import StageHandle
-from omni_mp.wire.payload import Connect, StageEndpoint
+from omni_mp.wire.messages import Connect, StageEndpoint
 
 
 class Wiring:

@@ -30,7 +30,7 @@ from omni_mp.engines.vllm_hooks import (
     engine_core_cls,
     gated_scheduler_cls,
 )
-from omni_mp.wire.payload import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg
+from omni_mp.wire.messages import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg
 
 
 @dataclass(frozen=True, slots=True)

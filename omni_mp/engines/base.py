@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import msgspec
 import torch
 
-from omni_mp.wire.payload import AdditionalInformation, HiddenRows, SamplingParamsMsg
+from omni_mp.wire.messages import AdditionalInformation, HiddenRows, SamplingParamsMsg
 
 
 class StageInput(msgspec.Struct):

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from omni_mp.audio import AUDIO_KEY, SAMPLE_RATE_KEY
 from omni_mp.client import AsyncOmniClient
 from omni_mp.http.audio_out import pcm16
 from omni_mp.http.detok import Detokenizer
@@ -18,7 +17,7 @@ from omni_mp.http.errors import bad_request
 from omni_mp.http.media import MediaSizes, decode_audio, decode_image
 from omni_mp.http.pipeline import PipelineView, Sampling
 from omni_mp.http.schemas import ChatCompletionRequest, ImageUrlPart, InputAudioPart, TextPart, Usage
-from omni_mp.wire.payload import Finished, SamplingParamsMsg, StageDone, StageOutputChunk
+from omni_mp.wire.messages import AUDIO_KEY, SAMPLE_RATE_KEY, Finished, SamplingParamsMsg, StageDone, StageOutputChunk
 
 AUDIO_OUT_FORMATS = ("wav", "pcm16")
 

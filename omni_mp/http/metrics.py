@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from omni_mp.http.pipeline import PipelineView, stage_name
-from omni_mp.wire.payload import StageDone, StatusReply
+from omni_mp.wire.messages import StageDone, StatusReply
 
 _STAGE = ("stage_id", "stage_name")
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

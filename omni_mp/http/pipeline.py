@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from omni_mp.config import MediaLimits, PipelineConfig, StageConfig
-from omni_mp.wire.payload import SamplingParamsMsg, StatusReply
+from omni_mp.wire.messages import SamplingParamsMsg, StatusReply
 
 
 def stage_name(stage: StageConfig) -> str:

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from omni_mp.config import config_from_json
     from omni_mp.keys import STAGE_DOMAIN, SecureContext, pipeline_identity
     from omni_mp.stage.io_threads import Heartbeater
-    from omni_mp.wire.payload import Ready
+    from omni_mp.wire.messages import Ready
     from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
     cfg = config_from_json(os.environ["OMNI_MP_PIPELINE_CONFIG"])

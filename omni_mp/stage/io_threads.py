@@ -26,14 +26,13 @@ from typing import Any
 
 import zmq
 
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import Limits, PayloadError, split_unsendable
+from omni_mp.wire.messages import (
     Connect,
     Connected,
     ErrorEvent,
     Heartbeat,
-    Limits,
     Message,
-    PayloadError,
     StageOutputBatch,
     StageOutputChunk,
 )
@@ -205,23 +204,49 @@ class OutputPump(threading.Thread):
 
     def _send(self, item: Outgoing) -> None:
         t0 = time.perf_counter()
+        msg: Message | None = item.msg
         wire_bytes = 0  # what went over the downstream sockets (shared memory excluded)
+        # Every link encodes with the stage's limits, so a message that cannot be encoded
+        # fails on the first link, before any of it was sent: its requests fail instead
+        # (the coordinator then aborts them everywhere) and the rest goes out. Each round
+        # sends fewer chunks or nothing, so this ends.
+        while msg is not None:
+            try:
+                wire_bytes = self._deliver(item, msg)
+                break
+            except PayloadError as err:
+                msg, failed = split_unsendable(msg, err, self.limits)
+                self._fail_unsendable(failed)
+        if item.step >= 0:
+            self.on_sent(item.step, time.perf_counter() - t0, wire_bytes)
+
+    def _deliver(self, item: Outgoing, msg: Message) -> int:
+        """Send `msg` where `item` says; the bytes that went downstream over sockets."""
+        wire_bytes = 0
         if item.downstream:
             for stage_id, link in self.downstream.items():
                 try:
-                    wire_bytes += self._send_one(link, item.msg)
+                    wire_bytes += self._send_one(link, msg)
                 except TimeoutError:
                     if self.stop.is_set():
-                        return
-                    self._fail_undelivered(stage_id, item.msg)
+                        return wire_bytes
+                    self._fail_undelivered(stage_id, msg)
         if item.to_events:
             try:
-                self._send_one(self.events, item.msg)
+                self._send_one(self.events, msg)
             except TimeoutError:
                 if not self.stop.is_set():  # the coordinator took nothing for SEND_TIMEOUT_S
                     raise
-        if item.step >= 0:
-            self.on_sent(item.step, time.perf_counter() - t0, wire_bytes)
+        return wire_bytes
+
+    def _fail_unsendable(self, failed: dict[str, str]) -> None:
+        for rid, reason in failed.items():
+            log.error("stage %d: request %s: output not sendable: %s", self.stage_id, rid, reason)
+            text = f"stage {self.stage_id} could not send the request's output: {reason}"
+            text = text[: self.limits.max_string_length]  # never unsendable itself
+            self._send_one(
+                self.events, ErrorEvent(request_id=rid, stage_id=self.stage_id, code="limit_exceeded", message=text)
+            )
 
     def _fail_undelivered(self, stage_id: int, msg: Message) -> None:
         """A downstream stage took nothing for SEND_TIMEOUT_S (it is hung; the coordinator

@@ -27,13 +27,12 @@ from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, 
 from omni_mp.stage.prepare import Prepared, PrepareJob, Preparer
 from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
 from omni_mp.stage.timeline import StepRecord, StepTimeline
-from omni_mp.wire.payload import (
+from omni_mp.wire.codec import Limits, PayloadError
+from omni_mp.wire.messages import (
     Abort,
     Connect,
     ErrorEvent,
-    Limits,
     Message,
-    PayloadError,
     Shutdown,
     StageDone,
     StageOutputBatch,
@@ -120,7 +119,7 @@ class StageLoop:
         state = StageRequestState(
             request_id=rid,
             sampling=msg.sampling_params or self.stage.sampling,
-            deadline=msg.deadline,
+            deadline=None if msg.deadline_s is None else time.monotonic() + msg.deadline_s,
             inputs=list(self.stage.inputs),
             ctx=RequestContext(speaker=msg.speaker),
         )
@@ -365,7 +364,7 @@ class StageLoop:
                 waited = time.perf_counter() - t_wait
                 if not self.running:
                     break
-                self._expire(time.time())
+                self._expire(time.monotonic())
                 idle_step = not self._step(waited) if self.engine.can_step() else False
         finally:
             self._stop.set()

@@ -11,7 +11,7 @@ from omni_mp.audio_io import resample
 from omni_mp.config import StageConfig
 from omni_mp.models.registry import prompt_format
 from omni_mp.processors import StageInput
-from omni_mp.wire.payload import MultiModalInput
+from omni_mp.wire.messages import MultiModalInput
 
 
 class MediaError(ValueError):

@@ -22,7 +22,7 @@ from omni_mp.config import StageConfig
 from omni_mp.engines.base import EngineInputError, PreparedRequest, StageEngine, StageInput
 from omni_mp.stage.io_threads import Stopped
 from omni_mp.stage.media import MediaError, build_entry_input
-from omni_mp.wire.payload import SamplingParamsMsg, StageRequest
+from omni_mp.wire.messages import SamplingParamsMsg, StageRequest
 
 log = logging.getLogger("omni_mp.stage")
 

@@ -10,7 +10,7 @@ import torch
 
 from omni_mp.engines.rows import RowGap
 from omni_mp.processors import ProcessorError, RequestContext, UpstreamResult
-from omni_mp.wire.payload import HiddenRows, MRopePositions, SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import HiddenRows, MRopePositions, SamplingParamsMsg, StageOutputChunk
 
 
 @dataclass
@@ -20,7 +20,7 @@ class StageRequestState:
 
     request_id: str
     sampling: SamplingParamsMsg
-    deadline: float | None  # unix time, seconds
+    deadline: float | None  # time.monotonic() of this process (StageRequest.deadline_s is relative)
     inputs: list[int]  # upstream stage ids this request waits for (empty for an entry stage)
     ctx: RequestContext = field(default_factory=RequestContext)
     upstream: dict[int, UpstreamResult] = field(default_factory=dict)
@@ -63,6 +63,7 @@ class StageRequestState:
             up.finish_reason = chunk.finish_reason
 
     def expired(self, now: float) -> bool:
+        """`now`: time.monotonic() of this process, like `deadline`."""
         return self.deadline is not None and now >= self.deadline
 
 

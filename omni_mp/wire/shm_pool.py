@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Self, TypeVar
 
 import msgspec
-import torch
+import numpy as np
 
 from omni_mp.wire.tensor_codec import PayloadError
 
@@ -144,9 +144,9 @@ class ShmPool:
             self._mm, 0, _MAGIC, _VERSION, 0, config.prefault, config.num_slots, data_offset, self.capacity
         )
         self._slots = memoryview(self._mm)[_HEADER.size : _HEADER.size + config.num_slots * _SLOT.size]
-        self._data = torch.frombuffer(memoryview(self._mm)[data_offset:], dtype=torch.uint8)
+        self._data = np.frombuffer(memoryview(self._mm)[data_offset:], dtype=np.uint8)
         if config.prefault:
-            self._data.zero_()
+            self._data[:] = 0
         self._pid = os.getpid()
         self._gens = [0] * config.num_slots
         self._free_slots = list(range(config.num_slots - 1, -1, -1))
@@ -161,11 +161,13 @@ class ShmPool:
     def bytes_in_use(self) -> int:
         return sum(live.size for live in self._live)
 
-    def put(self, src: torch.Tensor, timeout: float | None = None) -> ShmRef:
-        """Copy a flat uint8 tensor into a free region, waiting up to `timeout` seconds (None:
-        forever) for the receiver to release space. Raises TimeoutError when the pool stays
-        full: the receiver is not keeping up, or is holding on to tensors."""
-        nbytes = src.numel()
+    def put(self, src: np.ndarray, timeout: float | None = None) -> ShmRef:
+        """Copy a flat uint8 array (numpy, or what numpy reads without a copy) into a free
+        region, waiting up to `timeout` seconds (None: forever) for the receiver to release
+        space. Raises TimeoutError when the pool stays full: the receiver is not keeping up,
+        or is holding on to tensors."""
+        src = np.asarray(src)
+        nbytes = src.size
         if not 0 < nbytes <= self.capacity:
             raise ValueError(f"{nbytes} bytes cannot go through a pool of {self.capacity} bytes")
         live = _wait_for(lambda: self._alloc(nbytes), timeout)
@@ -174,7 +176,7 @@ class ShmPool:
                 f"shm pool {self.name} full: {nbytes} bytes wanted, {self.bytes_in_use} of "
                 f"{self.capacity} held by {len(self._live)} unreleased regions"
             )
-        self._data[live.start : live.start + nbytes].copy_(src)
+        self._data[live.start : live.start + nbytes] = src
         return ShmRef(self.name, self._pid, self._fd, live.slot, self._gens[live.slot], live.start)
 
     def free(self, ref: ShmRef) -> None:

@@ -1,38 +1,47 @@
-"""Tensor <-> wire primitives: the dtype table, header checks, limits and the one error type.
+"""Tensor <-> wire primitives, free of torch: the dtype table, header checks, limits, the one
+error type, and numpy arrays as the codec's core array type.
 
-Import these from `omni_mp.wire.payload`, which re-exports them; this module exists so that
-`shm_pool` can use them without depending on the message types.
+A tensor on the wire is (dtype name, shape, nbytes) plus its raw bytes. The codec (codec.py)
+sends numpy arrays and torch tensors alike and builds received tensors through an
+`ArrayCodec`: `NUMPY_ARRAYS` here, or `torch_tensors.TORCH_TENSORS` (imported only by
+processes that use torch, so `omni_mp.client` never imports torch). numpy has no bfloat16:
+a bfloat16 tensor is sent from torch and decoded into torch, whichever codec is asked.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Any
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import msgspec
-import torch
+import numpy as np
 
-# Name on the wire -> torch dtype. Names are torch's own (str(dtype) minus "torch.").
-SUPPORTED_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
+# Name on the wire -> bytes per element. Names are torch's own (str(dtype) minus "torch.").
+WIRE_DTYPES: dict[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "uint8": 1,
+    "bool": 1,
 }
-_DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in SUPPORTED_DTYPES.items()}
+# The wire dtypes numpy has (all but bfloat16).
+NUMPY_DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in WIRE_DTYPES if name != "bfloat16"}
+_NUMPY_NAMES: dict[np.dtype, str] = {v: k for k, v in NUMPY_DTYPES.items()}
 
 # Upper bounds of the configurable limits below: the message types carry them as
-# Meta(max_length=...) so msgspec refuses a longer list while decoding (payload.py).
+# Meta(max_length=...) so msgspec refuses a longer list while decoding (messages.py).
 MAX_NDIM = 32
 MAX_LIST_LENGTH = 2**20
 MAX_INFO_ENTRIES = 1024
 
 # A peer can send any msgpack it likes, so messages show at most this much of a bad value.
 _MAX_SHOWN = 80
+
+Header = tuple[str, list[int], int]  # (dtype name, shape, nbytes)
 
 
 class PayloadError(ValueError):
@@ -49,7 +58,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Bounds every received message is checked against before any tensor is built.
 
     Loaded from the pipeline YAML (unknown keys rejected). Defaults:
-      allowed_dtypes         all of SUPPORTED_DTYPES
+      allowed_dtypes         all of WIRE_DTYPES
       max_ndim               8
       max_tensor_elements    2**30        (a [32k, 32k] tensor)
       max_tensor_bytes       1 GiB        (also the ZMQ MAXMSGSIZE: ZMQ checks frame by frame)
@@ -63,7 +72,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
       max_request_id_length  128
     """
 
-    allowed_dtypes: tuple[str, ...] = tuple(SUPPORTED_DTYPES)
+    allowed_dtypes: tuple[str, ...] = tuple(WIRE_DTYPES)
     max_ndim: int = 8
     max_tensor_elements: int = 2**30
     max_tensor_bytes: int = 2**30
@@ -88,9 +97,9 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         ):
             if getattr(self, name) > bound:
                 raise ValueError(f"Limits.{name} must be <= {bound} (the bound the message types carry)")
-        unknown = [d for d in self.allowed_dtypes if d not in SUPPORTED_DTYPES]
+        unknown = [d for d in self.allowed_dtypes if d not in WIRE_DTYPES]
         if unknown:
-            raise ValueError(f"Limits.allowed_dtypes: unsupported {unknown}; choose from {list(SUPPORTED_DTYPES)}")
+            raise ValueError(f"Limits.allowed_dtypes: unsupported {unknown}; choose from {list(WIRE_DTYPES)}")
 
     @property
     def max_frame_bytes(self) -> int:
@@ -122,48 +131,76 @@ def check_header(dtype: str, shape: list[int], nbytes: int, limits: Limits, path
         raise PayloadError(
             f"{path}: {numel} elements (shape {shown(shape)}) > max_tensor_elements={limits.max_tensor_elements}"
         )
-    expected = numel * SUPPORTED_DTYPES[dtype].itemsize
+    expected = numel * WIRE_DTYPES[dtype]
     if nbytes != expected:
         raise PayloadError(f"{path}: nbytes {nbytes} != {expected} for shape {shown(shape)} of {dtype}")
     if nbytes > limits.max_tensor_bytes:
         raise PayloadError(f"{path}: {nbytes} bytes > max_tensor_bytes={limits.max_tensor_bytes}")
 
 
-def tensor_header(tensor: torch.Tensor, path: str) -> tuple[str, list[int], int]:
-    """(dtype name, shape, nbytes) of a tensor about to be sent; rejects what cannot travel."""
-    if tensor.device.type != "cpu":
-        # Moving to CPU is a device copy the caller should schedule (and overlap) itself.
-        raise PayloadError(f"{path}: tensor is on {tensor.device}; only CPU tensors are sent, call .cpu() first")
-    if tensor.layout != torch.strided:
-        raise PayloadError(f"{path}: layout {tensor.layout} is not sent; only dense (strided) tensors")
-    name = _DTYPE_NAMES.get(tensor.dtype)
-    if name is None:
-        raise PayloadError(f"{path}: dtype {tensor.dtype} is not supported; supported: {list(SUPPORTED_DTYPES)}")
-    return name, list(tensor.shape), tensor.numel() * tensor.element_size()
+class ArrayCodec(Protocol):
+    """How one array library's tensors are read for sending and built from received bytes."""
+
+    def header(self, value: Any, path: str) -> Header:
+        """(dtype name, shape, nbytes) of an array about to be sent; PayloadError if it cannot travel."""
+        ...
+
+    def to_bytes(self, value: Any) -> np.ndarray:
+        """The array's bytes as a flat uint8 numpy array sharing its memory (copied only if
+        the array is not contiguous)."""
+        ...
+
+    def from_buffer(self, dtype: str, shape: list[int], buffer: memoryview, path: str) -> Any:
+        """An array viewing `buffer` (no copy); the header passed check_header and `buffer`
+        holds exactly its nbytes."""
+        ...
+
+    def concat(self, parts: Sequence[Any]) -> Any:
+        """The arrays joined along their first dimension."""
+        ...
 
 
-def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as a flat uint8 tensor sharing its memory (copies only if the
-    tensor is not contiguous). Supported dtypes are real, so no lazy conj/neg bit exists."""
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+class NumpyArrays:
+    """numpy arrays (a bfloat16 tensor, which numpy lacks, is decoded into torch)."""
+
+    def header(self, value: np.ndarray, path: str) -> Header:
+        name = _NUMPY_NAMES.get(value.dtype)
+        if name is None:
+            raise PayloadError(f"{path}: dtype {value.dtype} is not supported; supported: {list(NUMPY_DTYPES)}")
+        return name, list(value.shape), value.nbytes
+
+    def to_bytes(self, value: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+
+    def from_buffer(self, dtype: str, shape: list[int], buffer: memoryview, path: str) -> Any:
+        if dtype == "bfloat16":
+            return torch_arrays().from_buffer(dtype, shape, buffer, path)
+        flat = np.frombuffer(buffer, dtype=NUMPY_DTYPES[dtype])
+        if dtype == "bool" and bool((flat.view(np.uint8) > 1).any()):
+            raise PayloadError(f"{path}: bool tensor holds bytes other than 0 and 1")
+        return flat.reshape(shape)
+
+    def concat(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts)
 
 
-def tensor_from_buffer(dtype: str, shape: list[int], buffer: memoryview, path: str) -> torch.Tensor:
-    """A tensor viewing `buffer` (no copy). The header must have passed check_header and
-    `buffer` must hold exactly its nbytes."""
-    torch_dtype = SUPPORTED_DTYPES[dtype]
-    if buffer.nbytes == 0:
-        return torch.empty(shape, dtype=torch_dtype)  # frombuffer rejects empty buffers
-    if buffer.readonly:
-        # Only callers passing bytes get here (ZMQ frames and shared memory are writable).
-        # torch warns that it cannot mark tensors read-only; the documented contract is that
-        # decoded tensors are views to be treated as read-only, so the warning adds nothing.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(buffer, dtype=torch_dtype)
-    else:
-        flat = torch.frombuffer(buffer, dtype=torch_dtype)
-    if torch_dtype is torch.bool and bool((flat.view(torch.uint8) > 1).any()):
-        # torch assumes bool bytes are 0 or 1; anything else breaks kernels in odd ways.
-        raise PayloadError(f"{path}: bool tensor holds bytes other than 0 and 1")
-    return flat.view(shape)
+NUMPY_ARRAYS = NumpyArrays()
+
+
+def array_codec(value: Any) -> ArrayCodec | None:
+    """The codec of a value that is an array (numpy, or torch when torch is loaded), else None.
+    A torch tensor can only exist once torch is imported, so this never imports torch itself."""
+    if isinstance(value, np.ndarray):
+        return NUMPY_ARRAYS
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return torch_arrays()
+    return None
+
+
+def torch_arrays() -> ArrayCodec:
+    """The torch ArrayCodec; imports torch (for processes that compute with it, and for
+    bfloat16, which numpy lacks)."""
+    from omni_mp.wire.torch_tensors import TORCH_TENSORS
+
+    return TORCH_TENSORS

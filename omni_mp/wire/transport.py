@@ -18,10 +18,11 @@ import time
 import weakref
 from typing import Self
 
-import torch
+import numpy as np
 import zmq
 
-from omni_mp.wire.payload import BufferPlacer, Message, decode_with_regions, encode
+from omni_mp.wire.codec import BufferPlacer, decode_with_regions, encode
+from omni_mp.wire.messages import Message
 from omni_mp.wire.shm_pool import ShmPool, ShmPoolConfig, ShmReader, ShmRef, ShmRegion
 from omni_mp.wire.tensor_codec import DEFAULT_LIMITS, Limits
 
@@ -87,8 +88,8 @@ def send_message(
     if shm is not None:
         pool = shm
 
-        def place(data: torch.Tensor) -> ShmRef | None:
-            if not pool.accepts(data.numel()):
+        def place(data: np.ndarray) -> ShmRef | None:
+            if not pool.accepts(data.size):
                 return None
             ref = pool.put(data, _remaining(deadline))
             placed.append(ref)

@@ -22,7 +22,7 @@ from omni_mp.audio import audio_info
 from omni_mp.engines.base import EngineInputError, Extension, PromptIds, StageInput, StepOutput
 from omni_mp.engines.diffusion.model import DiffusionInputError
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
-from omni_mp.wire.payload import SamplingParamsMsg
+from omni_mp.wire.messages import SamplingParamsMsg
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,10 @@
-"""Messages between processes and their codec: msgspec Structs in one tagged union, tensors
-as small headers plus raw buffers, and validation against Limits before any tensor exists.
+"""The messages between processes: msgspec Structs in one tagged union, with the bounds of
+every list, map and string in their types. How they travel (encoding, validation against
+Limits, tensors as headers plus raw buffers) is codec.py's job.
 
-Wire format of one message (a ZMQ multipart message):
-  frame 0     msgpack body: the Struct, tag field "t"; each tensor is a TensorRef header
-              {dtype, shape, nbytes, loc}
-  frame 1..n  raw tensor bytes, one frame per tensor whose loc is its frame index; a tensor
-              whose loc is a ShmRef sits in the sender's shared-memory pool instead.
-
-Decoded tensors are views of the received buffers (no copy): treat them as read-only, and
-clone() what you keep beyond the message when it came through shared memory (a held view
-holds pool space, see shm_pool).
+A tensor field holds a torch tensor or a numpy array when sending; received, it is what the
+receiver's ArrayCodec builds (torch in stages and the coordinator; numpy in a client that
+does not use torch). On the wire it is a TensorRef header.
 
 Adding a message type: subclass MessageBase and add the class to `Message` below.
 """
@@ -17,57 +12,51 @@ Adding a message type: subclass MessageBase and add the class to `Message` below
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import msgspec
-import torch
 from msgspec import Meta
 
-from omni_mp.wire.shm_pool import ShmReader, ShmRef, ShmRegion
+from omni_mp.wire.shm_pool import ShmRef
 from omni_mp.wire.tensor_codec import (
-    DEFAULT_LIMITS,
     MAX_INFO_ENTRIES,
     MAX_LIST_LENGTH,
     MAX_NDIM,
-    SUPPORTED_DTYPES,
-    Limits,
     PayloadError,
-    check_header,
-    shown,
-    tensor_bytes,
-    tensor_from_buffer,
-    tensor_header,
+    array_codec,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
 __all__ = [
+    "AUDIO_KEY",
+    "SAMPLE_RATE_KEY",
+    "MAX_BATCH",
     "MAX_STAGES",
-    "DEFAULT_LIMITS",
     "MESSAGE_TYPES",
-    "SUPPORTED_DTYPES",
+    "REQUEST_ID_PATTERN",
     "Abort",
     "AdditionalInformation",
     "AudioInput",
-    "Buffer",
-    "BufferPlacer",
     "Connect",
+    "Connected",
     "ErrorEvent",
     "Finished",
-    "HiddenRows",
     "Heartbeat",
+    "HiddenRows",
     "ImageInput",
     "InfoValue",
     "LayerRows",
     "MRopePositions",
-    "PackedRows",
-    "RowRange",
-    "Limits",
     "Message",
     "MessageBase",
     "MultiModalInput",
-    "PayloadError",
+    "PackedRows",
     "PromptEmbeds",
     "Ready",
+    "RowRange",
     "SamplingParamsMsg",
     "Shutdown",
     "StageDone",
@@ -82,10 +71,6 @@ __all__ = [
     "StatusRequest",
     "Submit",
     "TensorRef",
-    "decode",
-    "decode_with_regions",
-    "encode",
-    "validate",
 ]
 
 
@@ -106,7 +91,7 @@ class TensorRef(msgspec.Struct, forbid_unknown_fields=True):
 
 
 if TYPE_CHECKING:
-    Tensor = torch.Tensor
+    Tensor = torch.Tensor | np.ndarray
 else:
     # msgspec reads annotations to decode, and on the wire a tensor *is* its TensorRef
     # header: decode() swaps each header for the real tensor once everything is validated.
@@ -126,9 +111,13 @@ InfoValue = Tensor | Annotated[list[int], Meta(max_length=MAX_LIST_LENGTH)] | in
 AdditionalInformation = Annotated[dict[str, InfoValue], Meta(max_length=MAX_INFO_ENTRIES)]
 StrMap = Annotated[dict[str, str], Meta(max_length=MAX_INFO_ENTRIES)]
 
+# AdditionalInformation keys of a chunk of audio: float32 [n] samples in [-1, 1], and their rate.
+AUDIO_KEY = "audio"
+SAMPLE_RATE_KEY = "sample_rate"
+
 SpeakerName = Annotated[str, Meta(min_length=1, max_length=64)]
 
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]+")
 
 
 class PromptEmbeds(msgspec.Struct, forbid_unknown_fields=True):
@@ -236,7 +225,9 @@ class StageRequest(MessageBase):
     speaker: SpeakerName | None = None  # stages that speak use it; None: their default
     additional_information: AdditionalInformation | None = None
     sampling_params: SamplingParamsMsg | None = None
-    deadline: float | None = None  # unix time, seconds
+    # Seconds left of the request's deadline when sent: relative, so that no two hosts' clocks
+    # need agree; the stage adds it to its own monotonic clock on receipt.
+    deadline_s: Annotated[float, Meta(ge=0.0, le=1e7)] | None = None
 
 
 class StageOutputChunk(MessageBase):
@@ -267,8 +258,8 @@ class StageOutputBatch(MessageBase):
     @classmethod
     def pack(cls, chunks: list[StageOutputChunk]) -> StageOutputBatch:
         """Move the chunks' hidden rows into `packed` (every chunk's rows have the same layers)."""
-        last: list[torch.Tensor] = []
-        layers: dict[int, list[torch.Tensor]] = {}
+        last: list[Any] = []
+        layers: dict[int, list[Any]] = {}
         row = 0
         for chunk in chunks:
             h = chunk.hidden
@@ -284,7 +275,7 @@ class StageOutputBatch(MessageBase):
             return cls(chunks=chunks)
         return cls(
             chunks=chunks,
-            packed=PackedRows(last=_cat(last), layers=[LayerRows(k, _cat(v)) for k, v in layers.items()]),
+            packed=PackedRows(last=_concat(last), layers=[LayerRows(k, _concat(v)) for k, v in layers.items()]),
         )
 
     def unpacked(self) -> list[StageOutputChunk]:
@@ -309,8 +300,12 @@ class StageOutputBatch(MessageBase):
         return self.chunks
 
 
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+def _concat(parts: list[Any]) -> Any:
+    if len(parts) == 1:
+        return parts[0]
+    codec = array_codec(parts[0])
+    assert codec is not None  # hidden rows are tensors
+    return codec.concat(parts)
 
 
 class ErrorEvent(MessageBase):
@@ -452,281 +447,3 @@ Message = (
     | Connect | Connected | StageDone | Submit | Finished | StatusRequest | StatusReply
 )  # fmt: skip
 MESSAGE_TYPES: tuple[type[MessageBase], ...] = get_args(Message)
-
-# A buffer for ZMQ send_multipart (bytes, or an object exporting the buffer protocol).
-Buffer = Any
-# Decides where a tensor's bytes go: gets them as a flat uint8 tensor and returns the shared
-# memory region it copied them into, or None to send them as a frame.
-BufferPlacer = Callable[[torch.Tensor], ShmRef | None]
-
-_DECODER = msgspec.msgpack.Decoder(Message)
-# What msgspec raises on a bad body: ValidationError is a DecodeError; invalid UTF-8 in a
-# string surfaces as UnicodeDecodeError (found by tests/test_payload_fuzz.py).
-_BODY_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
-
-
-class _RequestIdOnly(msgspec.Struct):
-    """Lenient view of a rejected body, to tell which request the error belongs to."""
-
-    request_id: str | None = None
-
-
-class _Slot:
-    """Where a tensor (or, decoding, its header) sits in a message, so it can be replaced."""
-
-    __slots__ = ("container", "dtype", "key", "nbytes", "path", "shape")
-
-    def __init__(self, container: Any, key: str, path: str, header: tuple[str, list[int], int]) -> None:
-        self.container, self.key, self.path = container, key, path
-        self.dtype, self.shape, self.nbytes = header
-
-    @property
-    def value(self) -> Any:
-        c = self.container
-        return c[self.key] if isinstance(c, dict) else getattr(c, self.key)
-
-    def put(self, value: Any) -> None:
-        if isinstance(self.container, dict):
-            self.container[self.key] = value
-        else:
-            setattr(self.container, self.key, value)
-
-
-# Values with nothing to check; skipping them first keeps the walk cheap for small messages.
-_SCALARS = frozenset({type(None), bool, int, float})
-_WIRE_STRUCTS = (TensorRef, ShmRef)  # leaves, not containers to walk into
-
-
-def _fields(obj: msgspec.Struct, prefix: str) -> Iterator[tuple[Any, str, Any, str]]:
-    """(container, key, value, path) for every non-scalar value in a message: Struct fields
-    (recursing into nested Structs and lists of Structs) and the entries of dict fields,
-    after the dict itself."""
-    for name in obj.__struct_fields__:
-        value = getattr(obj, name)
-        cls = type(value)
-        if cls in _SCALARS:
-            continue
-        path = prefix + name
-        if isinstance(value, msgspec.Struct) and not isinstance(value, _WIRE_STRUCTS):
-            yield from _fields(value, path + ".")
-            continue
-        yield obj, name, value, path
-        if cls is list and value and isinstance(value[0], msgspec.Struct):
-            for i, item in enumerate(value):  # e.g. Finished.outputs: each item checked too
-                yield from _fields(item, f"{path}[{i}].")
-        elif cls is dict:
-            for key, item in value.items():
-                if type(item) not in _SCALARS:
-                    yield value, key, item, f"{path}[{shown(key)}]"
-
-
-def _check(msg: msgspec.Struct, limits: Limits, tensor_type: type, body_bytes: int = 0) -> list[_Slot]:
-    """Check every value of `msg` against `limits` and return its tensor slots. `tensor_type`
-    is torch.Tensor when sending, TensorRef when receiving."""
-    slots: list[_Slot] = []
-    total = 0
-    for container, key, value, path in _fields(msg, type(msg).__name__ + "."):
-        cls = type(value)
-        if cls is str:
-            if len(value) > limits.max_string_length:
-                raise PayloadError(
-                    f"{path}: string of {len(value)} chars > max_string_length={limits.max_string_length}"
-                )
-        elif cls is list:
-            if len(value) > limits.max_list_length:
-                raise PayloadError(f"{path}: list of {len(value)} items > max_list_length={limits.max_list_length}")
-        elif cls is dict:
-            if len(value) > limits.max_info_entries:
-                raise PayloadError(f"{path}: {len(value)} entries > max_info_entries={limits.max_info_entries}")
-            for name in value:
-                if type(name) is not str or not 0 < len(name) <= limits.max_name_length:
-                    raise PayloadError(f"{path}: key {shown(name)} is not a str of 1..{limits.max_name_length} chars")
-        elif isinstance(value, tensor_type):
-            if cls is TensorRef:
-                header = (value.dtype, value.shape, value.nbytes)
-            else:
-                header = tensor_header(value, path)
-            check_header(*header, limits, path)
-            _check_shape(type(container), header, path)
-            slots.append(_Slot(container, key, path, header))
-            total += header[2]
-        else:
-            raise PayloadError(f"{path}: {cls.__name__} cannot be sent")
-    request_id = getattr(msg, "request_id", None)
-    if request_id is not None and not _valid_request_id(request_id, limits):
-        raise PayloadError(
-            f"{type(msg).__name__}.request_id: {shown(request_id)} is not 1..{limits.max_request_id_length} "
-            f"chars of {_REQUEST_ID.pattern}"
-        )
-    _check_total(msg, body_bytes + total, limits)
-    return slots
-
-
-# Tensors whose shape the schema fixes: checked before any tensor exists.
-_ROWS_2D = (PromptEmbeds, HiddenRows, LayerRows, PackedRows)
-
-
-def _check_shape(container: type, header: tuple[str, list[int], int], path: str) -> None:
-    dtype, shape, _ = header
-    if container in _ROWS_2D and len(shape) != 2:
-        raise PayloadError(f"{path}: must be 2-D [rows, hidden], got shape {shape}")
-    if container is MRopePositions and (dtype != "int64" or len(shape) != 2 or shape[0] != 3):
-        raise PayloadError(f"{path}: M-RoPE positions must be int64 [3, prompt_len], got {dtype} {shape}")
-
-
-def _valid_request_id(request_id: Any, limits: Limits) -> bool:
-    return (
-        isinstance(request_id, str)
-        and len(request_id) <= limits.max_request_id_length
-        and _REQUEST_ID.fullmatch(request_id) is not None
-    )
-
-
-def _check_total(msg: msgspec.Struct, nbytes: int, limits: Limits) -> None:
-    if nbytes > limits.max_message_bytes:
-        raise PayloadError(
-            f"{type(msg).__name__}: {nbytes} bytes in all > max_message_bytes={limits.max_message_bytes}"
-        )
-
-
-def validate(msg: Message, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Check an outgoing message against `limits` (encode does this too), so that a bad
-    message fails loudly on the sender rather than being rejected by the receiver or
-    dropped silently by ZMQ MAXMSGSIZE."""
-    _check(msg, limits, torch.Tensor)
-
-
-def encode(msg: Message, limits: Limits = DEFAULT_LIMITS, *, place: BufferPlacer | None = None) -> list[Buffer]:
-    """Validate and encode `msg` into frames for send_multipart(copy=False).
-
-    Tensor frames are views of the tensors' memory (a non-contiguous tensor is made
-    contiguous first), so do not modify those tensors in place until ZMQ has sent them.
-    `place` may divert tensor bytes into shared memory (see transport.MessageSender).
-    """
-    slots = _check(msg, limits, torch.Tensor)
-    frames: list[Buffer] = [b""]
-    headers = 0
-
-    def to_header(obj: Any) -> TensorRef:
-        nonlocal headers
-        if not isinstance(obj, torch.Tensor):
-            raise PayloadError(f"{type(msg).__name__}: {type(obj).__name__} cannot be sent")
-        headers += 1
-        data = tensor_bytes(obj)
-        loc = place(data) if place is not None else None
-        if loc is None:
-            loc = len(frames)
-            frames.append(data.numpy())  # the array keeps the tensor (and its memory) alive
-        dtype, shape, nbytes = tensor_header(obj, "")
-        return TensorRef(dtype, shape, nbytes, loc)
-
-    frames[0] = msgspec.msgpack.encode(msg, enc_hook=to_header)
-    if headers != len(slots):
-        raise PayloadError(
-            f"{type(msg).__name__}: tensors may only be Struct fields or dict values, "
-            f"found {headers - len(slots)} elsewhere"
-        )
-    body_len = len(frames[0])
-    if body_len > limits.max_body_bytes:
-        raise PayloadError(f"{type(msg).__name__}: body of {body_len} bytes > max_body_bytes={limits.max_body_bytes}")
-    _check_total(msg, body_len + sum(slot.nbytes for slot in slots), limits)
-    return frames
-
-
-def decode(frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS, *, shm: ShmReader | None = None) -> Message:
-    """Validate and decode one message (see decode_with_regions)."""
-    return decode_with_regions(frames, limits, shm=shm)[0]
-
-
-def decode_with_regions(
-    frames: Sequence[Buffer], limits: Limits = DEFAULT_LIMITS, *, shm: ShmReader | None = None
-) -> tuple[Message, list[ShmRegion]]:
-    """Validate and decode one message; also return the shared-memory regions it holds.
-
-    Order: sizes of all frames, then the typed body (unknown tags, fields and wrong types
-    fail here), then every value against `limits` and every tensor header against its
-    buffer (frames must each be used by exactly one tensor), and only then tensors are
-    built, as views. Any failure raises PayloadError and returns the credits of the
-    shared-memory regions the message named. `shm=None` rejects shared-memory tensors.
-    """
-    views = [_byte_view(f) for f in frames]
-    if not views:
-        raise PayloadError("message has no frames")
-    body = views[0]
-    if body.nbytes > limits.max_body_bytes:
-        raise PayloadError(f"body: {body.nbytes} bytes > max_body_bytes={limits.max_body_bytes}")
-    total = body.nbytes if len(views) == 1 else sum(v.nbytes for v in views)
-    if total > limits.max_message_bytes:
-        raise PayloadError(f"message: {total} bytes > max_message_bytes={limits.max_message_bytes}")
-    try:
-        msg = _DECODER.decode(body)
-    except _BODY_ERRORS as exc:
-        raise PayloadError(f"body: {exc}", request_id=_recover_request_id(body, limits)) from None
-    regions: list[ShmRegion] = []
-    try:
-        slots = _check(msg, limits, TensorRef, body.nbytes)
-        buffers = _claim_buffers(slots, views, shm, regions)
-        for slot, buffer in zip(slots, buffers, strict=True):
-            slot.put(tensor_from_buffer(slot.dtype, slot.shape, buffer, slot.path))
-    except PayloadError as exc:
-        _return_credits(msg, regions, shm)
-        request_id = getattr(msg, "request_id", None)
-        exc.request_id = request_id if _valid_request_id(request_id, limits) else None
-        raise
-    return msg, regions
-
-
-def _byte_view(frame: Buffer) -> memoryview:
-    view = memoryview(frame)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _claim_buffers(
-    slots: list[_Slot], views: list[memoryview], shm: ShmReader | None, regions: list[ShmRegion]
-) -> list[memoryview]:
-    """The buffer of each slot, after checking it against the header; frames must each be
-    used exactly once. Shared-memory claims are appended to `regions` as they are made."""
-    used = [False] * len(views)
-    buffers = []
-    for slot in slots:
-        loc = slot.value.loc
-        if isinstance(loc, ShmRef):
-            if shm is None:
-                raise PayloadError(f"{slot.path}: shared-memory tensor on a link that does not accept them")
-            buffer, region = shm.view(loc, slot.nbytes, slot.path)
-            regions.append(region)
-        else:
-            if not 1 <= loc < len(views):
-                raise PayloadError(f"{slot.path}: frame index {loc} outside 1..{len(views) - 1}")
-            if used[loc]:
-                raise PayloadError(f"{slot.path}: frame {loc} is already used by another tensor")
-            used[loc] = True
-            buffer = views[loc]
-            if buffer.nbytes != slot.nbytes:
-                raise PayloadError(f"{slot.path}: frame {loc} holds {buffer.nbytes} bytes, header says {slot.nbytes}")
-        buffers.append(buffer)
-    unused = [i for i in range(1, len(views)) if not used[i]]
-    if unused:
-        raise PayloadError(f"message: frames {unused[:8]} not referenced by any tensor ({len(views) - 1} sent)")
-    return buffers
-
-
-def _return_credits(msg: msgspec.Struct, regions: list[ShmRegion], shm: ShmReader | None) -> None:
-    """A rejected message must not keep pool space: release what was claimed, and discard
-    the regions named but not yet claimed."""
-    for region in regions:
-        region.release()
-    if shm is None:
-        return
-    claimed = {region.ref for region in regions}
-    for _, _, value, _ in _fields(msg, ""):
-        if isinstance(value, TensorRef) and isinstance(value.loc, ShmRef) and value.loc not in claimed:
-            shm.discard(value.loc)
-
-
-def _recover_request_id(body: memoryview, limits: Limits) -> str | None:
-    try:
-        request_id = msgspec.msgpack.decode(body, type=_RequestIdOnly).request_id
-    except _BODY_ERRORS:
-        return None
-    return request_id if _valid_request_id(request_id, limits) else None
