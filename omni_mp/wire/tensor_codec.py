@@ -18,16 +18,8 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
-# Name on the wire -> bytes per element. Names are torch's own (str(dtype) minus "torch.").
-WIRE_DTYPES: dict[str, int] = {
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "uint8": 1,
-    "bool": 1,
-}
+from omni_mp.wire.basics import WIRE_DTYPES, Header, PayloadError
+
 # The wire dtypes numpy has (all but bfloat16).
 NUMPY_DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in WIRE_DTYPES if name != "bfloat16"}
 _NUMPY_NAMES: dict[np.dtype, str] = {v: k for k, v in NUMPY_DTYPES.items()}
@@ -40,19 +32,6 @@ MAX_INFO_ENTRIES = 1024
 
 # A peer can send any msgpack it likes, so messages show at most this much of a bad value.
 _MAX_SHOWN = 80
-
-Header = tuple[str, list[int], int]  # (dtype name, shape, nbytes)
-
-
-class PayloadError(ValueError):
-    """A message failed validation. The message text names the field path, the value and the
-    limit; `request_id` is set when the offending message's request id could be recovered,
-    so a stage can answer with an error event for exactly that request."""
-
-    def __init__(self, message: str, *, request_id: str | None = None) -> None:
-        super().__init__(message)
-        self.request_id = request_id
-
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Bounds every received message is checked against before any tensor is built.

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from omni_mp.wire.tensor_codec import WIRE_DTYPES, Header, PayloadError
+from omni_mp.wire.basics import WIRE_DTYPES, Header, PayloadError
 
 # Name on the wire -> torch dtype (the names are torch's own).
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in WIRE_DTYPES}
