@@ -261,6 +261,13 @@ def _check_kind(s: StageConfig, where: str) -> None:
             raise ConfigError(f"`{where}.diffusion`: only for `kind: diffusion` stages")
         if proc is not None and proc.feeds_diffusion:
             raise ConfigError(f"`{where}.processor`: {s.processor!r} feeds a diffusion stage, not an AR one")
+        if s.engine_args.get("mm_processor_cache_gb", 0) != 0:
+            # Requests are prepared on another thread than the one that adds them (stage.prepare);
+            # vLLM's cache assumes the engine receives every processed item in processing order.
+            raise ConfigError(
+                f"`{where}.engine_args.mm_processor_cache_gb`: must stay 0 (omni_mp prepares media off the engine "
+                "thread, and a request that fails in between would leave vLLM's processor cache out of step)"
+            )
         return
     if s.hidden_states is not None or s.prompt_embeds:
         raise ConfigError(f"`{where}`: a diffusion stage has no hidden states or prompt embeddings")

@@ -50,6 +50,7 @@ def mutate(path: list[Any], value: Any) -> dict[str, Any]:
         (["stages", 0, "sampling", "max_tokenz"], 3, "`stages[0].sampling`"),
         (["limits"], {"max_message_bytes": "big"}, "`limits.max_message_bytes`"),
         (["limits"], {"max_ndim": 0}, "max_ndim must be > 0"),
+        (["stages", 0, "engine_args", "mm_processor_cache_gb"], 4, "mm_processor_cache_gb`: must stay 0"),
         (["endpoints"], {"transport": "udp"}, "`endpoints.transport`"),
         (["stages", 0, "cpu_cores"], "0-x", "`stages[0].cpu_cores`"),
         (["stages", 1, "inputs"], [7], "`stages[1].inputs[0]`: unknown stage id 7"),

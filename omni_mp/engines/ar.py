@@ -81,7 +81,7 @@ class AREngine:
         # Requests are prepared on another thread than the one that adds them (omni_mp.stage):
         # vLLM's multimodal processor cache assumes the engine receives every processed item in
         # order, which a request failing or aborted between the two would break.
-        args.setdefault("mm_processor_cache_gb", 0)
+        args["mm_processor_cache_gb"] = 0  # a config asking for more is refused (omni_mp.config)
         # The hooks override the V1 runner's `_model_forward`; vLLM 0.25.0 picks its V2 runner
         # on CUDA by default, which has no such override point.
         env = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if hooked else {}
