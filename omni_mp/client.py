@@ -237,6 +237,7 @@ class AsyncOmniClient:
         deadline_s: float | None = None,
         request_id: str | None = None,
         timeout_s: float | None = None,
+        final_stages: Sequence[int] = (),
         _stream: bool = True,
     ) -> AsyncIterator[StageOutputChunk | Finished]:
         """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
@@ -248,6 +249,8 @@ class AsyncOmniClient:
         `timeout_s` bounds each wait for the next event on the client side (abort +
         TimeoutError), for a coordinator that is gone; `deadline_s` is enforced by the
         pipeline itself. `sampling` values may also be dicts of SamplingParamsMsg fields.
+        `final_stages`: the outputs wanted (default: every final stage); only those stages
+        and the ones upstream of them run the request.
         Bad arguments raise `InvalidRequest` (a ValueError, and a RequestError with code
         `invalid_input`) naming them: before anything is sent, or, for what only the pipeline
         knows (a stage id it lacks, a prompt too long), from its answer.
@@ -270,6 +273,7 @@ class AsyncOmniClient:
                 sampling=stage_sampling(sampling),
                 deadline_s=deadline_s,
                 stream=_stream,
+                final_stages=list(final_stages),
             )
         except ValueError as err:  # (AudioFileError and PayloadError are ValueErrors too)
             raise InvalidRequest.refused(rid, err) from None
