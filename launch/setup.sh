@@ -25,6 +25,10 @@ step() {  # step "what" cmd...
   echo "[setup]   done in $(( $(date +%s) - t0 ))s"
 }
 
+# The HTTP playground's browser test drives the system's Chromium (no browser download).
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
+  step "installing chromium (apt)" bash -c "apt-get update -qq && apt-get install -y -qq chromium >/dev/null"
+fi
 [[ -x $VENV/bin/python ]] || step "creating $VENV" "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 step "upgrading pip" "${PIP[@]}" install -q --upgrade pip

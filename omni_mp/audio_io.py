@@ -37,7 +37,7 @@ class AudioFileError(ValueError):
     """An audio file that cannot be used; the message names the file and why."""
 
 
-def check_rate(rate: int, what: str, error: type[ValueError] = ValueError) -> None:
+def _check_rate(rate: int, what: str, error: type[ValueError] = ValueError) -> None:
     if not MIN_RATE <= rate <= MAX_RATE:
         raise error(f"{what}: sample rate {rate} Hz is outside {MIN_RATE}..{MAX_RATE} Hz")
 
@@ -89,7 +89,7 @@ def read_audio(path: str | Path, max_seconds: float = MAX_READ_S) -> tuple[np.nd
             if cut is not None:
                 raise AudioFileError(f"{p}: {cut}")
             rate = f.samplerate
-            check_rate(rate, str(p), AudioFileError)
+            _check_rate(rate, str(p), AudioFileError)
             max_frames = min(int(max_seconds * rate), MAX_READ_SAMPLES)
             if max_frames < f.frames < _UNKNOWN_FRAMES:
                 raise AudioFileError(
@@ -120,7 +120,7 @@ def write_wav(path: str | Path, samples: Any, sample_rate: int, *, float32: bool
     """A mono WAV file: 16-bit PCM by default (what every player and Python's `wave` read;
     samples outside [-1, 1] are clipped), or 32-bit float (the samples exactly) on request."""
     data = _mono_float32(samples)
-    check_rate(sample_rate, str(path))
+    _check_rate(sample_rate, str(path))
     if not float32:
         if not np.isfinite(data).all():
             raise ValueError(f"{path}: samples must be finite to be written as 16-bit PCM")
@@ -139,8 +139,8 @@ def resample(samples: Any, orig_rate: int, target_rate: int) -> np.ndarray:
     so its cost follows how the rates factor (44,101 Hz: 137 ms and 42 MB vs 32 ms and 4 MB
     at 44.1 kHz; soxr: 11 ms at both)."""
     data = _mono_float32(samples)
-    check_rate(orig_rate, "orig_rate")
-    check_rate(target_rate, "target_rate")
+    _check_rate(orig_rate, "orig_rate")
+    _check_rate(target_rate, "target_rate")
     if orig_rate == target_rate or data.size == 0:
         return data.copy()
     return soxr.resample(data, orig_rate, target_rate, quality="HQ")

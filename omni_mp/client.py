@@ -15,6 +15,13 @@ states) arrive as numpy arrays, or as torch tensors when torch is already import
 process when the client is made; `arrays="numpy"` or `"torch"` chooses explicitly. (numpy
 has no bfloat16: a bfloat16 tensor arrives as torch either way.) Requests may carry numpy
 arrays or torch tensors.
+
+Nothing waits silently: every argument is checked before anything is sent (an
+`InvalidRequest`, a ValueError, naming it; media by the rules in `media_files`, multi-channel audio included); a request
+waits at most `connect_timeout_s` (default 10 s) for a connection to the endpoint (a
+`TimeoutError` naming it); a CURVE handshake that fails (missing, wrong or unlisted keys)
+raises `HandshakeError` at once, saying what to check; a connection lost mid-request fails
+the requests in flight with a `ConnectionError`.
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import zmq
 import zmq.asyncio
 
+from omni_mp.client_args import check_names, check_prompt, check_seconds, stage_sampling
+from omni_mp.client_link import DEFAULT_CONNECT_TIMEOUT_S, HandshakeError, LinkWatch
 from omni_mp.keys import CurveIdentity
 from omni_mp.media_files import AudioLike, ImageLike, multi_modal_input
 from omni_mp.wire.codec import NUMPY_ARRAYS, ArrayCodec, Limits, PayloadError, decode, encode, torch_arrays
@@ -42,7 +51,6 @@ from omni_mp.wire.messages import (
     PromptEmbeds,
     SamplingParamsMsg,
     StageOutputChunk,
-    StageSampling,
     StatusReply,
     StatusRequest,
     Submit,
@@ -54,6 +62,14 @@ if TYPE_CHECKING:
     import torch
 
 ArrayKind = Literal["numpy", "torch"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "AsyncOmniClient",
+    "HandshakeError",
+    "InvalidRequest",
+    "OmniClient",
+    "RequestError",
+]
 
 
 def _array_codec(kind: ArrayKind | None) -> ArrayCodec:
@@ -90,6 +106,33 @@ class RequestError(RuntimeError):
         self.stage_id = event.stage_id
 
 
+class InvalidRequest(RequestError, ValueError):
+    """A request's arguments refused (code `invalid_input`), by the client before anything is
+    sent (`client_side`, `stage_id` None) or by the pipeline (e.g. a stage id in `sampling`
+    it does not have): the message names the argument. Both a RequestError and a ValueError."""
+
+    def __init__(self, event: ErrorEvent, client_side: bool = False) -> None:
+        super().__init__(event)
+        self.client_side = client_side
+        if client_side:
+            self.args = (f"request {event.request_id!r}: {event.message}",)
+
+    @classmethod
+    def refused(cls, request_id: str, err: ValueError) -> InvalidRequest:
+        event = ErrorEvent(request_id=request_id, stage_id=None, code="invalid_input", message=str(err))
+        return cls(event, client_side=True)
+
+
+def _request_error(event: ErrorEvent) -> RequestError:
+    return InvalidRequest(event) if event.code == "invalid_input" else RequestError(event)
+
+
+class _Lost(NamedTuple):
+    """Queued for a request whose connection broke: the error it raises."""
+
+    error: Exception
+
+
 _Event = StageOutputChunk | Finished | ErrorEvent
 
 # Events buffered per request before the caller reads them: a caller that stops reading a
@@ -101,7 +144,8 @@ STREAM_QUEUE = 4096
 class AsyncOmniClient:
     """`keys`: this client's CURVE identity (keys.client_identity(DIR, NAME)); required by
     pipelines with `security.keys` (every tcp endpoint). `arrays`: what received tensors
-    are (see the module docstring)."""
+    are (see the module docstring). `connect_timeout_s`: how long a request waits for a
+    connection to the endpoint before it fails with a TimeoutError naming it."""
 
     def __init__(
         self,
@@ -110,7 +154,9 @@ class AsyncOmniClient:
         limits: Limits | None = None,
         keys: CurveIdentity | None = None,
         arrays: ArrayKind | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> None:
+        check_seconds("connect_timeout_s", connect_timeout_s)
         self.endpoint = endpoint
         self.limits = limits or Limits()
         self._arrays = _array_codec(arrays)
@@ -120,16 +166,32 @@ class AsyncOmniClient:
         self._sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
         if keys is not None:
             keys.client(self._sock)
+        # (before connect: the monitor sees every event of the connection)
+        self._link = LinkWatch(self._sock, endpoint, keys is not None, connect_timeout_s)
         self._sock.connect(endpoint)
-        self._queues: dict[str, asyncio.Queue[_Event]] = {}
+        self._queues: dict[str, asyncio.Queue[_Event | _Lost]] = {}
         self._status: dict[str, asyncio.Future[StatusReply]] = {}  # by the tag its request carried
         self._status_ids = itertools.count()
         self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._closed = False
 
     def _ensure_reader(self) -> None:
         if self._reader is None:
             self._reader = asyncio.get_running_loop().create_task(self._read())
+            self._watcher = asyncio.get_running_loop().create_task(self._link.run(self._fail_all))
+
+    def _fail_all(self, error: Exception) -> None:
+        """The link broke: every waiting caller gets `error` (no answer can come any more)."""
+        for q in self._queues.values():
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(_Lost(error))
+        self._queues.clear()
+        for fut in self._status.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._status.clear()
 
     async def _read(self) -> None:
         while True:
@@ -171,10 +233,11 @@ class AsyncOmniClient:
         audios: Sequence[AudioLike] = (),
         images: Sequence[ImageLike] = (),
         speaker: str | None = None,
-        sampling: dict[int, SamplingParamsMsg] | None = None,
+        sampling: dict[int, SamplingParamsMsg | dict[str, Any]] | None = None,
         deadline_s: float | None = None,
         request_id: str | None = None,
         timeout_s: float | None = None,
+        final_stages: Sequence[int] = (),
         _stream: bool = True,
     ) -> AsyncIterator[StageOutputChunk | Finished]:
         """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
@@ -183,41 +246,57 @@ class AsyncOmniClient:
         [H, W, 3]) go with a text `prompt` to an entry stage that takes media; `speaker` picks
         the voice of stages that speak.
 
-        `timeout_s` bounds the wait on the client side (abort + TimeoutError), for a
-        coordinator that is gone; `deadline_s` is enforced by the pipeline itself.
+        `timeout_s` bounds each wait for the next event on the client side (abort +
+        TimeoutError), for a coordinator that is gone; `deadline_s` is enforced by the
+        pipeline itself. `sampling` values may also be dicts of SamplingParamsMsg fields.
+        `final_stages`: the outputs wanted (default: every final stage); only those stages
+        and the ones upstream of them run the request.
+        Bad arguments raise `InvalidRequest` (a ValueError, and a RequestError with code
+        `invalid_input`) naming them: before anything is sent, or, for what only the pipeline
+        knows (a stage id it lacks, a prompt too long), from its answer.
         """
+        rid = request_id if isinstance(request_id, str) and request_id else uuid.uuid4().hex
+        try:
+            check_prompt(prompt, prompt_token_ids, prompt_embeds)
+            check_names(request_id, speaker)
+            check_seconds("deadline_s", deadline_s)
+            check_seconds("timeout_s", timeout_s)
+            if rid in self._queues:
+                raise ValueError(f"`request_id` {rid!r} is already in flight on this client")
+            submit = Submit(
+                request_id=rid,
+                prompt=prompt,
+                prompt_token_ids=None if prompt_token_ids is None else list(prompt_token_ids),
+                prompt_embeds=None if prompt_embeds is None else PromptEmbeds(data=prompt_embeds),
+                # Media files are read off the event loop: a large one must not hold up the
+                # replies of the other requests in flight on this client.
+                multi_modal=(await asyncio.to_thread(multi_modal_input, audios, images)) if audios or images else None,
+                speaker=speaker,
+                sampling=stage_sampling(sampling),
+                deadline_s=deadline_s,
+                stream=_stream,
+                final_stages=list(final_stages),
+            )
+        except ValueError as err:  # (AudioFileError and PayloadError are ValueErrors too)
+            raise InvalidRequest.refused(rid, err) from None
         self._ensure_reader()
-        rid = request_id or uuid.uuid4().hex
-        if rid in self._queues:
-            raise ValueError(f"request id {rid!r} is already in flight on this client")
-        # Media files are read off the event loop: a large one must not hold up the replies
-        # of the other requests in flight on this client.
-        media = await asyncio.to_thread(multi_modal_input, audios, images) if audios or images else None
-        q: asyncio.Queue[_Event] = asyncio.Queue(STREAM_QUEUE + 1)
+        await self._link.ready()
+        q: asyncio.Queue[_Event | _Lost] = asyncio.Queue(STREAM_QUEUE + 1)
         self._queues[rid] = q
         finished = False
         try:
-            await self._send(
-                Submit(
-                    request_id=rid,
-                    prompt=prompt,
-                    prompt_token_ids=prompt_token_ids,
-                    prompt_embeds=None if prompt_embeds is None else PromptEmbeds(data=prompt_embeds),
-                    multi_modal=media,
-                    speaker=speaker,
-                    sampling=[StageSampling(stage_id=k, params=v) for k, v in (sampling or {}).items()],
-                    deadline_s=deadline_s,
-                    stream=_stream,
-                )
-            )
+            await self._send(submit)
             while True:
                 try:
                     ev = await asyncio.wait_for(q.get(), timeout_s)
                 except TimeoutError:
-                    raise TimeoutError(f"request {rid!r}: no answer within {timeout_s}s") from None
+                    raise TimeoutError(f"{self.endpoint}: request {rid!r}: no answer within {timeout_s:g}s") from None
+                if isinstance(ev, _Lost):
+                    finished = True
+                    raise ev.error
                 if isinstance(ev, ErrorEvent):
                     finished = True
-                    raise RequestError(ev)
+                    raise _request_error(ev)
                 yield ev
                 if isinstance(ev, Finished):
                     finished = True
@@ -225,7 +304,7 @@ class AsyncOmniClient:
         finally:
             if self._queues.get(rid) is q:
                 del self._queues[rid]
-            if not finished and not self._closed:
+            if not finished and not self._closed and self._link.connected:  # (else no one can get it)
                 await self._send(Abort(request_id=rid, reason="cancelled by the client"))
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> Finished:
@@ -238,13 +317,21 @@ class AsyncOmniClient:
         await self._send(Abort(request_id=request_id, reason=reason))
 
     async def status(self, timeout_s: float = 10.0) -> StatusReply:
+        """The pipeline's status; TimeoutError naming the endpoint after `timeout_s`."""
+        check_seconds("timeout_s", timeout_s)
         self._ensure_reader()
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_s
+        await self._link.ready(timeout_s)
         tag = f"status-{next(self._status_ids)}"
-        fut: asyncio.Future[StatusReply] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[StatusReply] = loop.create_future()
         self._status[tag] = fut
         try:
             await self._send(StatusRequest(request_id=tag))
-            return await asyncio.wait_for(fut, timeout_s)
+            try:
+                return await asyncio.wait_for(fut, max(0.0, until - loop.time()))
+            except TimeoutError:
+                raise TimeoutError(f"{self.endpoint}: no status reply within {timeout_s:g}s") from None
         finally:
             self._status.pop(tag, None)
 
@@ -255,12 +342,14 @@ class AsyncOmniClient:
                 q.get_nowait()
             q.put_nowait(ErrorEvent(request_id=rid, stage_id=None, code="client_closed", message="client closed"))
         self._queues.clear()
-        if self._reader is not None:
-            self._reader.cancel()
-            try:
-                await self._reader
-            except asyncio.CancelledError:
-                pass
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        self._link.close()
         self._sock.close(linger=0)
         self._ctx.term()
 
@@ -272,7 +361,8 @@ class AsyncOmniClient:
 
 
 class OmniClient:
-    """Synchronous client; thread-safe (all socket work happens on one private loop thread)."""
+    """Synchronous client; thread-safe (all socket work happens on one private loop thread).
+    Arguments, errors and timeouts as `AsyncOmniClient`'s."""
 
     def __init__(
         self,
@@ -281,17 +371,19 @@ class OmniClient:
         limits: Limits | None = None,
         keys: CurveIdentity | None = None,
         arrays: ArrayKind | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> None:
+        check_seconds("connect_timeout_s", connect_timeout_s)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omni-client-loop", daemon=True)
         self._thread.start()
-        self._async: AsyncOmniClient = self._call(self._make(endpoint, limits, keys, arrays))
+        self._async: AsyncOmniClient = self._call(self._make(endpoint, limits, keys, arrays, connect_timeout_s))
 
     @staticmethod
     async def _make(
-        endpoint: str, limits: Limits | None, keys: CurveIdentity | None, arrays: ArrayKind | None
+        endpoint: str, limits: Limits | None, keys: CurveIdentity | None, arrays: ArrayKind | None, connect_s: float
     ) -> AsyncOmniClient:
-        return AsyncOmniClient(endpoint, limits=limits, keys=keys, arrays=arrays)
+        return AsyncOmniClient(endpoint, limits=limits, keys=keys, arrays=arrays, connect_timeout_s=connect_s)
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)

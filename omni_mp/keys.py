@@ -32,6 +32,11 @@ STAGES_DIR = "stages"
 # ZAP domains: which list of public keys a bound socket accepts.
 CLIENT_DOMAIN = "clients"
 STAGE_DOMAIN = "stages"
+# Monitor events of a handshake that failed (missing, wrong or unlisted keys, or CURVE on
+# one side only): both ends of the connection see one.
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 
 
 class KeyFileError(ValueError):

@@ -50,6 +50,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--audio", action="append", default=[], type=Path, help="a WAV file to send with every prompt")
     p.add_argument("--image", action="append", default=[], type=Path, help="an image file to send with every prompt")
     p.add_argument("--speaker", help="the voice of stages that speak (default: the model's)")
+    p.add_argument("--http", metavar="HOST:PORT", help="also serve the OpenAI-compatible HTTP API (omni_mp.http)")
+    p.add_argument("--api-key", help="--http: require `Authorization: Bearer KEY` (default: env OMNI_MP_API_KEY)")
     p.add_argument("--log-dir", type=Path, help="keep stage logs here (default: a temp dir, removed at exit)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
@@ -228,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.http:
+        from omni_mp.http.__main__ import parse_listen
+
+        try:
+            parse_listen(args.http)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
 
     from omni_mp.client import OmniClient
     from omni_mp.control.coordinator import Coordinator, StartupError
@@ -266,8 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     server = threading.Thread(target=serve, name="coordinator")
     server.start()
     _say_what_the_demo_is(cfg, args.output_dir if prompts else None)
+    http = None
     try:
         if not prompts:
+            if args.http:
+                from omni_mp.http.process import start_http
+
+                http = start_http(args.config, coord.client_endpoint, args.http, args.api_key)
             print(f"omni_mp serving pipeline {cfg.name!r} on {coord.client_endpoint}", flush=True)
             code: int | None = _serve(coord, stop)
         else:
@@ -276,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                 code = _run_prompts(client, prompts, args, server)
     finally:
         _say("shutting down the pipeline")
+        if http is not None:
+            from omni_mp.http.process import stop_http
+
+            stop_http(http)
         coord.stop()
         server.join()
     if crashed or code is None:

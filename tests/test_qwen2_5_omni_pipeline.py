@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,6 +159,8 @@ def test_cli_takes_audio_and_image_files_and_writes_wav(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     record = json.loads((out / "req0.json").read_text())
     assert record["audio_files"] == {"2": "req0.stage2.wav"}
+    with wave.open(str(out / "req0.stage2.wav")) as w:  # what every player reads: 16-bit PCM
+        assert (w.getsampwidth(), w.getnchannels(), w.getframerate()) == (2, 1, 24_000)
     samples, rate = read_audio(out / "req0.stage2.wav")
     assert rate == 24_000
     want = omni_generate(

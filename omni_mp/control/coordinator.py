@@ -36,7 +36,7 @@ from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.memory_budget import resolve_memory_budgets
 from omni_mp.control.ray_placement import RayPlacement
-from omni_mp.control.requests import Inflight, Rejected, RequestTable, check_submit
+from omni_mp.control.requests import Inflight, Rejected, RequestTable, check_submit, request_stages
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.control.wiring import Wiring
@@ -448,7 +448,8 @@ class Coordinator:
                 raise Rejected("overloaded", f"stage(s) {full} have a full queue; retry later")
             now, admitted = time.time(), time.monotonic()
             deadline_s = msg.deadline_s if msg.deadline_s is not None else self.cfg.timeouts.default_deadline_s
-            req = self.table.admit(client, msg, now, deadline_s, self._final)
+            finals = set(msg.final_stages) or self._final
+            req = self.table.admit(client, msg, now, deadline_s, finals)
         except Rejected as err:
             return self._reject(client, msg.request_id, err.code, str(err))
         try:
@@ -459,9 +460,17 @@ class Coordinator:
     def _register(
         self, req: Inflight, msg: Submit, sampling: dict[int, SamplingParamsMsg], deadline_at: float | None
     ) -> None:
-        """Every stage gets the request (entry stages get its prompt) and the seconds left
-        until `deadline_at` (time.monotonic())."""
+        """The request's stages get it (entry stages get its prompt) and the seconds left until
+        `deadline_at` (time.monotonic()): every stage, or with `final_stages` those and the
+        stages upstream of them."""
+        runs = request_stages(self.cfg, set(msg.final_stages)) if msg.final_stages else set(self.stages)
         for stage in self._register_order:
+            if stage.id not in runs:
+                # Not on the way to a wanted output: never registered there, and what its
+                # upstream still streams to it for this request is dropped on arrival.
+                off_path = Abort(request_id=req.internal_id, reason="not a stage of this request")
+                self.links[stage.id].send_control(off_path)
+                continue
             left = None if deadline_at is None else max(deadline_at - time.monotonic(), 0.0)
             entry = not stage.inputs
             self.links[stage.id].register(

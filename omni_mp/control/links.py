@@ -13,24 +13,27 @@ status) are kept, up to a hard cap that only a client which never reads can reac
 then treated as gone (its requests end, its outbox is dropped), so memory stays bounded.
 A client's disconnection is seen on the socket's monitor (the connection's fd, which the
 client's messages also carry as SRCFD), so the requests of a client that vanished can be
-aborted at once instead of running to their end for no one.
+aborted at once instead of running to their end for no one. A failed handshake (a client
+without keys, or with keys not listed) is logged, at most once per HANDSHAKE_LOG_S.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections import OrderedDict, deque
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from omni_mp.keys import CLIENT_DOMAIN, CurveIdentity
+from omni_mp.keys import CLIENT_DOMAIN, HANDSHAKE_FAILED, CurveIdentity
 from omni_mp.wire.codec import Buffer, Limits, PayloadError, decode, encode
 from omni_mp.wire.messages import Message, StageRequest
 from omni_mp.wire.transport import CONTROL_HWM, MessageSender, make_socket
 
 log = logging.getLogger("omni_mp.control.links")
+HANDSHAKE_LOG_S = 10.0  # a refused client retries every 0.1-0.2 s: one line per this many seconds
 
 
 def _try_send(sock: zmq.Socket, frames: list[Buffer]) -> bool:
@@ -108,7 +111,7 @@ class ClientPort:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if curve is not None:
             curve.server(self.socket, CLIENT_DOMAIN)
-        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.outbox: dict[bytes, deque[list[Buffer]]] = {}
@@ -116,6 +119,8 @@ class ClientPort:
         self._client_at: dict[int, bytes] = {}  # connection fd -> the client that last wrote on it
         self._gone: list[bytes] = []
         self._dropped: set[bytes] = set()  # clients given up on (never reading) while still connected
+        self._handshakes_failed = 0
+        self._handshake_logged_at = -HANDSHAKE_LOG_S
 
     def pending(self) -> bool:
         return bool(self.outbox)
@@ -169,10 +174,24 @@ class ClientPort:
     def _read_monitor(self) -> None:
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)
+            if event["event"] & HANDSHAKE_FAILED:  # (its value is an error code, not a connection's fd)
+                self._handshake_failed(event["event"])
+                continue
             client = self._client_at.pop(event["value"], None)  # ACCEPTED: the fd is reused, a new peer
             if client is not None and event["event"] == zmq.EVENT_DISCONNECTED:
                 self._dropped.discard(client)
                 self._lost(client)
+
+    def _handshake_failed(self, event: int) -> None:
+        self._handshakes_failed += 1
+        now = time.monotonic()
+        if now - self._handshake_logged_at >= HANDSHAKE_LOG_S:
+            why = "key not listed" if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "missing, wrong or unneeded keys"
+            log.warning(
+                "%s: a client's handshake failed (%s; %d since the last line): it gets no service",
+                self.endpoint, why, self._handshakes_failed,
+            )  # fmt: skip
+            self._handshakes_failed, self._handshake_logged_at = 0, now
 
     def disconnected(self) -> list[bytes]:
         """The clients found gone since the last call (connection closed, or never reading)."""

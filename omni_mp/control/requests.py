@@ -68,6 +68,12 @@ def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMs
     deadline_s = msg.deadline_s
     if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
         raise Rejected("invalid_input", f"`deadline_s` must be a finite number > 0, got {deadline_s}")
+    finals = sorted(s.id for s in cfg.final_stages)
+    for sid in msg.final_stages:
+        if sid not in finals:
+            raise Rejected("invalid_input", f"`final_stages`: stage {sid} is not a final stage (final: {finals})")
+    if len(set(msg.final_stages)) != len(msg.final_stages):
+        raise Rejected("invalid_input", "`final_stages`: a stage id is given twice")
     return sampling
 
 
@@ -82,6 +88,18 @@ def _check_media_sizes(cfg: PipelineConfig, media: MultiModalInput) -> None:
             check_media_sizes(stage.id, stage.media, audios, images)
         except MediaError as err:
             raise Rejected("invalid_input", str(err)) from None
+
+
+def request_stages(cfg: PipelineConfig, final_stages: set[int]) -> set[int]:
+    """The stages a request runs in: its final stages and every stage upstream of them."""
+    runs: set[int] = set()
+    todo = list(final_stages)
+    while todo:
+        sid = todo.pop()
+        if sid not in runs:
+            runs.add(sid)
+            todo.extend(cfg.stage(sid).inputs)
+    return runs
 
 
 class RequestTable:

@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     beat.join()
     loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
+    if loop.speakers:  # the voices a request may pick here (the HTTP server lists them)
+        info["speakers"] = ",".join(sorted(loop.speakers))
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
     try:
         loop.run()

@@ -393,6 +393,9 @@ class Submit(MessageBase):
     sampling: Annotated[list[StageSampling], PerStage] = []
     deadline_s: Annotated[float, Meta(gt=0.0, le=1e7)] | None = None  # NaN and inf refused while decoding
     stream: bool = False
+    # The final stages to answer (empty: all of them). Only they and the stages upstream of
+    # them run the request, e.g. [0] for the text answer of thinker -> talker -> token2wav.
+    final_stages: Annotated[list[StageId], PerStage] = []
 
 
 class StageResult(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -1,0 +1,166 @@
+"""The OpenAI-compatible HTTP server against the ZMQ client on the same pipeline.
+
+One launcher with `--http` serves both. For each concurrency (1, 8, 32 by default), rounds
+alternate between the two ways in: `c` concurrent spoken chat requests (the same prompts,
+voices and seeds), streamed. Prints, side by side, time to first audio (p50 and p90 over
+every request of the rounds) and throughput (requests/s); the HTTP server's added latency
+to first audio (target <= 5 ms p50) and its throughput ratio (target >= 0.95x).
+
+    python benchmarks/http_serving.py [--config stage_configs/tiny_qwen2_5_omni.yaml]
+        [--concurrency 1,8,32] [--rounds 3] [--tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from omni_mp.client import AsyncOmniClient  # noqa: E402
+from omni_mp.config import load_config  # noqa: E402
+from omni_mp.http.pipeline import PipelineView, Sampling  # noqa: E402
+from omni_mp.wire.messages import StageOutputChunk  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+VOICES = ("Chelsie", "Ethan")
+Request = tuple[str, str, int]  # prompt, voice, seed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(config: Path, url: str) -> tuple[subprocess.Popen[str], str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(config), "--http", url.removeprefix("http://")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    endpoint = None
+    for line in proc.stdout:
+        m = re.search(r"serving pipeline .* on (\S+)", line)
+        if m:
+            endpoint = m.group(1)
+            break
+    if endpoint is None:
+        raise RuntimeError(f"the launcher exited with {proc.wait()}")
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep its pipe drained
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return proc, endpoint
+        except httpx.TransportError:
+            time.sleep(0.5)
+    raise RuntimeError("the HTTP server did not come up")
+
+
+async def via_zmq(client: AsyncOmniClient, view: PipelineView, req: Request, tokens: int) -> float:
+    """Seconds from submission to the first audio chunk; the stream is read to its end."""
+    prompt, voice, seed = req
+    assert view.audio_stage is not None
+    sampling = view.sampling(Sampling(max_tokens=tokens, seed=seed), audio=True)  # as the server maps it
+    t0, first = time.perf_counter(), None
+    async for ev in client.stream(prompt, speaker=voice, sampling=sampling):
+        if first is None and isinstance(ev, StageOutputChunk) and ev.stage_id == view.audio_stage.id:
+            if ev.additional_information and "audio" in ev.additional_information:
+                first = time.perf_counter() - t0
+    assert first is not None
+    return first
+
+
+async def via_http(http: httpx.AsyncClient, url: str, req: Request, tokens: int) -> float:
+    prompt, voice, seed = req
+    body = {
+        "model": "m", "messages": [{"role": "user", "content": prompt}], "stream": True, "seed": seed,
+        "modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"}, "max_completion_tokens": tokens,
+    }  # fmt: skip
+    t0, first = time.perf_counter(), None
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if first is None and line.startswith("data: {") and '"audio"' in line:
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                if delta.get("audio", {}).get("data"):
+                    base64.b64decode(delta["audio"]["data"])  # what a player would do
+                    first = time.perf_counter() - t0
+    assert first is not None
+    return first
+
+
+async def one_round(run: Callable[[Request], Awaitable[float]], reqs: list[Request]) -> tuple[list[float], float]:
+    t0 = time.perf_counter()
+    firsts = await asyncio.gather(*(run(r) for r in reqs))
+    return list(firsts), time.perf_counter() - t0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
+
+
+async def bench(args: argparse.Namespace, url: str, endpoint: str, view: PipelineView) -> None:
+    print(f"{'conc':>4} | {'TTFA p50 zmq':>12} {'http':>8} {'added':>8} | {'p90 zmq':>8} {'http':>8} | "
+          f"{'req/s zmq':>9} {'http':>8} {'ratio':>6}")  # fmt: skip
+    async with (
+        AsyncOmniClient(endpoint) as client,
+        httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as http,
+    ):
+        for c in args.concurrency:
+            stats: dict[str, tuple[list[float], float, int]] = {"zmq": ([], 0.0, 0), "http": ([], 0.0, 0)}
+            for rnd in range(args.rounds):
+                reqs = [(f"Tell me about the number {i}.", VOICES[i % 2], 1000 * rnd + i) for i in range(c)]
+                order = ("zmq", "http") if rnd % 2 == 0 else ("http", "zmq")  # alternate who goes first
+                for way in order:
+                    if way == "zmq":
+                        firsts, wall = await one_round(lambda r: via_zmq(client, view, r, args.tokens), reqs)
+                    else:
+                        firsts, wall = await one_round(lambda r: via_http(http, url, r, args.tokens), reqs)
+                    f, w, n = stats[way]
+                    stats[way] = (f + firsts, w + wall, n + len(reqs))
+            (fz, wz, nz), (fh, wh, nh) = stats["zmq"], stats["http"]
+            p50z, p50h = 1000 * statistics.median(fz), 1000 * statistics.median(fh)
+            tz, th = nz / wz, nh / wh
+            print(
+                f"{c:>4} | {p50z:>10.1f}ms {p50h:>6.1f}ms {p50h - p50z:>+6.1f}ms | "
+                f"{1000 * _pct(fz, 90):>6.1f}ms {1000 * _pct(fh, 90):>6.1f}ms | {tz:>9.2f} {th:>8.2f} {th / tz:>5.2f}x",
+                flush=True,
+            )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml")
+    p.add_argument("--concurrency", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=48, help="thinker tokens per request")
+    args = p.parse_args()
+    view = PipelineView.of(load_config(args.config))
+    url = f"http://127.0.0.1:{_free_port()}"
+    proc, endpoint = start(args.config, url)
+    try:
+        asyncio.run(bench(args, url, endpoint, view))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

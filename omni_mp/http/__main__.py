@@ -1,0 +1,69 @@
+"""`python -m omni_mp.http --config X.yaml --endpoint ENDPOINT --listen HOST:PORT`: the
+OpenAI-compatible server for a pipeline that already serves on ENDPOINT (the launcher's
+`--http` starts it so). The API key comes from the environment (OMNI_MP_API_KEY), never
+from the command line, where other users could read it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+API_KEY_ENV = "OMNI_MP_API_KEY"
+
+
+def parse_listen(spec: str) -> tuple[str, int]:
+    """'HOST:PORT' (IPv6 as '[::1]:PORT') -> (host, port); ValueError if malformed."""
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"--http: expected HOST:PORT, got {spec!r}")
+    return host.strip("[]"), int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="omni_mp.http", description=__doc__)
+    p.add_argument("--config", type=Path, required=True, help="the pipeline's YAML")
+    p.add_argument("--endpoint", required=True, help="the coordinator's client endpoint")
+    p.add_argument("--listen", required=True, help="HOST:PORT")
+    p.add_argument("--max-body-mb", type=float, default=64.0)
+    p.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) is gone")
+    p.add_argument("--log-level", default="WARNING")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s http %(levelname)s %(name)s: %(message)s")
+
+    if args.parent_pid is not None:
+        from omni_mp.procs import die_with_parent
+
+        die_with_parent(args.parent_pid)
+    import uvicorn
+
+    from omni_mp.client import AsyncOmniClient
+    from omni_mp.config import load_config
+    from omni_mp.http.app import ServerSettings, create_app
+    from omni_mp.http.detok import load_tokenizer
+    from omni_mp.http.pipeline import PipelineView
+    from omni_mp.keys import INTERNAL, client_identity
+
+    host, port = parse_listen(args.listen)
+    cfg = load_config(args.config)
+    view = PipelineView.of(cfg)
+    body = int(args.max_body_mb * (1 << 20))
+    settings = ServerSettings(
+        endpoint=args.endpoint, model=cfg.name, api_key=os.environ.get(API_KEY_ENV) or None,
+        max_body_bytes=body, max_media_bytes=body,
+    )  # fmt: skip
+    keys = None if cfg.security.keys is None else client_identity(cfg.security.keys, INTERNAL)
+    app = create_app(
+        settings, view, load_tokenizer(view.text_stage.model),
+        lambda: AsyncOmniClient(args.endpoint, limits=cfg.limits, keys=keys),
+    )  # fmt: skip
+    print(f"omni_mp http serving {cfg.name!r} on http://{args.listen}", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    from omni_mp.procs import exit_now
+
+    exit_now(main())  # uvicorn has closed its sockets and the client its own: skip the finalization

@@ -1,0 +1,282 @@
+"""The FastAPI app: routes, Bearer auth, body limits, and errors in OpenAI's shape.
+
+Bodies are read (up to `max_body_bytes`, checked from Content-Length and while reading) and
+decoded with msgspec against `schemas`; handlers raise `ApiError` for anything refused."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from omni_mp.client import AsyncOmniClient
+from omni_mp.http.audio_out import SAMPLE_RATE, b64, streaming_wav_header, wav_bytes
+from omni_mp.http.chat import AudioDelta, ChatEnd, ChatJob, TextDelta, check_voice, parse_chat, run_chat
+from omni_mp.http.errors import ApiError, bad_request, from_validation, too_large
+from omni_mp.http.events import ChatEvent, as_api_errors, primed, tracked
+from omni_mp.http.media import MediaSizes
+from omni_mp.http.metrics import Metrics
+from omni_mp.http.pipeline import PipelineView, voices_of
+from omni_mp.http.schemas import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Choice,
+    MessageAudio,
+    Model,
+    ModelList,
+    SpeechRequest,
+    to_json,
+)
+from omni_mp.http.sse import AbortingStream, ChunkMeta, cancel_on_disconnect, chat_events
+
+log = logging.getLogger("omni_mp.http")
+T = TypeVar("T")
+
+# /v1/audio/speech: the model answers a chat turn, so it is asked to read the input aloud.
+SPEECH_PROMPT = "Read the following text aloud, word for word, and say nothing else:\n\n{input}"
+SPEECH_FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+_PLAYGROUND = Path(__file__).resolve().parent / "static" / "playground.html"
+CLIENT_GONE = 499  # the answer to a client that disconnected (nobody reads it)
+AUDIO_EXPIRY_S = 3600  # message.audio.expires_at: nothing is stored, so only nominal
+
+
+class ServerSettings(msgspec.Struct, frozen=True):
+    endpoint: str  # the coordinator's client endpoint
+    model: str  # the name /v1/models lists (requests may name any model: there is one)
+    api_key: str | None = None
+    max_body_bytes: int = 64 << 20
+    max_media_bytes: int = 32 << 20
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(to_json(obj), status_code=status, media_type="application/json", headers=headers)
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large("body", int(declared), limit)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large("body", size, limit)
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _decode(raw: bytes, schema: type[T]) -> T:
+    try:
+        return msgspec.json.decode(raw, type=schema)
+    except msgspec.MsgspecError as err:
+        raise from_validation(err) from None
+
+
+class Server:
+    """What the routes share: the coordinator client, the pipeline's view, metrics."""
+
+    def __init__(self, settings: ServerSettings, view: PipelineView, tokenizer: Any) -> None:
+        self.settings = settings
+        self.view = view
+        self.tokenizer = tokenizer
+        self.metrics = Metrics(view)
+        self.sizes = MediaSizes(max_media_bytes=settings.max_media_bytes)
+        self.client: AsyncOmniClient | None = None
+
+    @property
+    def omni(self) -> AsyncOmniClient:
+        assert self.client is not None, "the app is not started"
+        return self.client
+
+    def require_key(self, request: Request) -> None:
+        key = self.settings.api_key
+        if key is None:
+            return
+        got = request.headers.get("authorization", "")
+        if not (got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), key.encode())):
+            raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
+
+    def events(self, job: ChatJob, endpoint: str, t0: float) -> AsyncIterator[ChatEvent]:
+        rid = f"http-{uuid.uuid4().hex}"
+        inner = as_api_errors(run_chat(self.omni, self.view, self.tokenizer, job, rid))
+        return tracked(self.metrics, endpoint, t0, inner)
+
+    async def guarded(self, request: Request, coro: Any) -> Any:
+        """Await `coro`; None once cancelled (its request aborted) if the client goes away first."""
+        return await cancel_on_disconnect(request.receive, asyncio.ensure_future(coro))
+
+
+async def _collect(events: AsyncIterator[ChatEvent]) -> tuple[str, bytes, ChatEnd]:
+    text, pcm, end = [], [], None
+    async for ev in events:
+        if isinstance(ev, TextDelta):
+            text.append(ev.text)
+        elif isinstance(ev, AudioDelta):
+            pcm.append(ev.pcm)
+        else:
+            end = ev
+    assert end is not None
+    return end.text, b"".join(pcm), end
+
+
+def _routes(app: FastAPI, srv: Server) -> None:
+    auth = [Depends(srv.require_key)]
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            status = await srv.omni.status(timeout_s=5.0)
+        except TimeoutError:
+            return _json({"status": "unavailable", "reason": "the coordinator does not answer"}, 503)
+        down = [s for s in status.stages if not (s.alive and s.ready)]
+        stages = [
+            {"stage_id": s.stage_id, "alive": s.alive, "ready": s.ready, "restarts": s.restarts} for s in status.stages
+        ]
+        if down:
+            names = ", ".join(f"stage {s.stage_id} ({'not ready' if s.alive else 'down'})" for s in down)
+            return _json({"status": "unavailable", "reason": f"not serving: {names}", "stages": stages}, 503)
+        return _json({"status": "ok", "pipeline": status.pipeline, "inflight": status.inflight, "stages": stages})
+
+    @app.get("/")
+    async def playground() -> Response:
+        """The playground page (no secrets in it: the API calls it makes carry the key)."""
+        return Response(playground_page(srv.settings.model, srv.view.voices), media_type="text/html; charset=utf-8")
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> Response:
+        return _json(ModelList(data=[Model(id=srv.settings.model, created=int(time.time()), owned_by="omni_mp")]))
+
+    @app.get("/metrics", dependencies=auth)
+    async def metrics() -> Response:
+        try:
+            status = await srv.omni.status(timeout_s=5.0)
+        except TimeoutError:
+            status = None
+        return Response(srv.metrics.render(status), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat(request: Request) -> Response:
+        t0 = time.monotonic()
+        try:
+            req = _decode(await _body(request, srv.settings.max_body_bytes), ChatCompletionRequest)
+            job = parse_chat(req, srv.view, srv.sizes)
+        except ApiError as err:
+            srv.metrics.outcome("chat", err.code)
+            raise
+        events = srv.events(job, "chat", t0)
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        audio_id = f"audio-{uuid.uuid4().hex}" if job.audio_out else None
+        if req.stream:
+            events = await srv.guarded(request, primed(events))
+            if events is None:
+                return Response(status_code=CLIENT_GONE)
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            meta = ChunkMeta(cid, created, req.model, audio_id, include_usage)
+            return AbortingStream(chat_events(meta, events), media_type="text/event-stream")
+        collected = await srv.guarded(request, _collect(events))
+        if collected is None:
+            return Response(status_code=CLIENT_GONE)
+        text, pcm, end = collected
+        audio = None
+        if audio_id is not None:
+            data = wav_bytes(pcm, SAMPLE_RATE) if job.audio_format == "wav" else pcm
+            audio = MessageAudio(id=audio_id, data=b64(data), expires_at=created + AUDIO_EXPIRY_S, transcript=text)
+        message = AssistantMessage(role="assistant", content=text, audio=audio)
+        choice = Choice(index=0, message=message, finish_reason=end.finish_reason)
+        return _json(ChatCompletion(id=cid, created=created, model=req.model, choices=[choice], usage=end.usage))
+
+    @app.post("/v1/audio/speech", dependencies=auth)
+    async def speech(request: Request) -> Response:
+        t0 = time.monotonic()
+        try:
+            req = _decode(await _body(request, srv.settings.max_body_bytes), SpeechRequest)
+            job = _speech_job(req, srv.view)
+        except ApiError as err:
+            srv.metrics.outcome("speech", err.code)
+            raise
+        fmt = req.response_format or "wav"
+        events = await srv.guarded(request, primed(srv.events(job, "speech", t0)))
+        if events is None:
+            return Response(status_code=CLIENT_GONE)
+        return AbortingStream(_speech_bytes(fmt, events), media_type=SPEECH_FORMATS[fmt])
+
+
+def playground_page(model: str, voices: list[str]) -> bytes:
+    """static/playground.html with the pipeline's name and voices in its config block."""
+    config = msgspec.json.encode({"model": model, "voices": voices}).replace(b"</", b"<\\/")
+    return _PLAYGROUND.read_bytes().replace(b"__OMNI_MP_CONFIG__", config)
+
+
+def _speech_job(req: SpeechRequest, view: PipelineView) -> ChatJob:
+    if view.audio_stage is None:
+        raise bad_request(f"pipeline {view.cfg.name!r} cannot speak", "model", "unsupported_value")
+    fmt = req.response_format or "wav"
+    if fmt not in SPEECH_FORMATS:
+        raise bad_request(f"response_format {fmt!r}: supported are {sorted(SPEECH_FORMATS)}", "response_format")
+    if req.speed is not None and req.speed != 1.0:
+        raise bad_request("only speed 1.0 is supported", "speed", "unsupported_value")
+    if req.instructions:
+        raise bad_request("instructions are not supported", "instructions", "unsupported_value")
+    check_voice(req.voice, view, "voice")
+    return ChatJob(prompt=SPEECH_PROMPT.format(input=req.input), audio_out=True, voice=req.voice)
+
+
+async def _speech_bytes(fmt: str, events: AsyncIterator[ChatEvent]) -> AsyncIterator[bytes]:
+    """The audio as it comes: raw PCM16, or a WAV header of unknown length then PCM16."""
+    if fmt == "wav":
+        yield streaming_wav_header(SAMPLE_RATE)
+    try:
+        async for ev in events:
+            if isinstance(ev, AudioDelta):
+                yield ev.pcm
+    except ApiError as err:  # the status line is sent: the audio ends short
+        log.warning("speech request failed after its first bytes: %s", err)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError) -> Response:
+        return _json(err.body, err.status, err.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception) -> Response:  # a bug here, not the client's fault
+        log.exception("%s %s failed", request.method, request.url.path)
+        body = ApiError(500, f"internal error: {type(err).__name__}", type="server_error", code="internal_error").body
+        return _json(body, 500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        code = "not_found" if err.status_code == 404 else f"http_{err.status_code}"
+        return _json(ApiError(err.status_code, str(err.detail), code=code).body, err.status_code)
+
+
+def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
+               client_factory: Callable[[], AsyncOmniClient] | None = None) -> FastAPI:  # fmt: skip
+    srv = Server(settings, view, tokenizer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        srv.client = client_factory() if client_factory is not None else AsyncOmniClient(settings.endpoint)
+        view.voices = voices_of(await srv.client.status())  # the pipeline serves before this starts
+        try:
+            yield
+        finally:
+            await srv.client.close()
+
+    app = FastAPI(title="omni_mp", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = srv
+    _error_handlers(app)
+    _routes(app, srv)
+    return app

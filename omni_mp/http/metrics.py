@@ -1,0 +1,76 @@
+"""Prometheus metrics of the server and, per stage (labels stage_id and stage_name), of the
+pipeline behind it: read from each request's stage timings and, at scrape time, from the
+coordinator's status."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from omni_mp.http.pipeline import PipelineView, stage_name
+from omni_mp.wire.messages import StageDone, StatusReply
+
+_STAGE = ("stage_id", "stage_name")
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self, view: PipelineView) -> None:
+        self.registry = r = CollectorRegistry()
+        self.names = {s.id: stage_name(s) for s in view.cfg.stages}
+        self.requests = Counter(
+            "omni_mp_http_requests", "HTTP requests by endpoint and outcome (ok or the error code)",
+            ["endpoint", "code"], registry=r,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "omni_mp_http_request_seconds", "time to the last byte", ["endpoint"], buckets=_SECONDS, registry=r
+        )
+        self.first_audio = Histogram(
+            "omni_mp_http_time_to_first_audio_seconds", "request received -> first audio bytes ready",
+            ["endpoint"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.rtf = Histogram(
+            "omni_mp_http_real_time_factor", "request wall time / seconds of audio produced", ["endpoint"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 50), registry=r,
+        )  # fmt: skip
+        self.audio_seconds = Counter("omni_mp_http_audio_seconds", "seconds of audio sent", registry=r)
+        self.stage_tokens = Counter(
+            "omni_mp_stage_output_tokens", "tokens (codes, audio steps) a stage produced", _STAGE, registry=r
+        )
+        self.stage_rate = Histogram(
+            "omni_mp_stage_tokens_per_second", "per request: output tokens / (finished - first token)", _STAGE,
+            buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000), registry=r,
+        )  # fmt: skip
+        self.stage_first = Histogram(
+            "omni_mp_stage_time_to_first_token_seconds", "per request: registered -> first token", _STAGE,
+            buckets=_SECONDS, registry=r,
+        )  # fmt: skip
+        self.stage_alive = Gauge("omni_mp_stage_alive", "1 if the stage process is alive", _STAGE, registry=r)
+        self.stage_ready = Gauge("omni_mp_stage_ready", "1 if the stage serves", _STAGE, registry=r)
+        self.stage_restarts = Gauge("omni_mp_stage_restarts", "restarts of the stage so far", _STAGE, registry=r)
+        self.inflight = Gauge("omni_mp_requests_inflight", "requests in flight in the coordinator", registry=r)
+
+    def _labels(self, stage_id: int) -> dict[str, str]:
+        return {"stage_id": str(stage_id), "stage_name": self.names.get(stage_id, "?")}
+
+    def outcome(self, endpoint: str, code: str) -> None:
+        self.requests.labels(endpoint=endpoint, code=code).inc()
+
+    def stage_timings(self, timings: list[StageDone]) -> None:
+        for d in timings:
+            labels = self._labels(d.stage_id)
+            self.stage_tokens.labels(**labels).inc(d.num_output_tokens)
+            if d.t_first_token is not None:
+                self.stage_first.labels(**labels).observe(max(0.0, d.t_first_token - d.t_registered))
+                span = d.t_finished - d.t_first_token
+                if span > 0 and d.num_output_tokens > 1:
+                    self.stage_rate.labels(**labels).observe(d.num_output_tokens / span)
+
+    def render(self, status: StatusReply | None) -> bytes:
+        if status is not None:
+            self.inflight.set(status.inflight)
+            for s in status.stages:
+                labels = self._labels(s.stage_id)
+                self.stage_alive.labels(**labels).set(int(s.alive))
+                self.stage_ready.labels(**labels).set(int(s.ready))
+                self.stage_restarts.labels(**labels).set(s.restarts)
+        return generate_latest(self.registry)

@@ -1,0 +1,70 @@
+"""What the HTTP server needs to know of the pipeline it fronts, read from its YAML (and the
+voices from the stages once they serve): which final stage answers in text and which in
+audio, the media limits, and how an OpenAI request's sampling maps onto the stages' own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from omni_mp.config import MediaLimits, PipelineConfig, StageConfig
+from omni_mp.wire.messages import SamplingParamsMsg, StatusReply
+
+
+def stage_name(stage: StageConfig) -> str:
+    """A short label for metrics: its kind, and the checkpoint part it runs if any."""
+    return stage.kind if stage.model_part is None else f"{stage.kind}/{stage.model_part}"
+
+
+def voices_of(status: StatusReply) -> list[str]:
+    """The voices every speaking stage knows: each publishes its own in its Ready info."""
+    common: set[str] | None = None
+    for st in status.stages:
+        if st.info.get("speakers"):
+            names = set(st.info["speakers"].split(","))
+            common = names if common is None else common & names
+    return sorted(common or ())
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The OpenAI sampling fields of one request (None: the stage's own setting)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass
+class PipelineView:
+    cfg: PipelineConfig
+    text_stage: StageConfig
+    audio_stage: StageConfig | None
+    voices: list[str] = field(default_factory=list)  # from the stages once they serve (voices_of)
+
+    @classmethod
+    def of(cls, cfg: PipelineConfig) -> PipelineView:
+        finals = cfg.final_stages
+        text = [s for s in finals if s.kind == "ar" and s.model_part is None]
+        if not text:
+            raise ValueError(f"pipeline {cfg.name!r}: no final AR stage answers in text")
+        return cls(cfg, text[0], next((s for s in finals if s.kind == "diffusion"), None))
+
+    @property
+    def media_limits(self) -> MediaLimits:
+        """What the entry stages take (each limit the smallest of theirs), checked before decoding."""
+        entries = [s.media for s in self.cfg.entry_stages] or [MediaLimits()]
+        return MediaLimits(**{f: min(getattr(m, f) for m in entries) for f in MediaLimits.__struct_fields__})
+
+    def sampling(self, s: Sampling, *, audio: bool) -> dict[int, SamplingParamsMsg]:
+        """Per-stage overrides: the text stage gets the OpenAI fields; the seed also seeds
+        the audio stage's noise, so the same seed gives the same answer and voice."""
+        out: dict[int, SamplingParamsMsg] = {}
+        changes = {k: v for k, v in vars(s).items() if v is not None}
+        if changes:
+            out[self.text_stage.id] = msgspec.structs.replace(self.text_stage.sampling, **changes)
+        if audio and self.audio_stage is not None and s.seed is not None:
+            out[self.audio_stage.id] = msgspec.structs.replace(self.audio_stage.sampling, seed=s.seed)
+        return out

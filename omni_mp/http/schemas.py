@@ -1,0 +1,171 @@
+"""The OpenAI request and response bodies this server takes and gives, as msgspec Structs.
+
+Requests forbid unknown fields (a field we would silently ignore is a 400 naming it); the
+sampling bounds are OpenAI's. Responses carry OpenAI's field names and nulls as the
+official `openai` client types them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+MAX_TEXT = 1 << 20  # characters in one text field
+
+
+class _Req(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class TextPart(_Req, tag_field="type", tag="text"):
+    text: Annotated[str, Meta(max_length=MAX_TEXT)]
+
+
+class ImageUrl(_Req):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(_Req, tag_field="type", tag="image_url"):
+    image_url: ImageUrl
+
+
+class InputAudio(_Req):
+    data: str  # base64, or a data: URL
+    format: str
+
+
+class InputAudioPart(_Req, tag_field="type", tag="input_audio"):
+    input_audio: InputAudio
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart
+
+
+class ChatMessage(_Req):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[str, Meta(max_length=MAX_TEXT)] | Annotated[list[ContentPart], Meta(max_length=64)] | None
+    name: str | None = None
+
+
+class AudioParam(_Req):
+    voice: str
+    format: str
+
+
+class StreamOptions(_Req):
+    include_usage: bool = False
+
+
+Stop = Annotated[str, Meta(min_length=1, max_length=256)]
+
+
+class ChatCompletionRequest(_Req):
+    model: str
+    messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=256)]
+    modalities: Annotated[list[Literal["text", "audio"]], Meta(min_length=1, max_length=2)] | None = None
+    audio: AudioParam | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    stop: Stop | Annotated[list[Stop], Meta(max_length=4)] | None = None
+    n: int | None = None
+    user: str | None = None
+
+
+class SpeechRequest(_Req):
+    model: str
+    input: Annotated[str, Meta(min_length=1, max_length=4096)]
+    voice: str
+    response_format: str | None = "wav"
+    speed: float | None = None
+    instructions: str | None = None
+
+
+# ---- responses ---------------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class MessageAudio(msgspec.Struct):
+    id: str
+    data: str  # base64, in the requested format
+    expires_at: int
+    transcript: str
+
+
+class AssistantMessage(msgspec.Struct):
+    role: str
+    content: str | None
+    audio: MessageAudio | None = None
+    refusal: str | None = None
+
+
+class Choice(msgspec.Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    object: str = "chat.completion"
+
+
+class DeltaAudio(msgspec.Struct, omit_defaults=True):
+    id: str
+    data: str | None = None  # base64 PCM16, 24 kHz mono (as token2wav makes it)
+    transcript: str | None = None
+
+
+class Delta(msgspec.Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+    audio: DeltaAudio | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    object: str = "chat.completion.chunk"
+
+
+class Model(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str
+    object: str = "model"
+
+
+class ModelList(msgspec.Struct):
+    data: list[Model]
+    object: str = "list"
+
+
+def to_json(obj: Any) -> bytes:
+    return msgspec.json.encode(obj)

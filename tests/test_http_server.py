@@ -1,0 +1,550 @@
+"""The OpenAI-compatible HTTP server (omni_mp.http) end to end: one real launcher with
+`--http` and `--api-key` on the tiny Qwen2.5-Omni pipeline (CPU), driven by the official
+`openai` client (and raw httpx where the wire format itself is checked), against what our
+ZMQ client gets from the same pipeline for the same request."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import http.client
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import numpy as np
+import openai
+import psutil
+import pytest
+import soundfile
+import yaml
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+from omni_mp.client import OmniClient, RequestError
+from omni_mp.config import load_config
+from omni_mp.http.app import SPEECH_PROMPT
+from omni_mp.wire.messages import Finished, SamplingParamsMsg
+from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.synthetic_media import pattern, tone
+
+pytestmark = pytest.mark.engine
+
+BASE_CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
+KEY = "test-key-123"
+MAX_INFLIGHT = 32
+PCM_LSB = 1 / 32768  # one step of 16-bit PCM as soundfile reads it
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # the playground test's browser
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, pipeline: ServedPipeline, url: str, config: Path) -> None:
+        self.pipeline = pipeline
+        self.url = url
+        self.cfg = load_config(config)
+        self.openai = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The tiny pipeline with a small admission limit (for 429) and one restart of token2wav."""
+    raw = yaml.safe_load(BASE_CONFIG.read_text())
+    raw["admission"] = {"max_inflight": MAX_INFLIGHT}
+    raw["stages"][2]["restart"] = {"max_restarts": 1, "backoff_s": 0.1}
+    config = tmp_path_factory.mktemp("http") / "tiny_http.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    url = f"http://127.0.0.1:{_free_port()}"
+    with serve(config, "--http", url.removeprefix("http://"), "--api-key", KEY) as pipeline:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
+            time.sleep(0.5)
+        yield Served(pipeline, url, config)
+        http_procs = [p for p in pipeline.descendants() if "omni_mp.http" in " ".join(p.cmdline())]
+        assert len(http_procs) == 1
+    assert not psutil.pid_exists(http_procs[0].pid) or http_procs[0].status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture
+def zmq(served: Served) -> Iterator[OmniClient]:
+    with settled_client(served.pipeline.endpoint) as c:
+        yield c  # type: ignore[misc]
+
+
+def _b64_wav(samples: np.ndarray, rate: int, fmt: str = "WAV", subtype: str = "FLOAT") -> str:
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, rate, format=fmt, subtype=subtype)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _png_data_url(pixels: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _audio_sampling(served: Served, seed: int) -> dict[int, SamplingParamsMsg]:
+    """What a request with `seed` means for the stages: the thinker's and the noise's seed."""
+    s0, s2 = served.cfg.stage(0).sampling, served.cfg.stage(2).sampling
+    return {0: msgspec.structs.replace(s0, seed=seed), 2: msgspec.structs.replace(s2, seed=seed)}
+
+
+def _decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    return samples, rate
+
+
+def _assert_pcm_equal(got: np.ndarray, want: np.ndarray) -> None:
+    """16-bit PCM of `want`: the same length, every sample within one PCM step."""
+    want = np.clip(np.asarray(want, dtype=np.float32), -1, 1)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.abs(got - want).max() <= 2 * PCM_LSB
+    assert np.abs(want).max() > 100 * PCM_LSB  # not silence
+
+
+def _audio(done: Finished) -> np.ndarray:
+    """The last stage's audio (the client gives numpy or torch arrays)."""
+    return np.asarray(done.outputs[-1].audio, dtype=np.float32)
+
+
+def _text(done: Finished) -> str:
+    return next(o.text for o in done.outputs if o.stage_id == 0)
+
+
+def test_text_only_equals_the_zmq_client(served: Served, zmq: OmniClient) -> None:
+    got = served.openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me a short story about the sea."}]
+    )
+    want = zmq.generate("Tell me a short story about the sea.", deadline_s=600)
+    choice = got.choices[0]
+    assert choice.message.content == _text(want) and choice.message.audio is None
+    assert choice.finish_reason == next(o.finish_reason for o in want.outputs if o.stage_id == 0)
+    t0 = next(t for t in want.stage_timings if t.stage_id == 0)
+    assert got.usage is not None and got.usage.prompt_tokens == t0.num_prompt_tokens
+    assert got.usage.completion_tokens == t0.num_output_tokens
+
+
+def _stage_counts(served: Served) -> dict[str, float]:
+    """Per stage: how many requests it finished (its time-to-first-token observations)."""
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    name = "omni_mp_stage_time_to_first_token_seconds_count"
+    return {
+        s.labels["stage_id"]: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
+    }
+
+
+def test_text_only_runs_only_the_stages_a_text_answer_needs(served: Served, zmq: OmniClient) -> None:
+    """modalities ["text"]: the request is registered with the thinker alone. The talker and
+    token2wav never take it (no output, no StageDone from them, which a request registered
+    there gives even when its text is done first), and the text equals a full run's."""
+    before = _stage_counts(served)
+    got = served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello there"}])
+    after = _stage_counts(served)
+    assert after.get("0", 0) == before.get("0", 0) + 1
+    assert after.get("1", 0) == before.get("1", 0) and after.get("2", 0) == before.get("2", 0)
+    text_only = zmq.generate("Hello there", final_stages=[0], deadline_s=600)
+    assert [o.stage_id for o in text_only.outputs] == [0] == [t.stage_id for t in text_only.stage_timings]
+    full = zmq.generate("Hello there", deadline_s=600)
+    assert [t.stage_id for t in full.stage_timings] == [0, 1, 2]
+    assert got.choices[0].message.content == _text(text_only) == _text(full)
+    with pytest.raises(RequestError, match="not a final stage"):
+        zmq.generate("Hello there", final_stages=[7], deadline_s=60)
+
+
+def test_text_and_audio_wav_equals_the_zmq_client(served: Served, zmq: OmniClient) -> None:
+    prompt = "Hello there"
+    got = served.openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "wav"}, seed=7,
+    )  # fmt: skip
+    want = zmq.generate(prompt, speaker="Ethan", sampling=_audio_sampling(served, 7), deadline_s=600)
+    msg = got.choices[0].message
+    assert msg.audio is not None and msg.content == _text(want) and msg.audio.transcript == msg.content
+    samples, rate = _decode_wav(base64.b64decode(msg.audio.data))
+    assert rate == 24_000
+    _assert_pcm_equal(samples, _audio(want))
+    pcm = served.openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "pcm16"}, seed=7,
+    )  # fmt: skip
+    assert pcm.choices[0].message.audio is not None
+    raw = np.frombuffer(base64.b64decode(pcm.choices[0].message.audio.data), dtype="<i2")
+    _assert_pcm_equal(raw.astype(np.float32) / 32768, _audio(want))
+
+
+def test_streaming_order_and_first_audio_before_the_last_token(served: Served, zmq: OmniClient) -> None:
+    """Text deltas and audio chunks interleave as produced: the first audio comes before the
+    thinker's last token; then the transcript, finish_reason, usage; the PCM equals ZMQ's."""
+    prompt = "Tell me a long story."
+    stream = served.openai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], modalities=["text", "audio"],
+        audio={"voice": "Chelsie", "format": "pcm16"}, max_completion_tokens=400, stream=True,
+        stream_options={"include_usage": True}, seed=3,
+    )  # fmt: skip
+    kinds, text, pcm, transcript, usage, finish = [], [], [], None, None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+            kinds.append("usage")
+            continue
+        delta = chunk.choices[0].delta
+        audio = delta.audio  # the SDK's ChoiceDeltaAudio
+        if delta.content:
+            text.append(delta.content)
+            kinds.append("text")
+        if audio is not None and audio.data:
+            pcm.append(base64.b64decode(audio.data))
+            kinds.append("audio")
+        if audio is not None and audio.transcript is not None:
+            transcript = audio.transcript
+            kinds.append("transcript")
+        if chunk.choices[0].finish_reason is not None:
+            finish = chunk.choices[0].finish_reason
+            kinds.append("finish")
+    assert kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("text"), "first audio after the last token"
+    assert kinds[-3:] == ["transcript", "finish", "usage"]
+    sampling = _audio_sampling(served, 3)
+    sampling[0] = msgspec.structs.replace(sampling[0], max_tokens=400)
+    want = zmq.generate(prompt, speaker="Chelsie", sampling=sampling, deadline_s=600)
+    assert "".join(text) == transcript == _text(want)
+    assert finish == next(o.finish_reason for o in want.outputs if o.stage_id == 0)
+    assert usage is not None and usage.completion_tokens == len(want.outputs[0].token_ids)
+    audio = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32768
+    _assert_pcm_equal(audio, _audio(want))
+
+
+def test_sse_wire_format_ends_with_done(served: Served) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=body, headers=_auth(), timeout=600) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3"])
+def test_audio_input_in_any_format_equals_the_zmq_client(served: Served, zmq: OmniClient, fmt: str) -> None:
+    samples = tone()
+    data = {
+        "wav": _b64_wav(samples, 16_000),
+        "flac": "data:audio/flac;base64," + _b64_wav(samples, 16_000, "FLAC", "PCM_16"),
+        "mp3": _b64_wav(samples, 16_000, "MP3", "MPEG_LAYER_III"),
+    }[fmt]
+    decoded, rate = soundfile.read(io.BytesIO(base64.b64decode(data.split(",")[-1])), dtype="float32")
+    content = [
+        {"type": "text", "text": "What do you hear?"},
+        {"type": "input_audio", "input_audio": {"data": data, "format": fmt}},
+    ]
+    got = served.openai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}])
+    want = zmq.generate("What do you hear?", audios=[(decoded, rate)], deadline_s=600)
+    assert got.choices[0].message.content == _text(want)
+
+
+def test_image_input_equals_the_zmq_client(served: Served, zmq: OmniClient) -> None:
+    content = [
+        {"type": "image_url", "image_url": {"url": _png_data_url(pattern())}},
+        {"type": "text", "text": "Describe the picture."},
+    ]
+    got = served.openai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}])
+    want = zmq.generate("Describe the picture.", images=[pattern()], deadline_s=600)
+    assert got.choices[0].message.content == _text(want)
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm"])
+def test_speech_streams_the_pipeline_audio(served: Served, zmq: OmniClient, fmt: str) -> None:
+    with served.openai.audio.speech.with_streaming_response.create(
+        model="tiny",
+        voice="Ethan",
+        input="Good morning.",
+        response_format=fmt,  # type: ignore[arg-type]
+    ) as r:
+        assert r.headers["content-type"] == f"audio/{fmt}"
+        parts = list(r.iter_bytes())
+    data = b"".join(parts)
+    if fmt == "wav":
+        samples, rate = _decode_wav(data)
+        assert rate == 24_000
+    else:
+        samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
+    want = zmq.generate(SPEECH_PROMPT.format(input="Good morning."), speaker="Ethan", deadline_s=600)
+    _assert_pcm_equal(samples, _audio(want))
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def _error(served: Served, body: object, path: str = "/v1/chat/completions") -> tuple[int, dict]:
+    r = httpx.post(f"{served.url}{path}", content=json.dumps(body), headers=_auth(), timeout=600)
+    return r.status_code, r.json()["error"]
+
+
+def test_errors_have_openai_shape_and_name_the_param(served: Served) -> None:
+    hello = [{"role": "user", "content": "Hello"}]
+    ogg = {"voice": "Ethan", "format": "ogg"}
+    bad_b64 = {"type": "input_audio", "input_audio": {"data": "###", "format": "wav"}}
+    cases = [
+        ({"model": "m", "messages": hello, "foo": 1}, "foo"),
+        ({"model": "m", "messages": hello, "temperature": 5}, "temperature"),
+        ({"model": "m", "messages": hello, "top_p": 0}, "top_p"),
+        ({"model": "m", "messages": hello, "n": 2}, "n"),
+        ({"model": "m", "messages": hello, "modalities": ["audio"]}, "modalities"),
+        ({"model": "m", "messages": hello, "modalities": ["text", "audio"]}, "audio"),
+        ({"model": "m", "messages": hello, "modalities": ["text", "audio"], "audio": ogg}, "audio.format"),
+        ({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Look"}, {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}]},
+         "messages[0].content[1].image_url.url"),
+        ({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Hear"}, bad_b64]}]},
+         "messages[0].content[1].input_audio.data"),
+    ]  # fmt: skip
+    for body, param in cases:
+        status, err = _error(served, body)
+        assert status == 400 and err["param"] == param, (body, err)
+        assert err["type"] == "invalid_request_error" and err["message"] and err["code"]
+    status, err = _error(served, {"model": "m", "messages": hello, "modalities": ["text", "audio"],
+                                  "audio": {"voice": "Nobody", "format": "wav"}})  # fmt: skip
+    assert status == 400 and err["param"] == "audio.voice" and "Chelsie" in err["message"] and "Ethan" in err["message"]
+    status, err = _error(served, {"model": "m", "input": "Hi", "voice": "Nobody"}, "/v1/audio/speech")
+    assert status == 400 and err["param"] == "voice" and "Ethan" in err["message"]
+    with pytest.raises(openai.BadRequestError) as raised:
+        served.openai.chat.completions.create(model="m", messages=hello, n=3)  # type: ignore[arg-type]
+    assert raised.value.param == "n"
+
+
+def test_oversize_body_and_media_are_refused_before_decoding(served: Served) -> None:
+    host, port = served.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)  # declares 1 GB, sends none of it
+    conn.putrequest("POST", "/v1/chat/completions")
+    for name, value in [*_auth().items(), ("Content-Type", "application/json"), ("Content-Length", "1000000000")]:
+        conn.putheader(name, value)
+    conn.endheaders()
+    reply = conn.getresponse()
+    assert reply.status == 400 and json.loads(reply.read())["error"]["param"] == "body"
+    conn.close()
+    long_audio = _b64_wav(np.zeros(1000 * 301, np.float32), 1000, subtype="PCM_16")  # 301 s > max_audio_s
+    content = [
+        {"type": "text", "text": "Hear"},
+        {"type": "input_audio", "input_audio": {"data": long_audio, "format": "wav"}},
+    ]
+    status, err = _error(served, {"model": "m", "messages": [{"role": "user", "content": content}]})
+    assert (
+        status == 400 and err["param"] == "messages[0].content[1].input_audio.data" and "max_audio_s" in err["message"]
+    )
+
+
+def test_api_key_on_every_endpoint_but_health(served: Served) -> None:
+    for method, path in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/chat/completions"),
+                         ("POST", "/v1/audio/speech")]:  # fmt: skip
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.request(method, f"{served.url}{path}", headers=headers, json={}, timeout=30)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+    assert httpx.get(f"{served.url}/health", timeout=30).status_code == 200
+    models = served.openai.models.list()
+    assert [m.id for m in models.data] == [served.cfg.name]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{served.url}/v1", api_key="nope", max_retries=0).models.list()
+
+
+def _long_body(stream: bool) -> dict:
+    return {
+        "model": "m", "messages": [{"role": "user", "content": "Tell me everything."}], "stream": stream,
+        "max_completion_tokens": 1900, "modalities": ["text", "audio"], "audio": {"voice": "Ethan", "format": "pcm16"},
+    }  # fmt: skip
+
+
+def _wait_idle(zmq: OmniClient, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while zmq.status().inflight and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def _outcomes(served: Served) -> dict[tuple[str, str], float]:
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "omni_mp_http_requests_total":
+                out[(s.labels["endpoint"], s.labels["code"])] = s.value
+    return out
+
+
+def test_client_disconnect_aborts_the_request(served: Served, zmq: OmniClient) -> None:
+    """A streaming client that goes away, and a waiting non-streaming one: the pipeline
+    aborts the request (nothing stays in flight) long before it would have finished."""
+    before = _outcomes(served).get(("chat", "client_disconnected"), 0)
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json=_long_body(True), headers=_auth(), timeout=600
+    ) as r:
+        lines = r.iter_lines()
+        for _ in range(5):
+            next(lines)
+        assert zmq.status().inflight == 1
+    assert _wait_idle(zmq, 10) < 10
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{served.url}/v1/chat/completions", json=_long_body(False), headers=_auth(), timeout=2)
+    assert _wait_idle(zmq, 10) < 10
+    assert _outcomes(served).get(("chat", "client_disconnected"), 0) == before + 2
+
+
+def test_overload_is_429_with_retry_after(served: Served, zmq: OmniClient) -> None:
+    """With admission.max_inflight requests in flight (long ones, from the ZMQ client), a
+    new HTTP request gets 429 with Retry-After at once."""
+    long = {0: msgspec.structs.replace(served.cfg.stage(0).sampling, max_tokens=1900)}
+    with concurrent.futures.ThreadPoolExecutor(MAX_INFLIGHT) as pool:
+        holds = [
+            pool.submit(zmq.generate, "Tell me everything.", sampling=long, request_id=f"hold{i}", deadline_s=600)
+            for i in range(MAX_INFLIGHT)
+        ]
+        try:
+            deadline = time.monotonic() + 60
+            while zmq.status().inflight < MAX_INFLIGHT:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            status, err = _error(served, {"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+            assert status == 429 and err["code"] == "overloaded" and err["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError) as raised:
+                served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+            assert raised.value.response.headers["retry-after"] == "1"
+        finally:
+            for i in range(MAX_INFLIGHT):
+                zmq.abort(f"hold{i}")
+        for fut in holds:
+            with pytest.raises(RequestError, match="aborted"):
+                fut.result()
+    assert _wait_idle(zmq, 10) < 10
+
+
+def test_32_concurrent_requests_each_end_exactly_once(served: Served, zmq: OmniClient) -> None:
+    """Streaming and non-streaming, text and spoken, all in flight together: each ends once
+    (one finish_reason; streams one [DONE]) and the outcome counter grows by exactly 32."""
+    before = _outcomes(served).get(("chat", "ok"), 0)
+
+    def one(i: int) -> int:
+        body = {"model": "m", "messages": [{"role": "user", "content": f"Count to {i}."}], "max_completion_tokens": 8}
+        if i % 4 == 0:
+            body |= {
+                "modalities": ["text", "audio"],
+                "audio": {"voice": ("Ethan", "Chelsie")[i % 8 // 4], "format": "pcm16"},
+            }
+        if i % 2:
+            r = httpx.post(f"{served.url}/v1/chat/completions", json=body, headers=_auth(), timeout=900)
+            assert r.status_code == 200, r.text
+            return int(r.json()["choices"][0]["finish_reason"] in ("stop", "length"))
+        body["stream"] = True
+        with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=body, headers=_auth(), timeout=900) as r:
+            assert r.status_code == 200
+            events = [line for line in r.iter_lines() if line]
+        assert events.count("data: [DONE]") == 1 and events[-1] == "data: [DONE]"
+        return sum(json.loads(e[6:])["choices"][0]["finish_reason"] is not None for e in events[:-1])
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        ends = list(pool.map(one, range(32)))
+    assert ends == [1] * 32
+    assert _outcomes(served).get(("chat", "ok"), 0) == before + 32
+    assert _wait_idle(zmq, 10) < 10
+
+
+def test_metrics_parse_with_per_stage_labels(served: Served) -> None:
+    hello = [{"role": "user", "content": "Hi"}]
+    served.openai.chat.completions.create(
+        model="m", messages=hello, modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"}
+    )  # fmt: skip
+    assert _error(served, {"model": "m", "messages": hello, "foo": 1})[0] == 400
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("omni_mp_stage_ready", "omni_mp_stage_output_tokens", "omni_mp_stage_time_to_first_token_seconds"):
+        ids = {s.labels["stage_id"] for s in families[name].samples}
+        assert ids == {"0", "1", "2"}, (name, ids)
+    ready = {s.labels["stage_id"]: s.value for s in families["omni_mp_stage_ready"].samples}
+    assert ready == {"0": 1.0, "1": 1.0, "2": 1.0}
+    outcomes = _outcomes(served)
+    assert outcomes[("chat", "ok")] >= 1 and outcomes[("chat", "unknown_field")] >= 1
+    assert families["omni_mp_http_time_to_first_audio_seconds"].samples
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium from the system packages (apt-get install chromium)")
+def test_playground_page_streams_an_answer_in_a_real_browser(served: Served, zmq: OmniClient, tmp_path: Path) -> None:
+    """The page at / in headless Chromium: attach an audio file, send, the text appears, the
+    audio plays as it streams and its <audio> element ends up with a playable WAV."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    soundfile.write(tmp_path / "question.wav", tone(), 16_000, subtype="FLOAT")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--autoplay-policy=no-user-gesture-required"]
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{served.url}/")
+            assert page.eval_on_selector_all("#voice option", "os => os.map(o => o.value)") == ["Chelsie", "Ethan"]
+            page.fill("#api-key", KEY)
+            page.fill("#message", "What do you hear?")
+            page.set_input_files("#audio-file", str(tmp_path / "question.wav"))
+            page.select_option("#voice", "Ethan")
+            page.click("#send")
+            page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=600_000)
+            status, answer = page.inner_text("#status"), page.inner_text("#answer")
+            duration = page.evaluate(
+                """() => new Promise((resolve) => {
+                    const a = document.getElementById("player");
+                    if (a.readyState >= 1) resolve(a.duration); else a.onloadedmetadata = () => resolve(a.duration);
+                })"""
+            )
+        finally:
+            browser.close()
+    assert "first audio after" in status
+    want = zmq.generate("What do you hear?", audios=[(tone(), 16_000)], speaker="Ethan", deadline_s=600)
+    assert answer == _text(want)
+    assert duration == pytest.approx(_audio(want).size / 24_000, abs=1e-3)
+
+
+def test_health_names_a_killed_stage_until_it_restarts(served: Served, zmq: OmniClient) -> None:
+    """Last (it restarts token2wav): /health is 503 naming the stage while it (or the stage
+    that feeds it, until relinked) is not serving, and 200 after its restart; a request
+    meanwhile fails with a 5xx naming the stage, and the server keeps serving."""
+    pid = next(s.pid for s in zmq.status().stages if s.stage_id == 2)
+    os.kill(pid, signal.SIGKILL)
+    saw_503 = saw_5xx = False
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{served.url}/health", timeout=30)
+        if r.status_code == 503:
+            assert re.search(r"stage [12] \((down|not ready)\)", r.json()["reason"]), r.json()  # or its upstream
+            saw_503 = True
+            if not saw_5xx:
+                body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+                got = httpx.post(f"{served.url}/v1/chat/completions", json=body, headers=_auth(), timeout=600)
+                if got.status_code >= 500:  # (unless the stage came back meanwhile)
+                    err = got.json()["error"]
+                    assert re.search(r"stage", err["message"]) and err["type"] == "server_error", err
+                    saw_5xx = True
+        elif saw_503:
+            break
+        time.sleep(0.2)
+    assert saw_503 and saw_5xx and r.status_code == 200
+    assert next(s.restarts for s in zmq.status().stages if s.stage_id == 2) == 1
+    assert served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}]).choices
