@@ -485,6 +485,39 @@ def test_metrics_parse_with_per_stage_labels(served: Served) -> None:
     outcomes = _outcomes(served)
     assert outcomes[("chat", "ok")] >= 1 and outcomes[("chat", "unknown_field")] >= 1
     assert families["omni_mp_http_time_to_first_audio_seconds"].samples
+    _assert_stage_stats(served)
+
+
+def _stage_stats(served: Served) -> dict[str, dict[tuple[str, ...], float]]:
+    """The series the stages report with their heartbeats: family -> labels -> value."""
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    names = ("requests_running", "requests_waiting", "engine_steps", "engine_step_seconds", "sent_bytes")
+    wanted = {f"omni_mp_stage_{n}" for n in names}
+    return {
+        f.name: {(s.labels["stage_id"], s.labels.get("downstream", "")): s.value for s in f.samples}
+        for f in text_string_to_metric_families(text)
+        if f.name in wanted
+    }
+
+
+def _assert_stage_stats(served: Served) -> None:
+    """Every stage reports its load, engine steps and step time, and every link its bytes: after
+    a request, within a few heartbeats, each counter is above zero and, every request having
+    ended, no stage holds one (running and waiting are 0)."""
+    stages = {str(s.id) for s in served.cfg.stages}
+    links = {(str(up), str(s.id)) for s in served.cfg.stages for up in s.inputs}
+    deadline = time.monotonic() + 10 * served.cfg.timeouts.heartbeat_interval_s
+    while True:
+        stats = _stage_stats(served)
+        counters = [stats.get(f"omni_mp_stage_{n}", {}) for n in ("engine_steps", "engine_step_seconds", "sent_bytes")]
+        gauges = [stats.get(f"omni_mp_stage_{n}", {}) for n in ("requests_running", "requests_waiting")]
+        settled = all(v > 0 for c in counters for v in c.values()) and all(v == 0 for g in gauges for v in g.values())
+        if settled and set(stats.get("omni_mp_stage_sent_bytes", {})) == links:
+            break
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.1)
+    for name in ("requests_running", "requests_waiting", "engine_steps", "engine_step_seconds"):
+        assert {sid for sid, _ in stats[f"omni_mp_stage_{name}"]} == stages, (name, stats)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium from the system packages (apt-get install chromium)")

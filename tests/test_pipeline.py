@@ -8,14 +8,14 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
 
 from omni_mp.client import AsyncOmniClient, OmniClient, RequestError
 from omni_mp.models.registry import resolve_model
-from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk, StageStats
 from tests.hf_oracle import assert_same_tokens, greedy, tokenize
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 
@@ -115,6 +115,51 @@ def test_stream_arrival_is_incremental(client: OmniClient) -> None:
             break
     assert len(arrivals) == 65
     assert arrivals[-1] - arrivals[0] > 0.01  # 64 engine steps cannot all land at once
+
+
+def _stats_when(client: OmniClient, ok: Callable[[dict[int, StageStats]], bool]) -> dict[int, StageStats]:
+    """Every stage's stats from status(), once `ok` holds for them (a few heartbeats at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        got = {s.stage_id: s.stats for s in client.status().stages}
+        stats = {sid: st for sid, st in got.items() if st is not None}
+        if len(stats) == len(got) and ok(stats):
+            return stats
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+
+
+def _sent(stats: StageStats, downstream: int) -> int:
+    return sum(link.nbytes for link in stats.sent if link.stage_id == downstream)
+
+
+def test_status_reports_each_stage_load_and_counters(client: OmniClient) -> None:
+    """The stages' heartbeats carry their stats into status(): stage 1's engine holds the long
+    request while it streams; afterwards no stage holds one, and every stage's steps and step
+    time, and stage 0's bytes to stage 1, have grown."""
+    before = _stats_when(client, lambda st: True)
+    started = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in client.stream("Hello", request_id="stats-id", sampling=long_stage(1), timeout_s=120):
+                started.set()
+        except BaseException as err:  # noqa: BLE001 - collected for the assertion below
+            errors.append(err)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(60), "stage 1 never produced a chunk"
+    _stats_when(client, lambda st: st[1].running == 1 and st[1].waiting == 0)
+    client.abort("stats-id")
+    t.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], RequestError) and errors[0].code == "aborted", errors
+    after = _stats_when(client, lambda st: all(s.running == 0 and s.waiting == 0 for s in st.values()))
+    for sid, s in after.items():
+        assert s.steps > before[sid].steps and s.step_seconds > before[sid].step_seconds, (sid, before, after)
+    assert _sent(after[0], 1) > _sent(before[0], 1)
+    assert not after[1].sent  # the final stage sends to no other stage
 
 
 def test_abort_mid_request_does_not_poison_later_requests(client: OmniClient) -> None:

@@ -273,7 +273,7 @@ class Coordinator:
             if msg.request_id is not None:
                 self._finish_with_error(msg.request_id, msg.code, msg.message, msg.stage_id)
         elif isinstance(msg, Heartbeat):
-            self.supervisor.heartbeat(msg.stage_id, time.monotonic())
+            self.supervisor.heartbeat(msg.stage_id, time.monotonic(), msg.stats)
         elif isinstance(msg, Ready):
             self._on_ready(msg)
         elif isinstance(msg, Connected):
@@ -425,6 +425,7 @@ class Coordinator:
                     restarts=h.restarts,
                     failed=h.failure,
                     info={} if h.run is None else h.run.info,
+                    stats=None if h.run is None else h.run.stats,
                 )
                 for sid, h in self.stages.items()
             ],

@@ -14,6 +14,7 @@ from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_co
 from omni_mp.control.endpoints import RunEndpoints
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
 from omni_mp.procs import popen
+from omni_mp.wire.messages import StageStats
 
 
 def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -77,6 +78,7 @@ class Incarnation:
     info: dict[str, str] = field(default_factory=dict)  # from its Ready: init time, devices it sees
     # Downstream stage -> the run of it whose address this one acknowledged linking to.
     links: dict[int, Incarnation] = field(default_factory=dict)
+    stats: StageStats | None = None  # from its latest heartbeat that carried them
 
     @property
     def ready(self) -> bool:
@@ -157,10 +159,12 @@ class StageHandle:
         self.restart_at = restart_at
         self.failure = reason if restart_at is None else None
 
-    def heartbeat(self, now: float) -> None:
+    def heartbeat(self, now: float, stats: StageStats | None = None) -> None:
         if self.run is not None:
             self.run.last_heartbeat = now
             self.run.beating = True
+            if stats is not None:
+                self.run.stats = stats
 
     def became_ready(self, endpoint: str, info: dict[str, str], now: float) -> None:
         """The current run reports its engine up, its input bound at `endpoint`."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from omni_mp.config import PipelineConfig
 from omni_mp.control.stage_handle import Incarnation, StageHandle
+from omni_mp.wire.messages import StageStats
 
 log = logging.getLogger("omni_mp.control.supervisor")
 
@@ -25,10 +26,10 @@ class Supervisor:
         self.handles = handles
         self.progress = progress
 
-    def heartbeat(self, stage_id: int, now: float) -> None:
+    def heartbeat(self, stage_id: int, now: float, stats: StageStats | None = None) -> None:
         h = self.handles.get(stage_id)
         if h is not None:
-            h.heartbeat(now)
+            h.heartbeat(now, stats)
 
     def _hang(self, run: Incarnation, now: float, stalled: bool) -> str | None:
         t = self.cfg.timeouts

@@ -1,16 +1,59 @@
 """Prometheus metrics of the server and, per stage (labels stage_id and stage_name), of the
 pipeline behind it: read from each request's stage timings and, at scrape time, from the
-coordinator's status."""
+coordinator's status, whose per-stage `StageStats` (sent with each stage's heartbeats) become
+the running/waiting gauges and the step and byte counters. Those counters restart from zero
+when their stage restarts; Prometheus' rate() treats a drop as a counter reset.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from omni_mp.http.pipeline import PipelineView, stage_name
-from omni_mp.wire.messages import StageDone, StatusReply
+from omni_mp.wire.messages import StageDone, StageStatus, StatusReply
 
 _STAGE = ("stage_id", "stage_name")
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class StageStatsCollector(Collector):
+    """The stages' latest `StageStats`, as of the last status read at a scrape: values the stages
+    count themselves, so they are exported as they are rather than incremented here."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+        self.stages: list[StageStatus] = []
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily("omni_mp_stage_requests_running", "requests in the stage's engine", labels=_STAGE)
+        waiting = GaugeMetricFamily(
+            "omni_mp_stage_requests_waiting", "requests registered in the stage, waiting on upstream or preparation",
+            labels=_STAGE,
+        )  # fmt: skip
+        steps = CounterMetricFamily("omni_mp_stage_engine_steps", "engine steps of the stage's run", labels=_STAGE)
+        step_s = CounterMetricFamily(
+            "omni_mp_stage_engine_step_seconds", "time in engine steps (rate / steps rate: mean step time)",
+            labels=_STAGE,
+        )  # fmt: skip
+        sent = CounterMetricFamily(
+            "omni_mp_stage_sent_bytes", "bytes sent to a downstream stage over its socket (shared memory excluded)",
+            labels=[*_STAGE, "downstream"],
+        )  # fmt: skip
+        for s in self.stages:
+            if s.stats is None:
+                continue
+            labels = [str(s.stage_id), self.names.get(s.stage_id, "?")]
+            running.add_metric(labels, s.stats.running)
+            waiting.add_metric(labels, s.stats.waiting)
+            steps.add_metric(labels, s.stats.steps)
+            step_s.add_metric(labels, s.stats.step_seconds)
+            for link in s.stats.sent:
+                sent.add_metric([*labels, str(link.stage_id)], link.nbytes)
+        yield from (running, waiting, steps, step_s, sent)
 
 
 class Metrics:
@@ -48,6 +91,8 @@ class Metrics:
         self.stage_ready = Gauge("omni_mp_stage_ready", "1 if the stage serves", _STAGE, registry=r)
         self.stage_restarts = Gauge("omni_mp_stage_restarts", "restarts of the stage so far", _STAGE, registry=r)
         self.inflight = Gauge("omni_mp_requests_inflight", "requests in flight in the coordinator", registry=r)
+        self.stage_stats = StageStatsCollector(self.names)
+        r.register(self.stage_stats)
 
     def _labels(self, stage_id: int) -> dict[str, str]:
         return {"stage_id": str(stage_id), "stage_name": self.names.get(stage_id, "?")}
@@ -68,6 +113,7 @@ class Metrics:
     def render(self, status: StatusReply | None) -> bytes:
         if status is not None:
             self.inflight.set(status.inflight)
+            self.stage_stats.stages = list(status.stages)
             for s in status.stages:
                 labels = self._labels(s.stage_id)
                 self.stage_alive.labels(**labels).set(int(s.alive))

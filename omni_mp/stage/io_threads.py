@@ -35,6 +35,7 @@ from omni_mp.wire.messages import (
     Message,
     StageOutputBatch,
     StageOutputChunk,
+    StageStats,
 )
 from omni_mp.wire.shm_pool import ShmPoolConfig
 from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
@@ -155,7 +156,7 @@ class OutputPump(threading.Thread):
         shm: ShmPoolConfig | None,
         stop: threading.Event,
         stage_id: int,
-        on_sent: Callable[[int, float, int], None],
+        on_sent: Callable[[int, float, dict[int, int]], None],
     ) -> None:
         super().__init__(name=f"stage{stage_id}-output", daemon=True)
         self.ctx, self.events, self.limits, self.shm = ctx, events, limits, shm
@@ -205,7 +206,7 @@ class OutputPump(threading.Thread):
     def _send(self, item: Outgoing) -> None:
         t0 = time.perf_counter()
         msg: Message | None = item.msg
-        wire_bytes = 0  # what went over the downstream sockets (shared memory excluded)
+        wire_bytes: dict[int, int] = {}  # downstream stage -> bytes over its socket (shared memory excluded)
         # Every link encodes with the stage's limits, so a message that cannot be encoded
         # fails on the first link, before any of it was sent: its requests fail instead
         # (the coordinator then aborts them everywhere) and the rest goes out. Each round
@@ -220,13 +221,13 @@ class OutputPump(threading.Thread):
         if item.step >= 0:
             self.on_sent(item.step, time.perf_counter() - t0, wire_bytes)
 
-    def _deliver(self, item: Outgoing, msg: Message) -> int:
-        """Send `msg` where `item` says; the bytes that went downstream over sockets."""
-        wire_bytes = 0
+    def _deliver(self, item: Outgoing, msg: Message) -> dict[int, int]:
+        """Send `msg` where `item` says; the bytes that went to each downstream stage over sockets."""
+        wire_bytes: dict[int, int] = {}
         if item.downstream:
             for stage_id, link in self.downstream.items():
                 try:
-                    wire_bytes += self._send_one(link, msg)
+                    wire_bytes[stage_id] = self._send_one(link, msg)
                 except TimeoutError:
                     if self.stop.is_set():
                         return wire_bytes
@@ -291,7 +292,8 @@ class OutputPump(threading.Thread):
 
 
 class Heartbeater(threading.Thread):
-    """Beats every `interval_s` while the engine thread reported progress within `stale_s`."""
+    """Beats every `interval_s` while the engine thread reported progress within `stale_s`;
+    each beat carries the snapshot `stats` returns (none while the engine starts)."""
 
     def __init__(
         self,
@@ -301,19 +303,22 @@ class Heartbeater(threading.Thread):
         stale_s: float,
         last_alive: Callable[[], float],
         stop: threading.Event,
+        stats: Callable[[], StageStats] | None = None,
     ) -> None:
         super().__init__(name=f"stage{stage_id}-heartbeat", daemon=True)
         self.link, self.stage_id, self.interval_s, self.stale_s = link, stage_id, interval_s, stale_s
-        self.last_alive, self.stop = last_alive, stop
+        self.last_alive, self.stop, self.stats = last_alive, stop, stats
 
     def run(self) -> None:
         seq = 0
         while not self.stop.is_set():
             if time.monotonic() - self.last_alive() < self.stale_s:
                 seq += 1
+                stats = None if self.stats is None else self.stats()
                 try:
                     self.link.send(
-                        Heartbeat(stage_id=self.stage_id, seq=seq, time=time.time()), timeout=self.interval_s
+                        Heartbeat(stage_id=self.stage_id, seq=seq, time=time.time(), stats=stats),
+                        timeout=self.interval_s,
                     )
                 except TimeoutError:
                     pass  # the coordinator is not reading: nothing to tell it

@@ -26,7 +26,7 @@ from omni_mp.processors import ProcessorError, RequestContext
 from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
 from omni_mp.stage.prepare import Prepared, PrepareJob, Preparer
 from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
-from omni_mp.stage.timeline import StepRecord, StepTimeline
+from omni_mp.stage.timeline import StageCounters, StepRecord, StepTimeline
 from omni_mp.wire.codec import Limits, PayloadError
 from omni_mp.wire.messages import (
     Abort,
@@ -75,6 +75,8 @@ class StageLoop:
         self.ended = EndedRequests()
         self.running = True
         self.timeline = StepTimeline(stage.id)
+        self.counters = StageCounters()  # reported with the heartbeats
+        self._in_engine = 0  # requests of `requests` handed to the engine (started)
         self._alive_at = time.monotonic()
         self._rows_in = 0  # step-embedding rows taken since the last step (for the timeline)
         self._handle_s = 0.0  # engine thread: handling input messages since the last step (timeline)
@@ -85,7 +87,7 @@ class StageLoop:
         # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
         shm: ShmPoolConfig | None = cfg.endpoints.shm if cfg.endpoints.transport == "ipc" else None
         self.input = InputPump(input_link, self.inbox, self._stop, stage.id)
-        self.output = OutputPump(ctx, events, self.limits, shm, self._stop, stage.id, self.timeline.sent)
+        self.output = OutputPump(ctx, events, self.limits, shm, self._stop, stage.id, self._sent)
         timeouts = cfg.timeouts
         self.heart = Heartbeater(
             heartbeat_link,
@@ -94,11 +96,17 @@ class StageLoop:
             timeouts.heartbeat_timeout_s / 2,
             lambda: self._alive_at,
             self._stop,
+            self.counters.snapshot,
         )
 
     # ---- outgoing -------------------------------------------------------------------------
     def _alive(self) -> None:
         self._alive_at = time.monotonic()
+
+    def _sent(self, step: int, seconds: float, per_link: dict[int, int]) -> None:
+        """Output thread: a step's messages went out, these bytes to each downstream stage."""
+        self.timeline.sent(step, seconds, sum(per_link.values()))
+        self.counters.sent(per_link)
 
     def _queue(self, item: Outgoing | Connect | None) -> None:
         self.output.put(item, self._alive)
@@ -204,6 +212,7 @@ class StageLoop:
         """Hand a prepared request to the engine (raises EngineInputError on input it rejects)."""
         prompt_ids = self.engine.add(prepared)
         state.started = True
+        self._in_engine += 1
         state.t_started = time.time()
         state.prompt_len = prompt_ids.length
         # The prompt as the model saw it (media placeholders expanded); None for embeddings.
@@ -214,6 +223,8 @@ class StageLoop:
         aborted). Its late upstream chunks are dropped from now on; `in_engine`: the engine
         still holds it (not after it finished there) and aborts it."""
         state = self.requests.pop(request_id, None)
+        if state is not None and state.started:
+            self._in_engine -= 1
         self.orphans.take(request_id)
         self.ended.add(request_id)
         if in_engine and state is not None and state.started:
@@ -274,6 +285,7 @@ class StageLoop:
         outputs, executed = self.engine.step()
         t1 = time.perf_counter()
         now = time.time()
+        self.counters.stepped(t1 - t0)
         for rid, reason in self.engine.take_failed().items():
             if rid in self.requests:
                 self._fail(rid, "internal_error", f"stage {self.stage.id}: {reason}")
@@ -366,6 +378,7 @@ class StageLoop:
                     break
                 self._expire(time.monotonic())
                 idle_step = not self._step(waited) if self.engine.can_step() else False
+                self.counters.requests(self._in_engine, len(self.requests) - self._in_engine)
         finally:
             self._stop.set()
             if self.output.is_alive():

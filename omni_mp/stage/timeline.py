@@ -7,6 +7,8 @@ in by the output thread) how long encoding and sending them took and how many by
 over sockets to downstream stages; on the receive side, how long the input thread spent
 receiving and decoding messages and the engine thread handling them since the previous step. Bounded: the newest
 `MAX_STEPS` steps are kept. Written as JSON when the stage exits.
+
+`StageCounters`, always on, keeps the totals the stage reports with its heartbeats (`StageStats`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections import deque
 from pathlib import Path
 
 import msgspec
+
+from omni_mp.wire.messages import LinkBytes, StageStats
 
 MAX_STEPS = 200_000
 PROFILE_DIR_ENV = "OMNI_MP_PROFILE_DIR"
@@ -79,3 +83,38 @@ class StepTimeline:
             json.dumps({"stage_id": self.stage_id, "written": time.time(), "fields": fields, "steps": rows})
         )
         return path
+
+
+class StageCounters:
+    """Request counts and running totals of one stage run: written by the engine thread (steps,
+    requests) and the output thread (bytes), read by the heartbeat thread as a `StageStats`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = self._waiting = self._steps = 0
+        self._step_s = 0.0
+        self._bytes: dict[int, int] = {}  # downstream stage id -> wire bytes
+
+    def requests(self, running: int, waiting: int) -> None:
+        with self._lock:
+            self._running, self._waiting = running, waiting
+
+    def stepped(self, seconds: float) -> None:
+        with self._lock:
+            self._steps += 1
+            self._step_s += seconds
+
+    def sent(self, per_link: dict[int, int]) -> None:
+        with self._lock:
+            for stage_id, n in per_link.items():
+                self._bytes[stage_id] = self._bytes.get(stage_id, 0) + n
+
+    def snapshot(self) -> StageStats:
+        with self._lock:
+            return StageStats(
+                running=self._running,
+                waiting=self._waiting,
+                steps=self._steps,
+                step_seconds=self._step_s,
+                sent=[LinkBytes(stage_id=sid, nbytes=n) for sid, n in sorted(self._bytes.items())],
+            )

@@ -48,6 +48,7 @@ __all__ = [
     "HiddenRows",
     "ImageInput",
     "InfoValue",
+    "LinkBytes",
     "LayerRows",
     "MRopePositions",
     "Message",
@@ -66,6 +67,7 @@ __all__ = [
     "StageRequest",
     "StageResult",
     "StageSampling",
+    "StageStats",
     "StageStatus",
     "StatusReply",
     "StatusRequest",
@@ -331,10 +333,33 @@ class Ready(MessageBase):
     info: StrMap = {}
 
 
+Count = Annotated[int, Meta(ge=0)]
+
+
+class LinkBytes(msgspec.Struct, forbid_unknown_fields=True):
+    """Bytes a stage sent to one downstream stage over its socket (tensors in shared memory
+    not counted: they never cross the socket)."""
+
+    stage_id: StageId  # the downstream stage
+    nbytes: Count
+
+
+class StageStats(msgspec.Struct, forbid_unknown_fields=True):
+    """A stage run's load and counters, sent with its heartbeats. The counters start at zero
+    with each run (a restart resets them, as Prometheus expects of a restarted target)."""
+
+    running: Count = 0  # requests in the engine
+    waiting: Count = 0  # registered here, not yet in the engine (waiting on upstream or preparation)
+    steps: Count = 0  # engine steps so far
+    step_seconds: Annotated[float, Meta(ge=0)] = 0.0  # their total time
+    sent: Annotated[list[LinkBytes], PerStage] = []  # per downstream stage
+
+
 class Heartbeat(MessageBase):
     stage_id: StageId
     seq: int
     time: float
+    stats: StageStats | None = None  # None while the engine starts
 
 
 class Shutdown(MessageBase):
@@ -433,6 +458,7 @@ class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
     ready: bool  # serving: engine up and links to its downstream stages open
     restarts: int
     info: StrMap = {}
+    stats: StageStats | None = None  # from the current run's latest heartbeat
     failed: str | None = None  # down for good (its restart budget spent): why it last died
 
 
