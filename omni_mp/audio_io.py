@@ -19,6 +19,12 @@ import soxr
 # The sample rates accepted anywhere (the wire's AudioInput bound too): soxr's cost does not
 # depend on how two rates factor, so the bound only keeps the input's size per second sane.
 MIN_RATE, MAX_RATE = 1_000, 384_000
+# What read_audio reads at most: the longest audio a stage config may take (MediaLimits), and
+# what one tensor on the wire holds (Limits.max_tensor_bytes' default, float32).
+MAX_READ_S = 3600.0
+MAX_READ_SAMPLES = 2**28
+_UNKNOWN_FRAMES = 2**63 - 1  # libsndfile's frame count of a stream that does not declare it
+_BLOCK_SAMPLES = 1 << 20  # samples (frames x channels) decoded at a time: 4 MiB
 
 # libsndfile reads a WAV cut inside its data up to the cut and notes the size the header
 # declared in its log ("data : 32000 (should be 956)"); 0 and 0xFFFFFFFF are the placeholders
@@ -49,9 +55,31 @@ def _truncated_wav(info: str) -> str | None:
     return f"truncated: its header declares {m.group(1)} bytes of samples, the file holds {m.group(2)}"
 
 
-def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+def _read_mono(f: soundfile.SoundFile, p: Path, max_frames: int) -> np.ndarray:
+    """The file's frames down-mixed block by block: memory is the mono result plus one block
+    of at most _BLOCK_SAMPLES, whatever the channel count; more than `max_frames` frames is
+    refused as soon as they are read (the frame count a header declares may lie)."""
+    block = max(1, _BLOCK_SAMPLES // f.channels)
+    buf = np.empty((block, f.channels), dtype=np.float32)
+    parts: list[np.ndarray] = []
+    n = 0
+    for _ in range(max_frames // block + 2):  # bounded: each turn reads a full block or ends
+        got = f.read(block, dtype="float32", always_2d=True, out=buf)
+        n += got.shape[0]
+        if n > max_frames:
+            raise AudioFileError(f"{p}: more than {max_frames / f.samplerate:g} s of audio; longer files are not read")
+        if got.shape[0]:
+            parts.append(downmix(got).copy())  # (a mono block is a view of `buf`)
+        if got.shape[0] < block:
+            break
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.float32)
+
+
+def read_audio(path: str | Path, max_seconds: float = MAX_READ_S) -> tuple[np.ndarray, int]:
     """An audio file as mono float32 [samples] in [-1, 1] and its sample rate. Multi-channel
-    files are down-mixed by `downmix` (the mean of the channels)."""
+    files are down-mixed by `downmix` (the mean of the channels). Files longer than
+    `max_seconds` (or than one wire tensor holds) are refused before or while they are read,
+    so a small file that decodes to hours (FLAC of silence) costs no memory."""
     p = Path(path)
     if not p.is_file():
         raise AudioFileError(f"{p}: no such file" if not p.exists() else f"{p}: not a file")
@@ -60,14 +88,19 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
             cut = _truncated_wav(f.extra_info) if f.format in {"WAV", "WAVEX"} else None
             if cut is not None:
                 raise AudioFileError(f"{p}: {cut}")
-            frames, rate = f.read(dtype="float32", always_2d=True), f.samplerate
+            rate = f.samplerate
+            _check_rate(rate, str(p), AudioFileError)
+            max_frames = min(int(max_seconds * rate), MAX_READ_SAMPLES)
+            if max_frames < f.frames < _UNKNOWN_FRAMES:
+                raise AudioFileError(
+                    f"{p}: {f.frames / rate:.1f} s of audio; at most {max_frames / rate:g} s is read"
+                )
+            samples = _read_mono(f, p, max_frames)
     except soundfile.SoundFileError as err:  # libsndfile's reason, e.g. "Format not recognised"
         reason = str(err).removeprefix(f"Error opening {str(p)!r}: ")
         raise AudioFileError(f"{p}: not a readable audio file ({reason})") from None
-    if frames.shape[0] == 0:
+    if samples.size == 0:
         raise AudioFileError(f"{p}: no audio samples")
-    _check_rate(rate, str(p), AudioFileError)
-    samples = downmix(frames)
     if not np.isfinite(samples).all():
         raise AudioFileError(f"{p}: samples must be finite (NaN or infinity found)")
     return samples, rate

@@ -268,7 +268,9 @@ class AsyncOmniClient:
                 prompt=prompt,
                 prompt_token_ids=None if prompt_token_ids is None else list(prompt_token_ids),
                 prompt_embeds=None if prompt_embeds is None else PromptEmbeds(data=prompt_embeds),
-                multi_modal=multi_modal_input(audios, images),
+                # Media files are read off the event loop: a large one must not hold up the
+                # replies of the other requests in flight on this client.
+                multi_modal=(await asyncio.to_thread(multi_modal_input, audios, images)) if audios or images else None,
                 speaker=speaker,
                 sampling=stage_sampling(sampling),
                 deadline_s=deadline_s,

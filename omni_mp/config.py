@@ -33,10 +33,15 @@ Count = Annotated[int, Meta(ge=0, le=2**31)]
 
 
 class RestartPolicy(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """What the coordinator does when a stage process dies."""
+    """What the coordinator does when a stage process dies: restart it up to `max_restarts`
+    times, `backoff_s` after its death (doubled per restart, up to 64x). Once the budget is
+    spent, `when_spent: stop` leaves the stage down for good: no request can be served, the
+    coordinator's status says `failed`, and a served pipeline exits non-zero;
+    `when_spent: retry` keeps restarting it at the longest back-off."""
 
-    max_restarts: Count = 0  # 0 = never restart: the pipeline keeps failing that stage's requests
-    backoff_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 1.0  # before respawning, doubled per restart
+    max_restarts: Count = 0  # 0 = never restart
+    backoff_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 1.0
+    when_spent: Literal["stop", "retry"] = "stop"
 
 
 class HiddenStatesOutput(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -55,7 +60,9 @@ class MediaLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     max_audios: Annotated[int, Meta(ge=0, le=16)] = 4
     max_images: Annotated[int, Meta(ge=0, le=16)] = 4
-    max_audio_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
+    # None: the longest audio the checkpoint's processor takes whole (omni_mp.media_limits);
+    # longer is refused, never cut. A value above that is a config error.
+    max_audio_s: Annotated[float, Meta(gt=0, le=3600)] | None = None
     max_image_pixels: Annotated[int, Meta(ge=1, le=2**28)] = 16_777_216  # 4096 x 4096
 
 

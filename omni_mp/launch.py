@@ -7,7 +7,8 @@ Without prompts: bind the client endpoint (`--bind`), print it, serve until SIGI
 `omni-mp keys DIR [--client NAME ...]`: create a CURVE key directory (see omni_mp.keys).
 
 Exit codes: 0 ok, 1 a request failed, 2 bad config, 3 a stage failed to start, 4 the
-coordinator failed while serving.
+coordinator failed while serving, 5 a stage is down for good (it died with its restart budget
+spent, `restart.when_spent: stop`): no request can be served, so serving stops.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from omni_mp.wire.messages import Finished
 
 if TYPE_CHECKING:
     from omni_mp.config import PipelineConfig
+    from omni_mp.control.coordinator import Coordinator
 
+EXIT_STAGE_DOWN = 5
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 
 
@@ -281,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 http = start_http(args.config, coord.client_endpoint, args.http, args.api_key)
             print(f"omni_mp serving pipeline {cfg.name!r} on {coord.client_endpoint}", flush=True)
-            while not stop.wait(0.5):
-                pass
-            code: int | None = 0
+            code: int | None = _serve(coord, stop)
         else:
             keys = None if cfg.security.keys is None else client_identity(cfg.security.keys, INTERNAL)
             with OmniClient(coord.client_endpoint, limits=cfg.limits, keys=keys) as client:
@@ -299,7 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     if crashed or code is None:
         print(f"error: the coordinator failed: {crashed[0] if crashed else 'it stopped'!r}", file=sys.stderr)
         return 4
-    return code
+    return EXIT_STAGE_DOWN if coord.down_for_good() else code
+
+
+def _serve(coord: Coordinator, stop: threading.Event) -> int:
+    """Serve until a signal (0), or until a stage is down for good (EXIT_STAGE_DOWN)."""
+    while not stop.wait(0.5):
+        down = coord.down_for_good()
+        if down:
+            for sid, why in sorted(down.items()):
+                print(f"error: stage {sid} is down for good (restart budget spent): {why}", file=sys.stderr)
+            _say("no request can be served")
+            return EXIT_STAGE_DOWN
+    return 0
 
 
 def cli() -> None:

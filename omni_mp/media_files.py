@@ -30,10 +30,15 @@ ImageLike: TypeAlias = "str | Path | torch.Tensor | np.ndarray"  # an image file
 
 # The most channels a [samples, channels] array may have (7.1 surround).
 MAX_CHANNELS = 8
+# What read_image decodes at most: the largest image a stage config may take (MediaLimits'
+# bound on max_image_pixels).
+MAX_READ_PIXELS = 2**28
 
 
-def read_image(path: str | Path) -> np.ndarray:
-    """An image file as uint8 [height, width, 3] RGB; ValueError naming the file if it is not one."""
+def read_image(path: str | Path, max_pixels: int = MAX_READ_PIXELS) -> np.ndarray:
+    """An image file as uint8 [height, width, 3] RGB; ValueError naming the file if it is not
+    one. One that declares more than `max_pixels` pixels is refused from its header, before
+    it is decoded: a decompression bomb costs nothing."""
     from PIL import Image, UnidentifiedImageError
 
     p = Path(path)
@@ -41,9 +46,14 @@ def read_image(path: str | Path) -> np.ndarray:
         raise ValueError(f"{p}: no such file" if not p.exists() else f"{p}: not a file")
     try:
         with Image.open(p) as img:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
+            width, height = img.size
+            if width * height <= max_pixels:
+                return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
+    except Image.DecompressionBombError:  # PIL's own bound, checked as it opens the file
+        raise ValueError(f"{p}: its header declares over {2 * Image.MAX_IMAGE_PIXELS} pixels") from None
     except (UnidentifiedImageError, OSError) as err:
         raise ValueError(f"{p}: not a readable image ({err})") from None
+    raise ValueError(f"{p}: {width}x{height} pixels; at most {max_pixels} are read")
 
 
 def _float_array(samples: Any, what: str) -> np.ndarray:

@@ -200,3 +200,23 @@ def test_resample_bounds_and_copies() -> None:
             resample(x, TARGET, bad)
     with pytest.raises(ValueError, match="mono"):
         resample(np.zeros((2, 10), np.float32), 48_000, TARGET)
+
+
+def test_long_and_many_channel_files_are_read_in_bounded_memory(tmp_path: Path) -> None:
+    rate = 8_000
+    data = np.random.default_rng(0).uniform(-0.5, 0.5, size=(3 * rate, 300)).astype(np.float32)
+    path = tmp_path / "wide.wav"
+    soundfile.write(path, data, rate, subtype="FLOAT")
+    samples, got_rate = read_audio(path)  # blocks of a few thousand frames: still the exact mean
+    assert got_rate == rate and np.allclose(samples, data.mean(axis=1), atol=1e-6)
+    with pytest.raises(AudioFileError, match=r"wide\.wav: 3\.0 s of audio; at most 2 s is read"):
+        read_audio(path, max_seconds=2)
+    # A FLAC whose header declares no length (SF_COUNT_MAX frames): no attempt to hold it.
+    flac = tmp_path / "stream.flac"
+    soundfile.write(flac, data[:, :2], rate)
+    raw = bytearray(flac.read_bytes())
+    raw[21] &= 0xF0  # STREAMINFO's 36-bit total sample count: 0 = unknown
+    raw[22:26] = bytes(4)
+    flac.write_bytes(bytes(raw))
+    with pytest.raises(AudioFileError, match=r"stream\.flac: "):
+        read_audio(flac, max_seconds=2)

@@ -157,3 +157,9 @@ def test_codec_processor_only_feeds_diffusion_stages() -> None:
     data["stages"][1]["processor"] = "codec_tokens"
     with pytest.raises(ConfigError, match="'codec_tokens' feeds a diffusion stage, not an AR one"):
         parse_config(data)
+
+
+def test_every_shipped_stage_has_a_restart_budget() -> None:
+    for path in sorted((REPO / "stage_configs").glob("*.yaml")):
+        for stage in load_config(path, check_engine_args=False).stages:
+            assert stage.restart.max_restarts > 0, f"{path.name}: stage {stage.id}"

@@ -67,6 +67,55 @@ def test_a_stage_that_hangs_before_it_is_ready_is_killed(tmp_path: Path) -> None
         h.kill()
 
 
+def _killed_death(sup: Supervisor, h: StageHandle, now: float) -> list[tuple[int, str]]:
+    """SIGKILL the stage's current run and let the supervisor find it dead."""
+    pid = h.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not (deaths := sup.check(now, set())):
+        assert time.monotonic() < deadline, "the killed stage was not found dead"
+        time.sleep(0.05)
+    return deaths
+
+
+@pytest.mark.parametrize("when_spent", ["stop", "retry"])
+def test_a_spent_restart_budget_stops_the_stage_or_keeps_retrying(tmp_path: Path, when_spent: str) -> None:
+    backoff = 0.5
+    cfg = parse_config(
+        {
+            "name": "p",
+            "stages": [
+                {
+                    "id": 0,
+                    "model": "tiny-qwen2",
+                    "final_output": True,
+                    "restart": {"max_restarts": 1, "backoff_s": backoff, "when_spent": when_spent},
+                }
+            ],
+        },
+        check_engine_args=False,
+    )
+    h = StageHandle(cfg, cfg.stages[0], "ipc://@nobody-listens", RunEndpoints(cfg.endpoints, new_run_id()), tmp_path)
+    said: list[str] = []
+    sup = Supervisor(cfg, {0: h}, said.append)
+    h.spawn()
+    try:
+        t0 = time.monotonic()
+        _killed_death(sup, h, t0)  # within the budget: restarted after the back-off
+        assert h.restart_at == t0 + backoff and sup.down_for_good() == {}
+        assert sup.check(t0 + backoff, set()) == [] and h.restarts == 1 and h.pid is not None
+        deaths = _killed_death(sup, h, t0 + 1)  # the budget is spent
+        if when_spent == "stop":
+            assert h.restart_at is None and sup.down_for_good() == {0: deaths[0][1]}
+            assert "will not be restarted" in said[-1]
+        else:  # restarted again, the back-off doubled
+            assert h.restart_at == t0 + 1 + 2 * backoff and sup.down_for_good() == {}
+            assert sup.check(t0 + 1 + 2 * backoff, set()) == [] and h.restarts == 2 and h.pid is not None
+    finally:
+        h.kill()
+
+
 CHILD = (
     "import sys, time; from omni_mp.procs import die_with_parent; "
     "die_with_parent(int(sys.argv[1])); time.sleep(60)"

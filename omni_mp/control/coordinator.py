@@ -41,6 +41,7 @@ from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.control.wiring import Wiring
 from omni_mp.keys import CLIENT_DOMAIN, STAGE_DOMAIN, SecureContext, pipeline_identity
+from omni_mp.media_limits import resolve_media_limits
 from omni_mp.wire.codec import PayloadError
 from omni_mp.wire.messages import (
     Abort,
@@ -90,7 +91,8 @@ class Coordinator:
         # Before anything is bound or spawned: a model that is not here, or a budget that cannot
         # fit, fails now (ValueErrors naming the stage and every number), not in a stage.
         check_models(cfg)
-        self.cfg = cfg = resolve_memory_budgets(cfg, progress=progress)
+        # Entry stages' media limits resolved from their checkpoints (the stages get them too).
+        self.cfg = cfg = resolve_media_limits(resolve_memory_budgets(cfg, progress=progress))
         self.run_id = new_run_id()
         self.endpoints = RunEndpoints(cfg.endpoints, self.run_id)
         bind = client_bind or self.endpoints.client()
@@ -421,6 +423,7 @@ class Coordinator:
                     alive=h.is_alive(),
                     ready=self.wiring.wired(sid),
                     restarts=h.restarts,
+                    failed=h.failure,
                     info={} if h.run is None else h.run.info,
                     stats=None if h.run is None else h.run.stats,
                 )
@@ -429,6 +432,11 @@ class Coordinator:
             inflight=len(self.table),
             request_id=request_id,
         )
+
+    def down_for_good(self) -> dict[int, str]:
+        """Stages that died with their restart budget spent, and why: while there is one, no
+        request can be served (a served pipeline then exits; omni_mp.launch)."""
+        return self.supervisor.down_for_good()
 
     def _on_submit(self, client: bytes, msg: Submit) -> None:
         try:

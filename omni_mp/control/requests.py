@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from omni_mp.audio import AudioParts
 from omni_mp.config import PipelineConfig
-from omni_mp.wire.messages import SamplingParamsMsg, StageDone, StageResult, Submit
+from omni_mp.media_limits import MediaError, check_media_sizes
+from omni_mp.wire.messages import MultiModalInput, SamplingParamsMsg, StageDone, StageResult, Submit
 
 
 @dataclass
@@ -54,6 +55,8 @@ def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMs
             "invalid_input",
             "`multi_modal`: needs a text `prompt` and an entry stage that takes media (with a `prompt_format`)",
         )
+    if msg.multi_modal is not None:
+        _check_media_sizes(cfg, msg.multi_modal)
     sampling: dict[int, SamplingParamsMsg] = {}
     ids = {s.id for s in cfg.stages}
     for s in msg.sampling:
@@ -72,6 +75,19 @@ def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMs
     if len(set(msg.final_stages)) != len(msg.final_stages):
         raise Rejected("invalid_input", "`final_stages`: a stage id is given twice")
     return sampling
+
+
+def _check_media_sizes(cfg: PipelineConfig, media: MultiModalInput) -> None:
+    """Media counts, audio seconds and image pixels against every entry stage's limits (the
+    model's: `cfg` has them resolved), from the arrays' shapes alone: what does not fit is
+    refused here, before it is forwarded. Layouts and values are the stage's to check."""
+    audios = [(math.prod(a.samples.shape), a.sample_rate) for a in media.audios]
+    images = [(im.pixels.shape[0], im.pixels.shape[1]) for im in media.images if len(im.pixels.shape) >= 2]
+    for stage in cfg.entry_stages:
+        try:
+            check_media_sizes(stage.id, stage.media, audios, images)
+        except MediaError as err:
+            raise Rejected("invalid_input", str(err)) from None
 
 
 def request_stages(cfg: PipelineConfig, final_stages: set[int]) -> set[int]:

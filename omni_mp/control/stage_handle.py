@@ -107,6 +107,7 @@ class StageHandle:
         self.run: Incarnation | None = None  # None: not started, dead, or failed for good
         self.restarts = 0
         self.restart_at: float | None = None  # dead, and due to be restarted then (monotonic)
+        self.failure: str | None = None  # down for good (no restart left): why it last died
 
     @property
     def proc(self) -> StageProcess | None:
@@ -127,6 +128,7 @@ class StageHandle:
         ]  # fmt: skip
 
     def spawn(self) -> None:
+        self.failure = None
         proc = self._launch()
         now = time.monotonic()
         self.run = Incarnation(proc=proc, spawned_at=now, last_heartbeat=now)
@@ -151,10 +153,11 @@ class StageHandle:
         self.restarts += 1
         self.spawn()
 
-    def died(self, restart_at: float | None) -> None:
-        """The current run is over; restart at `restart_at` (None: never)."""
+    def died(self, restart_at: float | None, reason: str = "it died") -> None:
+        """The current run is over; restart at `restart_at` (None: never, it is down for good)."""
         self.run = None
         self.restart_at = restart_at
+        self.failure = reason if restart_at is None else None
 
     def heartbeat(self, now: float, stats: StageStats | None = None) -> None:
         if self.run is not None:

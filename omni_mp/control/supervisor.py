@@ -17,6 +17,8 @@ from omni_mp.wire.messages import StageStats
 
 log = logging.getLogger("omni_mp.control.supervisor")
 
+MAX_DOUBLINGS = 6  # the back-off doubles per restart up to 2**6 = 64 x `backoff_s`
+
 
 class Supervisor:
     def __init__(self, cfg: PipelineConfig, handles: dict[int, StageHandle], progress: Callable[[str], None]) -> None:
@@ -71,9 +73,14 @@ class Supervisor:
         reason = f"stage {sid} (pid {h.pid}) {how}{why}" + (f"; last log line: {tail[-1]}" if tail else "")
         log.error("%s", reason)
         policy = h.stage.restart
-        if h.restarts < policy.max_restarts:
-            h.died(restart_at=now + policy.backoff_s * (2 ** min(h.restarts, 6)))
+        if h.restarts < policy.max_restarts or policy.when_spent == "retry":
+            h.died(restart_at=now + policy.backoff_s * (2 ** min(h.restarts, MAX_DOUBLINGS)))
         else:
-            h.died(restart_at=None)
+            h.died(restart_at=None, reason=reason)
             self.progress(f"stage {sid}: died and will not be restarted (max_restarts {policy.max_restarts})")
         return reason
+
+    def down_for_good(self) -> dict[int, str]:
+        """Stages that died with their restart budget spent (`when_spent: stop`), and why: while
+        there is one, no request can be served."""
+        return {sid: h.failure for sid, h in self.handles.items() if h.failure is not None}

@@ -41,6 +41,11 @@ class PromptFormat(Protocol):
 
     audio_rate: int  # the sample rate audio is resampled to before the model's processor
 
+    def max_audio_s(self, model_dir: str) -> float | None:
+        """The longest audio (seconds) the checkpoint's processor takes whole (longer audio
+        would be cut); None: no such limit."""
+        ...
+
     def render(self, text: str, n_audio: int, n_image: int) -> str:
         """The prompt for one user turn: `text` with one placeholder per audio and per image."""
         ...

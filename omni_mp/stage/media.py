@@ -9,38 +9,31 @@ import torch
 
 from omni_mp.audio_io import resample
 from omni_mp.config import StageConfig
+from omni_mp.media_limits import MediaError, check_media_sizes, stage_media_limits
 from omni_mp.models.registry import prompt_format
 from omni_mp.processors import StageInput
 from omni_mp.wire.messages import MultiModalInput
 
-
-class MediaError(ValueError):
-    """A request's media do not fit the stage (the message says which and why)."""
+__all__ = ["MediaError", "build_entry_input", "check_media"]
 
 
 def check_media(stage: StageConfig, media: MultiModalInput) -> None:
-    limits = stage.media
-    if len(media.audios) > limits.max_audios:
-        raise MediaError(f"{len(media.audios)} audios: stage {stage.id} takes at most {limits.max_audios}")
-    if len(media.images) > limits.max_images:
-        raise MediaError(f"{len(media.images)} images: stage {stage.id} takes at most {limits.max_images}")
+    """Layouts first, then sizes against the stage's limits (audio: what its model's processor
+    takes whole), then the samples' values: all before anything is resampled or processed."""
     for i, audio in enumerate(media.audios):
         s = audio.samples
         if s.dtype != torch.float32 or s.ndim != 1 or s.numel() == 0:
             raise MediaError(f"audios[{i}]: expected float32 [samples], got {s.dtype} {list(s.shape)}")
-        seconds = s.numel() / audio.sample_rate
-        if seconds > limits.max_audio_s:
-            raise MediaError(f"audios[{i}]: {seconds:.1f} s of audio > max_audio_s={limits.max_audio_s}")
-        if not bool(torch.isfinite(s).all()):
-            raise MediaError(f"audios[{i}]: samples must be finite")
     for i, image in enumerate(media.images):
         p = image.pixels
         if p.dtype != torch.uint8 or p.ndim != 3 or p.shape[2] != 3 or p.shape[0] < 1 or p.shape[1] < 1:
             raise MediaError(f"images[{i}]: expected uint8 [height, width, 3] (RGB), got {p.dtype} {list(p.shape)}")
-        if p.shape[0] * p.shape[1] > limits.max_image_pixels:
-            raise MediaError(
-                f"images[{i}]: {p.shape[0]}x{p.shape[1]} pixels > max_image_pixels={limits.max_image_pixels}"
-            )
+    audios = [(a.samples.numel(), a.sample_rate) for a in media.audios]
+    images = [(im.pixels.shape[0], im.pixels.shape[1]) for im in media.images]
+    check_media_sizes(stage.id, stage_media_limits(stage), audios, images)
+    for i, audio in enumerate(media.audios):
+        if not bool(torch.isfinite(audio.samples).all()):
+            raise MediaError(f"audios[{i}]: samples must be finite")
 
 
 def build_entry_input(stage: StageConfig, text: str, media: MultiModalInput | None) -> StageInput:

@@ -459,6 +459,7 @@ class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
     restarts: int
     info: StrMap = {}
     stats: StageStats | None = None  # from the current run's latest heartbeat
+    failed: str | None = None  # down for good (its restart budget spent): why it last died
 
 
 class StatusReply(MessageBase):

@@ -1,8 +1,13 @@
 """Qwen2.5-Omni's prompt format: its chat template, the text of one user turn with its media
 placeholders, and what its processor takes as media (audio at 16 kHz, WhisperFeatureExtractor's
-rate). vLLM's Qwen2.5-Omni processor expands each placeholder to the medium's tokens."""
+rate, at most its window: `n_samples`, 30 s by default). vLLM's Qwen2.5-Omni processor expands
+each placeholder to the medium's tokens."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 SYSTEM_PROMPT = "You are a helpful assistant who can hear, see and speak."
 AUDIO_SLOT = "<|audio_bos|><|AUDIO|><|audio_eos|>"
@@ -36,10 +41,36 @@ def omni_prompt_text(text: str, n_audio: int = 0, n_image: int = 0, system: str 
     return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{media}{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
+# WhisperFeatureExtractor's window when the checkpoint does not say (its `chunk_length` default).
+DEFAULT_AUDIO_WINDOW_S = 30.0
+
+
+def _feature_extractor_config(model_dir: Path) -> dict[str, Any]:
+    """The audio feature extractor's settings: `preprocessor_config.json` (Hugging Face's
+    checkpoints) or the `feature_extractor` entry of `processor_config.json` (what
+    transformers 5 writes); {} when the checkpoint has neither."""
+    flat = model_dir / "preprocessor_config.json"
+    if flat.is_file():
+        return json.loads(flat.read_text())
+    nested = model_dir / "processor_config.json"
+    if nested.is_file():
+        entry = json.loads(nested.read_text()).get("feature_extractor")
+        return entry if isinstance(entry, dict) else {}
+    return {}
+
+
 class OmniPromptFormat:
     """`prompt_format: qwen2_5_omni` (omni_mp.models.family.PromptFormat)."""
 
     audio_rate = 16_000
+
+    def max_audio_s(self, model_dir: str) -> float | None:
+        """The feature extractor's window: it pads or cuts every audio to `n_samples` samples
+        at `sampling_rate` (= `chunk_length` seconds), so anything longer would be cut."""
+        fe = _feature_extractor_config(Path(model_dir))
+        if "n_samples" in fe:
+            return float(fe["n_samples"]) / float(fe.get("sampling_rate", self.audio_rate))
+        return float(fe.get("chunk_length", DEFAULT_AUDIO_WINDOW_S))
 
     def render(self, text: str, n_audio: int, n_image: int) -> str:
         return omni_prompt_text(text, n_audio=n_audio, n_image=n_image)
