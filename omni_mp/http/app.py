@@ -40,6 +40,7 @@ from omni_mp.http.schemas import (
     to_json,
 )
 from omni_mp.http.sse import AbortingStream, ChunkMeta, cancel_on_disconnect, chat_events
+from omni_mp.wire.messages import StageStatus
 
 log = logging.getLogger("omni_mp.http")
 T = TypeVar("T")
@@ -131,6 +132,12 @@ async def _collect(events: AsyncIterator[ChatEvent]) -> tuple[str, bytes, ChatEn
     return end.text, b"".join(pcm), end
 
 
+def _why_down(stage: StageStatus) -> str:
+    if stage.failed is not None:  # its restart budget is spent: down for good
+        return f"down for good: {stage.failed}"
+    return "not ready" if stage.alive else "down, restarting"
+
+
 def _routes(app: FastAPI, srv: Server) -> None:
     auth = [Depends(srv.require_key)]
 
@@ -142,10 +149,11 @@ def _routes(app: FastAPI, srv: Server) -> None:
             return _json({"status": "unavailable", "reason": "the coordinator does not answer"}, 503)
         down = [s for s in status.stages if not (s.alive and s.ready)]
         stages = [
-            {"stage_id": s.stage_id, "alive": s.alive, "ready": s.ready, "restarts": s.restarts} for s in status.stages
+            {"stage_id": s.stage_id, "alive": s.alive, "ready": s.ready, "restarts": s.restarts, "failed": s.failed}
+            for s in status.stages
         ]
         if down:
-            names = ", ".join(f"stage {s.stage_id} ({'not ready' if s.alive else 'down'})" for s in down)
+            names = ", ".join(f"stage {s.stage_id} ({_why_down(s)})" for s in down)
             return _json({"status": "unavailable", "reason": f"not serving: {names}", "stages": stages}, 503)
         return _json({"status": "ok", "pipeline": status.pipeline, "inflight": status.inflight, "stages": stages})
 
