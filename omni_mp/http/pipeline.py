@@ -4,6 +4,7 @@ audio, the media limits, and how an OpenAI request's sampling maps onto the stag
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import msgspec
@@ -52,10 +53,13 @@ class PipelineView:
             raise ValueError(f"pipeline {cfg.name!r}: no final AR stage answers in text")
         return cls(cfg, text[0], next((s for s in finals if s.kind == "diffusion"), None))
 
-    @property
+    @functools.cached_property  # reads the checkpoints once
     def media_limits(self) -> MediaLimits:
-        """What the entry stages take (each limit the smallest of theirs), checked before decoding."""
-        entries = [s.media for s in self.cfg.entry_stages] or [MediaLimits()]
+        """What the entry stages take (each limit the smallest of theirs, `max_audio_s` resolved
+        from their checkpoints as the coordinator does), checked before decoding."""
+        from omni_mp.media_limits import stage_media_limits
+
+        entries = [stage_media_limits(s) for s in self.cfg.entry_stages] or [MediaLimits()]
         return MediaLimits(**{f: min(getattr(m, f) for m in entries) for f in MediaLimits.__struct_fields__})
 
     def sampling(self, s: Sampling, *, audio: bool) -> dict[int, SamplingParamsMsg]:
