@@ -91,19 +91,19 @@ def _check_media(cfg: PipelineConfig, audios: list[Path], images: list[Path]) ->
     for path in [*audios, *images]:
         if not path.is_file():
             raise ValueError(f"{path}: no such file")
+    from omni_mp.media_limits import check_media_sizes, stage_media_limits
+
     try:
-        multi_modal_input(audios, images)
+        media = multi_modal_input(audios, images)
     except (ValueError, OSError) as err:  # PIL's UnidentifiedImageError is an OSError
         raise ValueError(f"cannot read the media files: {err}") from None
+    assert media is not None
+    sizes = [(a.samples.shape[0], a.sample_rate) for a in media.audios]
+    pixels = [(im.pixels.shape[0], im.pixels.shape[1]) for im in media.images]
     for stage in cfg.entry_stages:
-        limits = stage.media
         if stage.prompt_format is None:
             raise ValueError(f"stage {stage.id} takes no media (it has no `prompt_format`): drop --audio/--image")
-        if len(audios) > limits.max_audios or len(images) > limits.max_images:
-            raise ValueError(
-                f"stage {stage.id} takes at most {limits.max_audios} audios and {limits.max_images} images "
-                f"per request, got {len(audios)} and {len(images)}"
-            )
+        check_media_sizes(stage.id, stage_media_limits(stage), sizes, pixels)  # counts, seconds, pixels
 
 
 def _say(msg: str) -> None:

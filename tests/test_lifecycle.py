@@ -53,6 +53,13 @@ def test_missing_or_unreadable_input_files_exit_2_before_any_stage_starts(tmp_pa
         proc = _launch("--config", str(REPO / "stage_configs/tiny_qwen2_5_omni.yaml"), "--prompt", "x", *extra)
         assert proc.returncode == 2 and want in proc.stderr, (extra, proc.stderr[-2000:])
         assert "starting" not in proc.stderr
+    # Audio longer than the model's processor takes whole is refused with both lengths.
+    long = tmp_path / "long.wav"
+    write_wav(long, np.zeros(16_000 * 40, dtype=np.float32), 16_000)
+    proc = _launch(
+        "--config", str(REPO / "stage_configs/tiny_qwen2_5_omni.yaml"), "--prompt", "x", "--audio", str(long)
+    )
+    assert proc.returncode == 2 and "40.00 s of audio; stage 0 takes at most 30 s" in proc.stderr
     # Media for a pipeline whose entry stage takes none (no prompt_format) are refused as well.
     audio = tmp_path / "a.wav"
     write_wav(audio, np.zeros(1600, dtype=np.float32), 16_000)
