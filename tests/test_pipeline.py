@@ -117,6 +117,25 @@ def test_stream_arrival_is_incremental(client: OmniClient) -> None:
     assert arrivals[-1] - arrivals[0] > 0.01  # 64 engine steps cannot all land at once
 
 
+def _long_stream_started(client: OmniClient, prompt: str, rid: str) -> tuple[threading.Thread, list[BaseException]]:
+    """A long request streamed on a thread, once its first chunk arrived; the thread collects
+    the error that ends it (the caller aborts it)."""
+    started = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in client.stream(prompt, request_id=rid, sampling=long_stage(1), timeout_s=120):
+                started.set()
+        except BaseException as err:  # noqa: BLE001 - collected for the caller's assertions
+            errors.append(err)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(60), "the request never started streaming"
+    return t, errors
+
+
 def _stats_when(client: OmniClient, ok: Callable[[dict[int, StageStats]], bool]) -> dict[int, StageStats]:
     """Every stage's stats from status(), once `ok` holds for them (a few heartbeats at most)."""
     deadline = time.monotonic() + 10
@@ -138,19 +157,7 @@ def test_status_reports_each_stage_load_and_counters(client: OmniClient) -> None
     request while it streams; afterwards no stage holds one, and every stage's steps and step
     time, and stage 0's bytes to stage 1, have grown."""
     before = _stats_when(client, lambda st: True)
-    started = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            for _ in client.stream("Hello", request_id="stats-id", sampling=long_stage(1), timeout_s=120):
-                started.set()
-        except BaseException as err:  # noqa: BLE001 - collected for the assertion below
-            errors.append(err)
-
-    t = threading.Thread(target=run)
-    t.start()
-    assert started.wait(60), "stage 1 never produced a chunk"
+    t, errors = _long_stream_started(client, "Hello", "stats-id")
     _stats_when(client, lambda st: st[1].running == 1 and st[1].waiting == 0)
     client.abort("stats-id")
     t.join(10)
@@ -163,19 +170,7 @@ def test_status_reports_each_stage_load_and_counters(client: OmniClient) -> None
 
 
 def test_abort_mid_request_does_not_poison_later_requests(client: OmniClient) -> None:
-    errors: list[BaseException] = []
-    started = threading.Event()
-
-    def run() -> None:
-        try:
-            for _ in client.stream("The quick brown fox", request_id="same-id", sampling=long_stage(1), timeout_s=120):
-                started.set()
-        except BaseException as err:  # noqa: BLE001 - collected for the assertion below
-            errors.append(err)
-
-    t = threading.Thread(target=run)
-    t.start()
-    assert started.wait(60), "the request never started streaming"
+    t, errors = _long_stream_started(client, "The quick brown fox", "same-id")
     client.abort("same-id")
     t.join(10)
     assert not t.is_alive()
