@@ -5,7 +5,6 @@ outgrows `limits.max_string_length` (one tiny vLLM stage process, in-process coo
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 
 import msgspec
@@ -15,6 +14,7 @@ import torch
 from omni_mp.client import AsyncOmniClient, OmniClient, RequestError
 from omni_mp.config import load_config
 from omni_mp.control.coordinator import Coordinator
+from omni_mp.control.embedded import embedded_pipeline
 from omni_mp.wire.codec import Limits, PayloadError, decode, encode, split_unsendable
 from omni_mp.wire.messages import ErrorEvent, HiddenRows, SamplingParamsMsg, StageOutputBatch, StageOutputChunk
 from tests.launcher import REPO
@@ -75,15 +75,8 @@ SHORT = {0: SamplingParamsMsg(max_tokens=4, ignore_eos=True)}
 def coord() -> Iterator[Coordinator]:
     cfg = load_config(REPO / "tests" / "configs" / "tiny_single.yaml")
     cfg = msgspec.structs.replace(cfg, limits=msgspec.structs.replace(cfg.limits, max_string_length=STRING_LIMIT))
-    c = Coordinator(cfg)
-    c.start()
-    runner = threading.Thread(target=c.run, name="coordinator")
-    runner.start()
-    try:
+    with embedded_pipeline(cfg) as c:
         yield c
-    finally:
-        c.stop()
-        runner.join(60)
 
 
 @pytest.mark.engine
