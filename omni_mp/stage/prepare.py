@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from omni_mp.config import StageConfig
 from omni_mp.engines.base import EngineInputError, PreparedRequest, StageEngine, StageInput
@@ -68,7 +68,9 @@ def entry_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> S
 class Preparer(threading.Thread):
     """Prepares entry requests in order; results go to `deliver` (the engine thread's inbox)."""
 
-    def __init__(self, stage: StageConfig, engine: StageEngine, deliver: Any, stop: threading.Event) -> None:
+    def __init__(
+        self, stage: StageConfig, engine: StageEngine, deliver: Callable[[Prepared], None], stop: threading.Event
+    ) -> None:
         super().__init__(name=f"stage{stage.id}-prepare", daemon=True)
         self.stage, self.engine, self.deliver, self.stop = stage, engine, deliver, stop
         self._jobs: deque[PrepareJob] = deque()
