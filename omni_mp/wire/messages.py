@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUDIO_KEY",
+    "IMAGE_KEY",
+    "IMAGE_STEP_KEY",
     "SAMPLE_RATE_KEY",
     "MAX_BATCH",
     "MAX_STAGES",
@@ -116,6 +118,10 @@ StrMap = Annotated[dict[str, str], Meta(max_length=MAX_INFO_ENTRIES)]
 # AdditionalInformation keys of a chunk of audio: float32 [n] samples in [-1, 1], and their rate.
 AUDIO_KEY = "audio"
 SAMPLE_RATE_KEY = "sample_rate"
+# AdditionalInformation keys of an image output: uint8 [height, width, 3] RGB pixels, and the
+# denoising step it was decoded after (a preview) or absent (the final image).
+IMAGE_KEY = "image"
+IMAGE_STEP_KEY = "image_step"
 
 SpeakerName = Annotated[str, Meta(min_length=1, max_length=64)]
 
