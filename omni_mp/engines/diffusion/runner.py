@@ -5,17 +5,28 @@ Holds every running trajectory (its state, conditioning and time grid) like an A
 holds KV cache, and per request the noise stream and the output joiner. `execute` runs one
 solver step over the scheduled trajectories (grouped by solver; rows padded to the longest
 state), decodes those that reached t = 1, and joins their output into the request's stream.
+
+Per-step host work is kept off the solver's path: a group's conditioning is collated once and
+its padded state kept while the same trajectories step together (rebuilt when one joins or
+leaves), time pairs go to the device in one copy, and nothing waits for the device. With
+`graphs` (CUDA) and a model that declares `graph_frame_step`, a step's batch is padded to a
+bucket (batch size from `graph_batch_sizes`, frames to a multiple of the model's step, up to
+`graph_max_frames`) and its velocity replayed from a CUDA graph of that bucket (`graphs.py`);
+other steps, and every step on a CPU, run eagerly at their own size.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner
+from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, bucket, round_up
 from omni_mp.engines.diffusion.model import DiffusionModel
 from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
 
@@ -46,19 +57,56 @@ class _Trajectory:
     plan: ChunkPlan
     cond: object
     x: torch.Tensor  # [frames, state_dim] on the model's device
-    grid: torch.Tensor  # time points, on the model's device
+    grid: list[float]  # time points (fp32 values)
     guidance: float
     solver: str
     k: int = 0  # solver steps taken
 
 
+@dataclass
+class _Group:
+    """Trajectories of one solver stepping together: their collated conditioning and padded
+    state, kept while the same trajectories step together."""
+
+    key: tuple[int, ...]  # trajectory ids, in row order
+    batch: Any
+    x: torch.Tensor  # [rows, frames, state_dim], padded (to a graph bucket when graphed)
+    graphed: bool
+
+
 class DiffusionRunner:
-    def __init__(self, model: DiffusionModel, crossfade: int) -> None:
+    def __init__(
+        self,
+        model: DiffusionModel,
+        crossfade: int,
+        graphs: GraphSet | None = None,
+        graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        graph_max_frames: int = 512,
+    ) -> None:
+        """`graphs`: CUDA graphs for models that declare `graph_frame_step` (None: eager)."""
         self.model = model
         self.crossfade = crossfade
         self.trajectories: dict[int, _Trajectory] = {}
         self.noise: dict[str, NoiseStream] = {}
         self.joiners: dict[str, Joiner] = {}
+        self.groups: dict[str, _Group] = {}
+        self.frame_step: int | None = getattr(model, "graph_frame_step", None) if graphs is not None else None
+        self.graphs = graphs if self.frame_step else None
+        self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
+        self.graph_max_frames = graph_max_frames
+        self._velocity = model.velocity
+        if self.graphs is not None:
+            self._velocity = self.graphs.wrap(model.velocity, "velocity")
+            use_graphs = getattr(model, "use_graphs", None)
+            if use_graphs is not None:  # the model graphs its own parts (a vocoder)
+                use_graphs(self.graphs, self.graph_batch_sizes)
+
+    def graph_shape(self, rows: int, frames: int) -> tuple[int, int] | None:
+        """The bucket a step of `rows` x `frames` is padded to, or None: it runs eagerly."""
+        if self.graphs is None or self.frame_step is None:
+            return None
+        b, f = bucket(rows, self.graph_batch_sizes), round_up(frames, self.frame_step)
+        return None if b is None or f > self.graph_max_frames else (b, f)
 
     def _start(self, spec: TrajectorySpec) -> None:
         w, m = spec.window, self.model
@@ -71,7 +119,7 @@ class DiffusionRunner:
             plan=spec.plan,
             cond=m.condition(w),
             x=x0.to(m.device),
-            grid=time_grid(w.params.num_steps, w.params.sway_coefficient).to(m.device),
+            grid=time_grid(w.params.num_steps, w.params.sway_coefficient).tolist(),
             guidance=w.params.guidance_scale,
             solver=w.params.solver,
         )
@@ -82,19 +130,36 @@ class DiffusionRunner:
         for tid in [t for t, tr in self.trajectories.items() if tr.request_id == request_id]:
             del self.trajectories[tid]
 
-    def _step(self, trajs: list[_Trajectory]) -> None:
-        """One solver step for trajectories that share a solver, in one padded batch."""
+    def _group(self, key: tuple[int, ...], trajs: list[_Trajectory]) -> _Group:
         m = self.model
         n, s = len(trajs), max(t.x.shape[0] for t in trajs)
-        x = torch.zeros(n, s, m.state_dim, device=m.device)
+        shape = self.graph_shape(n, s)
+        rows, frames = shape or (n, s)
+        x = torch.zeros(rows, frames, m.state_dim, device=m.device)
         for i, t in enumerate(trajs):
             x[i, : t.x.shape[0]] = t.x
-        t0 = torch.stack([t.grid[t.k] for t in trajs])
-        t1 = torch.stack([t.grid[t.k + 1] for t in trajs])
-        batch = m.collate([t.cond for t in trajs], torch.tensor([t.guidance for t in trajs], device=m.device))
-        x = SOLVERS[trajs[0].solver](lambda tt, xx: m.velocity(batch, xx, tt), t0, t1, x)
+        guidance = torch.tensor([t.guidance for t in trajs], dtype=torch.float32)
+        conds = [t.cond for t in trajs]
+        batch = m.collate(conds, guidance) if shape is None else m.collate(conds, guidance, pad_to=shape)  # type: ignore[call-arg]
+        return _Group(key, batch, x, shape is not None)
+
+    def _step(self, solver: str, tids: list[int]) -> None:
+        """One solver step for trajectories that share a solver, in one padded batch."""
+        m = self.model
+        key = tuple(tids)
+        trajs = [self.trajectories[tid] for tid in tids]
+        g = self.groups.get(solver)
+        if g is None or g.key != key:
+            g = self.groups[solver] = self._group(key, trajs)
+        rows = g.x.shape[0]
+        times = torch.zeros(2, rows, dtype=torch.float32)  # padded rows: t = 0 (their output is dropped)
+        times[:, : len(trajs)] = torch.tensor([[t.grid[t.k] for t in trajs], [t.grid[t.k + 1] for t in trajs]])
+        t0, t1 = times.to(m.device)
+        velocity = self._velocity if g.graphed else m.velocity
+        batch = g.batch
+        g.x = SOLVERS[solver](lambda tt, xx: velocity(batch, xx, tt), t0, t1, g.x)
         for i, t in enumerate(trajs):
-            t.x = x[i, : t.x.shape[0]]
+            t.x = g.x[i, : t.x.shape[0]]
             t.k += 1
 
     @torch.no_grad()
@@ -109,12 +174,13 @@ class DiffusionRunner:
                 log.exception("request %s: cannot start a trajectory", spec.window.request_id)
                 result.errors[spec.window.request_id] = f"{type(err).__name__}: {err}"
         live = [tid for tid in plan.step_ids if tid in self.trajectories]
-        by_solver: dict[str, list[_Trajectory]] = {}
+        by_solver: dict[str, list[int]] = {}
         for tid in live:
-            tr = self.trajectories[tid]
-            by_solver.setdefault(tr.solver, []).append(tr)
-        for trajs in by_solver.values():
-            self._step(trajs)
+            by_solver.setdefault(self.trajectories[tid].solver, []).append(tid)
+        for solver in [s for s in self.groups if s not in by_solver]:
+            del self.groups[solver]  # nothing of it runs now: its padded state is not kept
+        for solver, tids in by_solver.items():
+            self._step(solver, tids)
         finished = [tid for tid in live if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
         if finished:
             outs = self.model.decode([self.trajectories[tid].x for tid in finished])
