@@ -114,6 +114,7 @@ class DiffusionRunner:
         noise = self.noise.setdefault(w.request_id, NoiseStream(w.params.seed, m.state_dim))
         fpi = m.frames_per_input
         x0 = noise.take(w.start * fpi, (w.start + w.ids.numel()) * fpi)
+        self.groups.clear()  # a group is valid only while its trajectories live (ids may be reused)
         self.trajectories[spec.traj_id] = _Trajectory(
             request_id=w.request_id,
             plan=spec.plan,
@@ -125,6 +126,7 @@ class DiffusionRunner:
         )
 
     def _free(self, request_id: str) -> None:
+        self.groups.clear()  # a group is valid only while its trajectories live
         self.noise.pop(request_id, None)
         self.joiners.pop(request_id, None)
         for tid in [t for t, tr in self.trajectories.items() if tr.request_id == request_id]:
