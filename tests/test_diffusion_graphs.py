@@ -8,8 +8,8 @@ Here `EagerBuckets` stands in for the GraphSet's `wrap` (it returns the function
 the runner pads every step to a bucket exactly as it does on a GPU, and runs it eagerly.
 
 Tolerances (tiny token2wav, fp32, CPU): padded vs unpadded velocity of the real rows and
-frames: atol 1e-5 (observed <= 1e-6: padded keys are masked out of the attention, only the
-kernels' blocking differs); padded vs unpadded audio through the whole runner: atol 1e-5;
+frames: atol 1e-5 (observed <= 2e-6: padded keys are masked out of the attention, only the
+kernels' blocking differs); padded vs unpadded audio through the whole runner: atol 1e-5 (observed <= 5e-7);
 vocoder: bit-equal (the same operations in the same order).
 """
 
@@ -140,6 +140,8 @@ def test_runner_bucket_padding_gives_the_eager_audio() -> None:
         assert padded[rid].shape == eager[rid].shape
         diff = (padded[rid] - eager[rid]).abs().max().item()
         assert diff <= ATOL, (rid, diff)
+    again = run(padded_runner, wins)  # the same trajectory ids again: nothing of the last run is reused
+    assert all(torch.equal(again[rid], padded[rid]) for rid in padded)
     # past the largest bucket or the longest graphed state: eager at its own size
     assert padded_runner.graph_shape(9, 24) is None and padded_runner.graph_shape(1, 600) is None
 
