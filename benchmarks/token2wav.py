@@ -8,9 +8,13 @@ transformers' token2wav run one request at a time, on the same checkpoint and de
 2. Time to first audio chunk (streaming, default windows): `c` requests arriving at once
    (c in --concurrency); median and max over the requests, and the median's ratio to c = 1.
 
+On a GPU two engines run side by side: `eager` (cuda_graphs off) and `graphs` (the default:
+each solver step padded to a batch/length bucket and replayed from a CUDA graph, the vocoder
+too); the tables give both and their ratio. On a CPU only the eager engine runs.
+
 CPU (tiny checkpoint):   python benchmarks/token2wav.py
 One GPU (token2wav at transformers' default size, random weights; built once, ~1.7 GB):
-                         python benchmarks/token2wav.py --gpu
+                         python benchmarks/token2wav.py --gpu [--matmul high]
 """
 
 from __future__ import annotations
@@ -79,11 +83,16 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--max-batch", type=int, default=16, help="trajectories per engine step")
     ap.add_argument("--rounds", type=int, default=2, help="alternating engine/transformers rounds; best kept")
+    ap.add_argument("--matmul", choices=["highest", "high"], default="highest", help="float32_matmul (high: TF32)")
     args = ap.parse_args()
     device = torch.device("cuda:0" if args.gpu else "cpu")
     spec = TOKEN2WAV_SPECS["token2wav-default-size" if args.gpu else "tiny-token2wav"]
     model_dir = str(build_token2wav(spec))
-    eng = DiffusionEngine(model_dir, DiffusionStageConfig(max_batch=args.max_batch), {"max_model_len": 4096})
+    engines: dict[str, DiffusionEngine] = {}
+    for name, graphs in (("eager", False), ("graphs", True)) if args.gpu else (("eager", False),):
+        cfg = DiffusionStageConfig(max_batch=args.max_batch, cuda_graphs=graphs, float32_matmul=args.matmul)
+        engines[name] = DiffusionEngine(model_dir, cfg, {"max_model_len": 4096})
+    eng = engines["eager"]
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     hf = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -91,39 +100,59 @@ def main() -> None:
     vocab = eng.model.num_codes
     audio_s = args.codes * eng.model.samples_per_input / eng.model.sample_rate
     where = torch.cuda.get_device_name(0) if args.gpu else f"CPU ({os.cpu_count()} cores)"
-    print(f"# {where}; {spec_name(args.gpu)}; {args.codes} codes = {audio_s:.2f} s of audio per request")
+    print(
+        f"# {where}; {spec_name(args.gpu)}; {args.codes} codes = {audio_s:.2f} s of audio per request; "
+        f"float32_matmul {args.matmul}; engines: {', '.join(engines)}"
+    )
 
+    batches = [int(x) for x in args.batches.split(",")]
+    levels = [int(x) for x in args.concurrency.split(",")]
     warm = [_codes(args.codes, vocab, 99)]
-    run_engine(eng, warm, stream=False)
     run_hf(hf, warm, device)
+    for e in engines.values():  # warm, and with graphs capture the buckets the runs below use
+        run_engine(e, warm, stream=False)
+        for b in batches:
+            run_engine(e, [_codes(args.codes, vocab, 50 + i) for i in range(b)], stream=False)
+        for c in levels:
+            run_engine(e, [_codes(args.codes, vocab, 70 + i) for i in range(c)], stream=True)
 
-    print("\n| batch | engine req/s | engine RTF | transformers req/s | transformers RTF | speed-up |")
-    print("|---|---|---|---|---|---|")
-    for b in (int(x) for x in args.batches.split(",")):
+    cols = " | ".join(f"{n} req/s | {n} RTF" for n in engines)
+    ratio = " | graphs vs eager" if "graphs" in engines else ""
+    print(f"\n| batch | {cols} | transformers req/s | transformers RTF | best vs transformers{ratio} |")
+    print("|---|" + "---|" * (2 * len(engines) + 3 + bool(ratio)))
+    for b in batches:
         reqs = [_codes(args.codes, vocab, i) for i in range(b)]
-        t_eng = t_hf = float("inf")
+        t_eng = dict.fromkeys(engines, float("inf"))
+        t_hf = float("inf")
         for _ in range(args.rounds):  # alternating, best of: other load on the host shows as noise
-            t_eng = min(t_eng, run_engine(eng, reqs, stream=False)[0])
+            for n, e in engines.items():
+                t_eng[n] = min(t_eng[n], run_engine(e, reqs, stream=False)[0])
             t_hf = min(t_hf, run_hf(hf, reqs, device))
-        print(
-            f"| {b} | {b / t_eng:.2f} | {t_eng / (b * audio_s):.3f} | {b / t_hf:.2f} | {t_hf / (b * audio_s):.3f} "
-            f"| {t_hf / t_eng:.2f}x |"
-        )
+        cells = " | ".join(f"{b / t:.2f} | {t / (b * audio_s):.3f}" for t in t_eng.values())
+        extra = f" | {t_eng['eager'] / t_eng['graphs']:.2f}x" if ratio else ""
+        best = t_hf / min(t_eng.values())
+        print(f"| {b} | {cells} | {b / t_hf:.2f} | {t_hf / (b * audio_s):.3f} | {best:.2f}x{extra} |")
 
-    print("\n| concurrent requests | first audio, median (ms) | max (ms) | median vs 1 request |")
-    print("|---|---|---|---|")
-    base = None
-    for c in (int(x) for x in args.concurrency.split(",")):
+    names = list(engines)
+    heads = " | ".join(f"{n} first audio median (ms) | {n} max (ms)" for n in names)
+    print(f"\n| concurrent requests | {heads}{' | graphs vs eager (median)' if ratio else ''} |")
+    print("|---|" + "---|" * (2 * len(names) + bool(ratio)))
+    for c in levels:
         reqs = [_codes(args.codes, vocab, 100 + i) for i in range(c)]
-        first: dict[str, float] = {}
-        for _ in range(args.rounds):
-            _, got = run_engine(eng, reqs, stream=True)
-            if not first or statistics.median(got.values()) < statistics.median(first.values()):
-                first = got
-        med = statistics.median(first.values())
-        base = base or med
-        print(f"| {c} | {1000 * med:.0f} | {1000 * max(first.values()):.0f} | {med / base:.2f}x |")
-    eng.shutdown()
+        meds: dict[str, float] = {}
+        cells = []
+        for n, e in engines.items():
+            first: dict[str, float] = {}
+            for _ in range(args.rounds):
+                _, got = run_engine(e, reqs, stream=True)
+                if not first or statistics.median(got.values()) < statistics.median(first.values()):
+                    first = got
+            meds[n] = statistics.median(first.values())
+            cells.append(f"{1000 * meds[n]:.0f} | {1000 * max(first.values()):.0f}")
+        extra = f" | {meds['eager'] / meds['graphs']:.2f}x" if ratio else ""
+        print(f"| {c} | {' | '.join(cells)}{extra} |")
+    for e in engines.values():
+        e.shutdown()
 
 
 def spec_name(gpu: bool) -> str:
