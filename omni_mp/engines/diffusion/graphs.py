@@ -122,7 +122,7 @@ class ShapeGraphs:
                     self.fn(*inputs)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 output = self.fn(*inputs)
         except Exception:  # noqa: BLE001 - this shape runs eagerly from now on; the engine keeps serving
             log.exception("%s: CUDA graph capture failed for %s; running it eagerly", self.name, key)
