@@ -702,11 +702,12 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
         if xs:
             ax.plot(xs, [results[phase][str(c)]["first_audio_p50_s"] for c in xs], marker="o", label=label)
             ax2.plot(xs, [results[phase][str(c)]["audio_s_per_s"] for c in xs], marker="o", label=label)
-    for f in sorted(args.out.glob("vllm_omni_*.json")):  # vllm-omni (benchmarks/peer_vllm_omni.py)
-        peer = json.loads(f.read_text())
+    from peer_vllm_omni import peer_docs  # vllm-omni's runs in --out, if any (issue 20)
+
+    for config, peer in peer_docs(args.out).items():
         xs = [c for c in cs if str(c) in peer]
         if xs:
-            label = f"vllm-omni, {peer.get('config', f.stem)}"
+            label = f"vllm-omni, {config}"
             ax.plot(xs, [peer[str(c)]["first_audio_p50_s"] for c in xs], marker="^", ls="-.", label=label)
             ax2.plot(xs, [peer[str(c)]["audio_s_per_s"] for c in xs], marker="^", ls="-.", label=label)
     hf = results.get("hf", {})

@@ -67,15 +67,35 @@ CONFIGS = {"shipped": "qwen2_5_omni_1gpu.yaml", "seqs64": "qwen2_5_omni_1gpu_seq
 BASE_YAML = "qwen2_5_omni.yaml"  # vllm-omni's shipped deploy config, in its package's deploy/
 FIELDS = ("wall_s", "first_audio_p50_s", "first_audio_p90_s", "rtf_mean", "audio_s_per_s", "thinker_tok_s")
 AUDIO_KEYS = ("audio", "model_outputs", "waveform", "wav")
-RATE_KEYS = ("sr", "sample_rate", "audio_sample_rate")
+RATE_KEYS = ("sr", "sample_rate", "audio_sample_rate", "sampling_rate")
 
 
 def say(msg: str) -> None:
     print(f"[peer_vllm_omni] {msg}", flush=True)
 
 
-def result_path(out: Path, config: str) -> Path:
-    return out / f"vllm_omni_{config}.json"
+def result_path(out: Path, config: str, part: str | None = None) -> Path:
+    return out / f"vllm_omni_{config}{'.' + part if part else ''}.json"
+
+
+def peer_docs(out: Path) -> dict[str, dict[str, Any]]:
+    """Every vllm_omni_<config>[.<part>].json in `out`, the parts of one config merged (levels
+    measured in separate device calls: a later part's level wins; every error is kept)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for f in sorted(out.glob("vllm_omni_*.json")):
+        doc = json.loads(f.read_text())
+        m = merged.setdefault(doc.get("config", f.stem), {"run_errors": [], "errors": {}, "cold_start_s": []})
+        m.update({k: v for k, v in doc.items() if k in ("system", "config", "overlay", "device", "lengths")})
+        for c, level in doc.items():
+            if c.isdigit():
+                m[c] = level
+                m["errors"].pop(c, None)
+        m["errors"].update(doc.get("errors", {}))
+        if "error" in doc:
+            m["run_errors"].append(f"{f.name}: {doc['error']}")
+        if "cold_start_s" in doc:
+            m["cold_start_s"].append(doc["cold_start_s"])
+    return merged
 
 
 # ---- parent: model dir, overlay, child process -------------------------------------------------
@@ -108,7 +128,7 @@ def child_env(peer_site: Path) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    out_file = result_path(args.out, args.config)
+    out_file = result_path(args.out, args.config, args.part)
     doc: dict[str, Any] = {
         "system": f"vllm-omni {installed_version(args.peer_site)}",
         "config": args.config,
@@ -118,6 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "audio_s": args.talker_codes * omni_gpu.SAMPLES_PER_CODE / omni_gpu.SAMPLE_RATE,
         },
         "concurrency": args.concurrency,
+        "device": omni_gpu.device_name(),  # here: the child must not initialise CUDA itself
     }  # fmt: skip
     t0 = time.perf_counter()
     try:
@@ -130,12 +151,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out_file.write_text(json.dumps(doc, indent=1))
         say(doc["error"])
         return doc
-    partial = args.out / f".vllm_omni_{args.config}.partial.json"
+    partial = args.out / f".{result_path(args.out, args.config, args.part).stem}.partial.json"
     partial.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--child", str(overlay), "--model", str(model), "--partial", str(partial)]
     cmd += [a for a in sys.argv[1:]]
     timeout = args.deadline_s - (time.perf_counter() - t0) if args.deadline_s else None
-    log = args.out / f"vllm_omni_{args.config}.log"
+    log = result_path(args.out, args.config, args.part).with_suffix(".log")
     say(f"{doc['system']}, config {args.config} ({overlay.name}), levels {args.concurrency}; log: {log}")
     with open(log, "w") as logf:
         proc = subprocess.Popen(
@@ -217,7 +238,10 @@ def audio_of(mm: Any) -> tuple[int, int | None, str]:
 
     if mm is None:
         return 0, None, "none"
-    items = dict(mm.items()) if hasattr(mm, "items") else {"audio": mm}
+    if hasattr(mm, "to_dict"):  # vllm-omni's MultimodalPayload: tensors and metadata
+        items = mm.to_dict()
+    else:
+        items = dict(mm.items()) if hasattr(mm, "items") else {"audio": mm}
     rate = None
     for k in RATE_KEYS:
         if k in items and items[k] is not None:
@@ -304,7 +328,7 @@ def max_num_seqs(overlay: Path) -> int:
 
 def child(args: argparse.Namespace) -> int:
     """vllm-omni in this process; what is measured goes to --partial after every step."""
-    res: dict[str, Any] = {"device": omni_gpu.device_name()}
+    res: dict[str, Any] = {}  # no CUDA in this process before vllm-omni starts its stages
 
     def save() -> None:
         args.partial.write_text(json.dumps(res, indent=1, default=str))
@@ -376,13 +400,13 @@ def child(args: argparse.Namespace) -> int:
 
 # ---- omni_gpu.py's report: the peer next to omni_mp --------------------------------------------
 def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any]) -> list[str]:
-    """Markdown lines for every vllm_omni_<config>.json in `out`: its levels next to omni_mp's
-    streaming ones (`stream`: omni_gpu's stream.json), and any error."""
+    """Markdown lines for the vllm-omni results in `out` (peer_docs): its levels next to omni_mp's
+    streaming ones (`stream`: omni_gpu's stream.json), and every error."""
     lines: list[str] = []
-    for f in sorted(out.glob("vllm_omni_*.json")):
-        doc = json.loads(f.read_text())
-        name = f"{doc.get('system', 'vllm-omni')}, config {doc.get('config', f.stem)} ({doc.get('overlay', '')})"
-        lines += ["", f"**{name}**: cold start {doc['cold_start_s']:.0f} s" if "cold_start_s" in doc else f"**{name}**"]
+    for config, doc in peer_docs(out).items():
+        name = f"{doc.get('system', 'vllm-omni')}, config {config} ({doc.get('overlay', '')})"
+        colds = ", ".join(f"{x:.0f} s" for x in doc["cold_start_s"])
+        lines += ["", f"**{name}**" + (f": cold start {colds}" if colds else "")]
         lines += [
             "| concurrency | first audio p50 / p90 | omni_mp p50 | RTF | audio s/s | omni_mp / it "
             "| thinker tok/s | omni_mp / it |",
@@ -391,7 +415,7 @@ def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any]) -> lis
         for c in concurrency:
             p, o = doc.get(str(c)), stream.get(str(c), {})
             if p is None:
-                err = doc.get("errors", {}).get(str(c)) or ("not run" if "error" not in doc else "failed (below)")
+                err = doc["errors"].get(str(c)) or ("failed (below)" if doc["run_errors"] else "not run")
                 lines.append(f"| {c} | {err[:200]} | | | | | | |")
                 continue
 
@@ -404,8 +428,7 @@ def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any]) -> lis
                 f"| {p['rtf_mean']:.2f} | {p['audio_s_per_s']:.2f} | {ratio('audio_s_per_s')} "
                 f"| {p['thinker_tok_s']:.0f} | {ratio('thinker_tok_s')} |"
             )
-        if "error" in doc:
-            lines.append(f"run failed: {doc['error'][:1500]}")
+        lines += [f"run failed: {e[:1500]}" for e in doc["run_errors"]]
     if lines:
         head = "vllm-omni on the same GPU, same model dir, prompts and lengths (its first audio is its last):"
         lines.insert(0, "\n" + head)
@@ -415,6 +438,7 @@ def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any]) -> lis
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", choices=sorted(CONFIGS), default="shipped")
+    p.add_argument("--part", help="write vllm_omni_<config>.<part>.json: levels of one config run in several calls")
     p.add_argument("--peer-site", type=Path, default=Path("/tmp/peer-site"), help="where vllm-omni is installed")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     p.add_argument("--thinker-tokens", type=int, default=128)
@@ -452,7 +476,7 @@ def main() -> int:
 
 
 def run_errors(args: argparse.Namespace) -> dict[str, str]:
-    return json.loads(result_path(args.out, args.config).read_text()).get("errors", {})
+    return json.loads(result_path(args.out, args.config, args.part).read_text()).get("errors", {})
 
 
 if __name__ == "__main__":

@@ -155,4 +155,29 @@ def test_failed_run_is_written_with_its_error_and_reported(tmp_path: Path) -> No
         timeout=300,
     )
     md = (tmp_path / "omni_gpu.md").read_text()
-    assert "config shipped" in md and "run failed: RuntimeError" in md, report.stdout[-3000:]
+    assert "config shipped" in md and "run failed: vllm_omni_shipped.json: RuntimeError" in md, report.stdout[-3000:]
+
+
+def test_parts_of_one_config_merge_in_the_report(tmp_path: Path) -> None:
+    """Levels of one config measured in separate device calls (--part) make one table; every
+    error stays, whichever call it came from."""
+    import peer_vllm_omni as peer
+
+    def level(p50: float) -> dict[str, float]:
+        return {"wall_s": 10.0, "first_audio_p50_s": p50, "first_audio_p90_s": p50 * 1.5, "rtf_mean": 2.0,
+                "audio_s_per_s": 4.0, "thinker_tok_s": 100.0, "audio_s_per_request": 4.0}  # fmt: skip
+
+    base = {"system": "vllm-omni 0.25.0rc1", "config": "shipped", "overlay": "o.yaml"}
+    (tmp_path / "vllm_omni_shipped.a.json").write_text(
+        json.dumps({**base, "1": level(8.0), "8": level(30.0), "errors": {"32": "RuntimeError: boom"}})
+    )
+    (tmp_path / "vllm_omni_shipped.b.json").write_text(json.dumps({**base, "error": "child exit killed at 540 s"}))
+    docs = peer.peer_docs(tmp_path)
+    assert list(docs) == ["shipped"] and docs["shipped"]["errors"] == {"32": "RuntimeError: boom"}
+    stream = {"1": level(0.3), "8": level(0.5)}
+    stream["8"]["audio_s_per_s"] = 40.0
+    md = "\n".join(peer.peer_table(tmp_path, [1, 8, 32, 64], stream))
+    assert md.count("config shipped") == 1
+    assert "| 1 | 8000 / 12000 ms | 300 ms |" in md and "| 10.0x |" in md  # omni_mp's 40 vs its 4 audio s/s
+    assert "| 32 | RuntimeError: boom |" in md and "| 64 | failed (below) |" in md
+    assert "run failed: vllm_omni_shipped.b.json: child exit killed at 540 s" in md
