@@ -168,12 +168,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = f"killed at --deadline-s {args.deadline_s:.0f} s"
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            end_group(proc.pid)
+            proc.wait()
+    end_group(proc.pid)  # whatever the child left of its group (vllm-omni's stage processes)
     if partial.exists():
         doc.update(json.loads(partial.read_text()))
         partial.unlink()
@@ -183,6 +180,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out_file.write_text(json.dumps(doc, indent=1))
     say(f"wrote {out_file}" + (f" (FAILED: {doc['error'][:300]})" if "error" in doc else ""))
     return doc
+
+
+def end_group(pgid: int, grace_s: float = 20.0) -> None:
+    """SIGTERM to every process of the group, SIGKILL to what is left after grace_s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        t_end = time.monotonic() + grace_s
+        while time.monotonic() < t_end:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
 
 
 def tail(path: Path, n: int) -> str:
@@ -257,12 +270,16 @@ def audio_of(mm: Any) -> tuple[int, int | None, str]:
 
 async def one_request(omni: Any, prompt: list[int], rid: str, sps: list[Any], t0: float) -> dict[str, Any]:
     first, last, samples, rate, thinker_tokens, found, n_audio = None, None, 0, None, None, "", 0
-    async for out in omni.generate({"prompt_token_ids": prompt}, request_id=rid, sampling_params_list=sps):
+    gen = omni.generate(
+        {"prompt_token_ids": prompt}, request_id=rid, sampling_params_list=sps, output_modalities=["text", "audio"]
+    )
+    async for out in gen:
         now = time.perf_counter()
         if getattr(out, "error", None):
             raise RuntimeError(f"request {rid}: stage {out.stage_id}: {out.error}")
-        if out.stage_id == 0 and out.request_output is not None and out.request_output.outputs:
-            thinker_tokens = len(out.request_output.outputs[0].token_ids)
+        completions = getattr(out.request_output, "outputs", None)
+        if out.stage_id == 0 and completions:  # the thinker's text output (final-only: all its tokens)
+            thinker_tokens = len(completions[0].token_ids)
         if out.final_output_type == "audio":
             n, r, found = audio_of(out.multimodal_output)
             if n:
