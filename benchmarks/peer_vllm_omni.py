@@ -353,7 +353,15 @@ def summarize(batch: list[list[int]], reqs: list[dict[str, Any]], wall: float, a
 
 async def a_round(omni: Any, batch: list[list[int]], sps: list[Any], tag: str, args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
-    reqs = await asyncio.gather(*(one_request(omni, p, f"{tag}-{i}", sps, t0) for i, p in enumerate(batch)))
+    got = await asyncio.gather(
+        *(one_request(omni, p, f"{tag}-{i}", sps, t0) for i, p in enumerate(batch)), return_exceptions=True
+    )  # every request ends before the round does (a failed one must not leak into the next level)
+    errors = [g for g in got if isinstance(g, BaseException)]
+    if errors:
+        raise RuntimeError(
+            f"{len(errors)} of {len(batch)} requests failed, first: {type(errors[0]).__name__}: {errors[0]}"
+        )
+    reqs = [g for g in got if not isinstance(g, BaseException)]
     out = summarize(batch, reqs, time.perf_counter() - t0, args)
     out["audio_payload"] = reqs[0]["found"]
     return out
