@@ -31,13 +31,13 @@ import itertools
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import zmq
 import zmq.asyncio
 
-from omni_mp.client_args import check_names, check_prompt, check_seconds, stage_sampling
+from omni_mp.client_args import check_names, check_prompt, check_seconds, request_params, stage_sampling
 from omni_mp.client_link import DEFAULT_CONNECT_TIMEOUT_S, HandshakeError, LinkWatch
 from omni_mp.keys import CurveIdentity
 from omni_mp.media_files import AudioLike, ImageLike, multi_modal_input
@@ -278,6 +278,7 @@ class AsyncOmniClient:
         audios: Sequence[AudioLike] = (),
         images: Sequence[ImageLike] = (),
         speaker: str | None = None,
+        params: Mapping[str, Any] | None = None,
         sampling: dict[int, SamplingParamsMsg | dict[str, Any]] | None = None,
         deadline_s: float | None = None,
         request_id: str | None = None,
@@ -289,7 +290,9 @@ class AsyncOmniClient:
 
         `audios` (WAV files or (samples, sample_rate)) and `images` (image files or uint8
         [H, W, 3]) go with a text `prompt` to an entry stage that takes media; `speaker` picks
-        the voice of stages that speak.
+        the voice of stages that speak; `params` are model parameters that every stage of the
+        request gets (an image's `height`, `width`, `num_inference_steps`, `seed`, ...: names
+        and values as the model family takes them, e.g. omni_mp.models.qwen_image.ImageParams).
 
         `timeout_s` bounds each wait for the next event on the client side (abort +
         TimeoutError), for a coordinator that is gone; `deadline_s` is enforced by the
@@ -317,6 +320,7 @@ class AsyncOmniClient:
                 # replies of the other requests in flight on this client.
                 multi_modal=(await asyncio.to_thread(multi_modal_input, audios, images)) if audios or images else None,
                 speaker=speaker,
+                params=request_params(params),
                 sampling=stage_sampling(sampling),
                 deadline_s=deadline_s,
                 stream=_stream,

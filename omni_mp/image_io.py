@@ -4,10 +4,15 @@ the CLI and the HTTP server use it on what the client returns (numpy arrays)."""
 from __future__ import annotations
 
 import io
+import re
+import secrets
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+MAX_SIDE = 16384  # pixels per side a client passes on (the stage applies its model's own bounds)
+_SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 
 
 def _rgb(pixels: Any) -> np.ndarray:
@@ -28,3 +33,20 @@ def png_bytes(pixels: Any) -> bytes:
 
 def write_png(path: Path, pixels: Any) -> None:
     path.write_bytes(png_bytes(pixels))
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """'WIDTHxHEIGHT' -> (width, height); ValueError naming what is wrong."""
+    m = _SIZE.fullmatch(size)
+    if m is None:
+        raise ValueError(f"size {size!r}: expected WIDTHxHEIGHT, e.g. 1024x1024")
+    width, height = int(m.group(1)), int(m.group(2))
+    if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
+        raise ValueError(f"size {size!r}: each side must be 1 to {MAX_SIDE} pixels")
+    return width, height
+
+
+def draw_seed() -> int:
+    """A random seed for a request that names none: drawn by the client, so that the answer can
+    say which seed made the image (seeds + i for n images stay below 2**31)."""
+    return secrets.randbelow(2**31 - 1024)
