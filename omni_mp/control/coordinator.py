@@ -489,6 +489,7 @@ class Coordinator:
                     prompt_embeds=msg.prompt_embeds if entry else None,
                     multi_modal=msg.multi_modal if entry else None,
                     speaker=msg.speaker,
+                    params=msg.params,
                     sampling_params=sampling.get(stage.id, stage.sampling),
                     deadline_s=left,
                 )

@@ -9,7 +9,7 @@ imports no torch, transformers or vLLM code of the family.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,6 +51,11 @@ class PromptFormat(Protocol):
 
     def render(self, text: str, n_audio: int, n_image: int) -> str:
         """The prompt for one user turn: `text` with one placeholder per audio and per image."""
+        ...
+
+    def companions(self, params: Mapping[str, Any] | None) -> list[str]:
+        """Prompts run beside the request's prompt for these model parameters (e.g. an
+        image's negative prompt; most formats: none). ValueError on bad parameters."""
         ...
 
 

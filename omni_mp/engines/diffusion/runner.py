@@ -16,7 +16,7 @@ import torch
 
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner
-from omni_mp.engines.diffusion.model import DiffusionModel
+from omni_mp.engines.diffusion.model import DiffusionModel, RequestModel
 from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
 
 log = logging.getLogger("omni_mp.diffusion")
@@ -49,6 +49,7 @@ class _Trajectory:
     grid: torch.Tensor  # time points, on the model's device
     guidance: float
     solver: str
+    group: object = None  # trajectories share a model call only within a group (and solver)
     k: int = 0  # solver steps taken
 
 
@@ -59,9 +60,17 @@ class DiffusionRunner:
         self.trajectories: dict[int, _Trajectory] = {}
         self.noise: dict[str, NoiseStream] = {}
         self.joiners: dict[str, Joiner] = {}
+        self.owned = isinstance(model, RequestModel)  # the model starts trajectories and shapes outputs
 
     def _start(self, spec: TrajectorySpec) -> None:
         w, m = spec.window, self.model
+        if self.owned:
+            s = m.start(w)  # type: ignore[attr-defined]
+            cond = m.condition(w)
+            self.trajectories[spec.traj_id] = _Trajectory(
+                w.request_id, spec.plan, cond, s.x, s.grid, s.guidance, s.solver, s.group
+            )
+            return
         assert w.params.seed is not None
         noise = self.noise.setdefault(w.request_id, NoiseStream(w.params.seed, m.state_dim))
         fpi = m.frames_per_input
@@ -109,10 +118,10 @@ class DiffusionRunner:
                 log.exception("request %s: cannot start a trajectory", spec.window.request_id)
                 result.errors[spec.window.request_id] = f"{type(err).__name__}: {err}"
         live = [tid for tid in plan.step_ids if tid in self.trajectories]
-        by_solver: dict[str, list[_Trajectory]] = {}
+        by_solver: dict[tuple[str, object], list[_Trajectory]] = {}
         for tid in live:
             tr = self.trajectories[tid]
-            by_solver.setdefault(tr.solver, []).append(tr)
+            by_solver.setdefault((tr.solver, tr.group), []).append(tr)
         for trajs in by_solver.values():
             self._step(trajs)
         finished = [tid for tid in live if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
@@ -120,6 +129,10 @@ class DiffusionRunner:
             outs = self.model.decode([self.trajectories[tid].x for tid in finished])
             for tid, out in zip(finished, outs, strict=True):
                 tr = self.trajectories.pop(tid)
+                if self.owned:  # one trajectory per request: its output is the request's
+                    result.outputs[tr.request_id] = (out, True)
+                    result.done.append(tid)
+                    continue
                 joiner = self.joiners.setdefault(tr.request_id, Joiner(self.model.samples_per_input, self.crossfade))
                 samples = joiner.push(tr.plan, out)
                 prev = result.outputs.get(tr.request_id)
