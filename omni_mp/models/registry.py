@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from omni_mp.models import qwen2_5_omni
+from omni_mp.models import qwen2_5_omni, qwen_image
 from omni_mp.models.family import CheckpointSizing, EngineModel, Family, Loader, PromptFormat
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ GENERIC = Family(
 # One line per model family: its package (whose `__init__` declares its FAMILY: names only).
 FAMILY_PACKAGES: tuple[ModuleType, ...] = (
     qwen2_5_omni,
+    qwen_image,
 )  # fmt: skip
 
 Kind = Literal["processors", "prompt_formats", "model_parts", "diffusion_models", "builtin_models", "checkpoint_types"]
@@ -137,9 +138,12 @@ def engine_model(model_part: str | None, model_dir: str, engine_args: dict[str, 
     return _load("model_parts", model_part)(model_dir, dict(engine_args))
 
 
-def diffusion_model(model_type: str, model_dir: str, device: torch.device) -> DiffusionModel:
-    """The DiffusionModel of `model_type`, loaded from `model_dir` onto `device`."""
-    return _load("diffusion_models", model_type)(model_dir, device)
+def diffusion_model(
+    model_type: str, model_dir: str, device: torch.device, options: dict[str, Any] | None = None
+) -> DiffusionModel:
+    """The DiffusionModel of `model_type`, loaded from `model_dir` onto `device` with its
+    `diffusion.model_options` (keywords of its loader)."""
+    return _load("diffusion_models", model_type)(model_dir, device, **(options or {}))
 
 
 def builtin_model(name: str) -> Path:

@@ -98,6 +98,10 @@ class RequestModel(Protocol):
 
     def start(self, window: Window) -> TrajectoryStart: ...
 
+    def render(self, conds: Sequence[Any], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Final states -> outputs (`decode`, given each trajectory's conditioning)."""
+        ...
+
     def output_info(self, out: torch.Tensor) -> dict[str, Any]:
         """A decoded output -> the AdditionalInformation of its chunk."""
         ...

@@ -126,7 +126,11 @@ class DiffusionRunner:
             self._step(trajs)
         finished = [tid for tid in live if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
         if finished:
-            outs = self.model.decode([self.trajectories[tid].x for tid in finished])
+            done = [self.trajectories[tid] for tid in finished]
+            if self.owned:
+                outs = self.model.render([t.cond for t in done], [t.x for t in done])  # type: ignore[attr-defined]
+            else:
+                outs = self.model.decode([t.x for t in done])
             for tid, out in zip(finished, outs, strict=True):
                 tr = self.trajectories.pop(tid)
                 if self.owned:  # one trajectory per request: its output is the request's

@@ -28,6 +28,8 @@ class ImageParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_
     true_cfg_scale: Annotated[float, Meta(ge=0.0, le=100.0)] = 4.0
     negative_prompt: Annotated[str, Meta(max_length=65536)] | None = None
     seed: int | None = None  # None: a random seed, drawn when the DiT stage starts the request
+    # Prompt tokens the DiT sees (after the template's drop); diffusers' default, 1024 at most.
+    max_sequence_length: Annotated[int, Meta(ge=1, le=1024)] = 512
     preview_every: Annotated[int, Meta(ge=0, le=1000)] = 0  # decode a preview every k steps; 0: none
 
     @property
