@@ -124,8 +124,8 @@ class QwenImageModel:
         opts = msgspec.convert(options, QwenImageOptions)
         dtype = getattr(torch, opts.dtype)
         root = Path(model_dir)
-        transformer = QwenImageTransformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype)
-        vae = AutoencoderKLQwenImage.from_pretrained(root / "vae", torch_dtype=dtype)
+        transformer = QwenImageTransformer2DModel.from_pretrained(root / "transformer", dtype=dtype)
+        vae = AutoencoderKLQwenImage.from_pretrained(root / "vae", dtype=dtype)
         return cls(transformer.to(device).eval(), vae.to(device).eval(), FlowSchedule.from_checkpoint(root), opts)
 
     # ---- requests ------------------------------------------------------------------------------
