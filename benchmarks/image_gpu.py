@@ -122,6 +122,32 @@ VAE_CONFIG: dict[str, Any] = {
     "temperal_downsample": [False, True, True],
     "dropout": 0.0,
 }
+# --shrink: the real path (build, dummy-loaded encoder, meta-built diffusers side) at toy widths,
+# fp32, on the CPU: a check of this script, not a measurement.
+SHRINK = {
+    "text": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                                           "mrope_section": [8, 12, 12]}},
+    "vision": {"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 128,
+               "fullatt_block_indexes": [1]},
+    "dit": {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 32, "joint_attention_dim": 128,
+            "axes_dims_rope": [8, 12, 12]},
+    "vae": {"base_dim": 16},
+}  # fmt: skip
+
+
+def shapes(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The configs the real path builds: the real ones, or --shrink's toy widths over them."""
+    real = {"text": TEXT_CONFIG, "vision": VISION_CONFIG, "dit": DIT_CONFIG, "vae": VAE_CONFIG}
+    return {k: {**v, **(SHRINK[k] if args.shrink else {})} for k, v in real.items()}
+
+
+def real_dtype(args: argparse.Namespace) -> Any:
+    import torch
+
+    return torch.float32 if args.shrink else torch.bfloat16
+
+
 # A prompt of a fixed length, the same for every request on both sides (distinct seeds).
 PROMPT = (
     "A red cube on a blue table beside a sleeping cat, morning light through a window, "
@@ -151,6 +177,14 @@ def size_key(side: int, steps: int) -> str:
     return f"{side}x{side}/{steps}"
 
 
+def mode(args: argparse.Namespace) -> str:
+    if args.tiny:
+        return "the tiny checkpoint (fp32, CPU: a check, not a measurement)"
+    if args.shrink:
+        return "the real path at toy widths (fp32, CPU: a check, not a measurement)"
+    return "real sizes, random weights, bf16"
+
+
 def device_name() -> str:
     import torch
 
@@ -165,39 +199,25 @@ def tiny_dir() -> Path:
 
 
 def checkpoint_dir(args: argparse.Namespace) -> Path:
-    return tiny_dir() if args.tiny else args.work_dir / "qwen_image_real"
-
-
-def _random_init(model: Any, gen: Any) -> None:
-    """Matrices ~ N(0, 0.02), norms' weights 1, biases 0 (values do not change the speed)."""
-    import torch
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, 0.02, generator=gen)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.fill_(1.0)
+    return tiny_dir() if args.tiny else args.work_dir / ("qwen_image_shrunk" if args.shrink else "qwen_image_real")
 
 
 def _build_on_device(cls: Any, config: dict[str, Any], device: str, dtype: Any) -> Any:
-    """`cls(**config)` made on the meta device, then allocated in `dtype` on `device` and
-    initialised there (no fp32 copy of 20B parameters anywhere)."""
+    """`cls(**config)` made right on `device` in `dtype` (no fp32 copy of 20B parameters
+    anywhere), with the library's own random init."""
     import torch
 
-    with torch.device("meta"):
-        model = cls(**config) if not hasattr(cls, "_from_config") else cls.from_config(config)
-    model = model.to(dtype=dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    _random_init(model, gen)
-    for buf_name, buf in model.named_buffers():  # (rotary tables etc.: recomputed below if any)
-        del buf_name, buf
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(**config)
+    finally:
+        torch.set_default_dtype(old)
     return model.eval()
 
 
-def text_encoder_config(tokenizer_dir: Path) -> dict[str, Any]:
+def text_encoder_config(tokenizer_dir: Path, sizes: dict[str, dict[str, Any]], dtype: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -205,17 +225,17 @@ def text_encoder_config(tokenizer_dir: Path) -> dict[str, Any]:
     return {
         "architectures": ["Qwen2_5_VLForConditionalGeneration"],
         "model_type": "qwen2_5_vl",
-        "text_config": {**TEXT_CONFIG, "bos_token_id": tid("<|endoftext|>"), "eos_token_id": tid("<|im_end|>")},
-        "vision_config": VISION_CONFIG,
+        "text_config": {**sizes["text"], "bos_token_id": tid("<|endoftext|>"), "eos_token_id": tid("<|im_end|>")},
+        "vision_config": sizes["vision"],
         "image_token_id": tid("<|image_pad|>"),
         "video_token_id": tid("<|video_pad|>"),
         "vision_start_token_id": tid("<|vision_start|>"),
         "vision_end_token_id": tid("<|vision_end|>"),
-        "torch_dtype": "bfloat16",
+        "torch_dtype": dtype,
     }
 
 
-def build_real(path: Path) -> dict[str, Any]:
+def build_real(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     """The real-size checkpoint dir: configs written here, the DiT's and the VAE's random bf16
     tensors, the tiny checkpoint's tokenizer and scheduler config, no text-encoder tensors."""
     import torch
@@ -231,7 +251,8 @@ def build_real(path: Path) -> dict[str, Any]:
     for part in ("tokenizer", "scheduler"):
         shutil.copytree(tiny / part, path / part)
     shutil.copy(tiny / "model_index.json", path / "model_index.json")
-    text = text_encoder_config(path / "tokenizer")
+    sizes, dtype = shapes(args), real_dtype(args)
+    text = text_encoder_config(path / "tokenizer", sizes, str(dtype).removeprefix("torch."))
     (path / "text_encoder").mkdir()
     (path / "text_encoder" / "config.json").write_text(json.dumps(text, indent=1))
     (path / "config.json").write_text(json.dumps(text, indent=1))  # the dir reads as the text model's
@@ -239,11 +260,11 @@ def build_real(path: Path) -> dict[str, Any]:
         if (path / "tokenizer" / name).is_file():
             shutil.copy(path / "tokenizer" / name, path / name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dit = _build_on_device(QwenImageTransformer2DModel, DIT_CONFIG, device, torch.bfloat16)
+    dit = _build_on_device(QwenImageTransformer2DModel, sizes["dit"], device, dtype)
     n_dit = sum(p.numel() for p in dit.parameters())
     dit.save_pretrained(path / "transformer", safe_serialization=True, max_shard_size="10GB")
     del dit
-    vae = _build_on_device(AutoencoderKLQwenImage, VAE_CONFIG, device, torch.bfloat16)
+    vae = _build_on_device(AutoencoderKLQwenImage, sizes["vae"], device, dtype)
     vae.save_pretrained(path / "vae", safe_serialization=True)
     del vae
     (path / BUILT_MARK).write_text("ok\n")
@@ -268,24 +289,25 @@ def omni_config(args: argparse.Namespace, ckpt: Path) -> dict[str, Any]:
             d = stage.setdefault("diffusion", {})
             d["max_batch"] = max(d.get("max_batch", 1), conc)
             if not args.tiny:
-                d.setdefault("model_options", {})["dtype"] = "bfloat16"
+                d["model_options"] = {"dtype": "float32" if args.shrink else "bfloat16", "max_height": 2048,
+                                      "max_width": 2048}  # fmt: skip
         else:
             ea["max_num_seqs"] = max(2 * conc, ea.get("max_num_seqs", 1))  # (a prompt and its negative)
             ea["enable_prefix_caching"] = False
             if not args.tiny:
-                ea.update({"dtype": "bfloat16", "load_format": "dummy", "max_model_len": 2048})
+                ea.update({"load_format": "dummy", "max_model_len": 2048})
+            if not (args.tiny or args.shrink):
+                ea["dtype"] = "bfloat16"
                 ea.pop("enforce_eager", None)
                 # Both stages share GPU 0: the encoder's KV cache is fixed (no profiling run
                 # beside the DiT loading), and vLLM's start check wants this share free.
                 ea.update({"kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": args.encoder_share})
-        stage["devices"] = [] if args.tiny else [0]
+        stage["devices"] = [] if args.tiny or args.shrink else [0]
     return cfg
 
 
 def image_stage_id(cfg: Any) -> int:
-    from omni_mp.models.registry import makes_images
-
-    return next(s.id for s in cfg.final_stages if s.kind == "diffusion" and makes_images(s.diffusion.model_type))
+    return next(s.id for s in cfg.final_stages if s.kind == "diffusion")  # the DiT
 
 
 def request_params(side: int, steps: int, seed: int, cfg: bool) -> dict[str, Any]:
@@ -383,7 +405,7 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
     dit = image_stage_id(cfg)
     profile_dir = Path(tempfile.mkdtemp(prefix="image_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
-    out: dict[str, Any] = {"device": device_name(), "cfg": args.cfg, "sizes": {}}
+    out: dict[str, Any] = {"device": device_name(), "cfg": args.cfg, "mode": mode(args), "sizes": {}}
     pending: dict[str, Any] = {}
     t0 = time.perf_counter()
     with embedded_pipeline(cfg, progress=lambda m: say(m)) as coord:
@@ -440,27 +462,21 @@ def diffusers_pipeline(args: argparse.Namespace) -> Any:
     from diffusers import QwenImagePipeline
 
     ckpt = checkpoint_dir(args)
-    device = "cpu" if args.tiny else "cuda"
+    device = "cpu" if args.tiny or args.shrink else "cuda"
     if args.tiny:
-        return QwenImagePipeline.from_pretrained(ckpt, torch_dtype=torch.float32).to(device)
+        return QwenImagePipeline.from_pretrained(ckpt, dtype=torch.float32).to(device)
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    dtype = torch.bfloat16
+    dtype = real_dtype(args)
     config = Qwen2_5_VLConfig(**json.loads((ckpt / "text_encoder" / "config.json").read_text()))
-    with torch.device("meta"):
-        text = Qwen2_5_VLForConditionalGeneration(config)
-    text = text.to(dtype=dtype).to_empty(device=device)
-    _random_init(text, torch.Generator(device=device).manual_seed(1))
-    text.model.language_model.rotary_emb.__init__(config.text_config, device=device)  # (buffers: not parameters)
-    text.model.visual.rotary_pos_emb.__init__(VISION_CONFIG["hidden_size"] // VISION_CONFIG["num_heads"] // 2)
-    text.model.visual.rotary_pos_emb.to(device)
+    text = _build_on_device(Qwen2_5_VLForConditionalGeneration, {"config": config}, device, dtype)
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(ckpt / "scheduler"),
-        vae=AutoencoderKLQwenImage.from_pretrained(ckpt / "vae", torch_dtype=dtype).to(device),
-        text_encoder=text.eval(),
+        vae=AutoencoderKLQwenImage.from_pretrained(ckpt / "vae", dtype=dtype).to(device),
+        text_encoder=text,
         tokenizer=AutoTokenizer.from_pretrained(ckpt / "tokenizer"),
-        transformer=QwenImageTransformer2DModel.from_pretrained(ckpt / "transformer", torch_dtype=dtype).to(device),
+        transformer=QwenImageTransformer2DModel.from_pretrained(ckpt / "transformer", dtype=dtype).to(device),
     )
 
 
@@ -513,7 +529,8 @@ def run_diffusers(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     pipe = diffusers_pipeline(args)
     pipe.set_progress_bar_config(disable=True)
-    out: dict[str, Any] = {"device": device_name(), "cfg": args.cfg, "build_s": time.perf_counter() - t0, "sizes": {}}
+    out: dict[str, Any] = {"device": device_name(), "cfg": args.cfg, "mode": mode(args), "sizes": {},
+                           "build_s": time.perf_counter() - t0}  # fmt: skip
     for side, steps in args.sizes:
         key = size_key(side, steps)
         res: dict[str, Any] = {"warmup_s": _diffusers_call(pipe, 1, side, steps, 0, args.cfg), "levels": {}}
@@ -554,10 +571,10 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
 def report(results: dict[str, Any], device: str) -> str:
     omni = results.get("omni", {}).get("sizes", {})
     hf = results.get("diffusers", {}).get("sizes", {})
-    cfg = results.get("omni", results.get("diffusers", {})).get("cfg", True)
-    guidance = 'on (negative prompt " ", scale 4)' if cfg else "off"
+    first = results.get("omni", results.get("diffusers", {}))
+    guidance = 'on (negative prompt " ", scale 4)' if first.get("cfg", True) else "off"
     lines = [
-        f"Qwen-Image, real sizes, random weights, bf16, one GPU: **{device}**; true CFG {guidance}.",
+        f"Qwen-Image, {first.get('mode', '?')}, one device: **{device}**; true CFG {guidance}.",
         "",
         "| size / steps | concurrent | omni_mp images/s | omni_mp latency mean (s) | diffusers images/s "
         "| diffusers latency mean (s) | omni_mp / diffusers one at a time |",
@@ -731,12 +748,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cfg", dest="cfg", action="store_false", help="no negative prompt (one pass per step)")
     p.add_argument("--encoder-share", type=float, default=0.22, help="the text encoder's gpu_memory_utilization")
     p.add_argument("--tiny", action="store_true", help="CPU, the tiny checkpoint: a check that every phase runs")
+    p.add_argument("--shrink", action="store_true", help="CPU, the real path at toy widths: a check of this script")
     p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "image_gpu-models")
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "image_gpu")
     p.add_argument("--phase-timeout-s", type=float, default=3000)
     p.add_argument("--deadline-s", type=float, help="the whole invocation's limit: phases that cannot start skip")
     args = p.parse_args(argv)
-    if args.tiny:
+    if args.tiny or args.shrink:
         given = argv or sys.argv
         if "--sizes" not in given:
             args.sizes = parse_sizes("64:3")
@@ -754,7 +772,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase:  # a child: one phase
         if args.phase == "build":
-            data = {"skipped": "tiny"} if args.tiny else build_real(checkpoint_dir(args))
+            data = {"skipped": "tiny"} if args.tiny else build_real(args, checkpoint_dir(args))
             (args.out / "build.json").write_text(json.dumps(data))
         else:
             data = run_omni(args) if args.phase == "omni" else run_diffusers(args)
