@@ -278,7 +278,7 @@ def omni_config(args: argparse.Namespace, ckpt: Path) -> dict[str, Any]:
     import yaml
 
     cfg = yaml.safe_load((REPO / "stage_configs" / "tiny_qwen_image.yaml").read_text())
-    conc = max(args.concurrency)
+    conc = max([*args.concurrency, 16])  # (Poisson loads may hold more in flight than the sweep)
     cfg["name"] = "qwen_image_bench"
     cfg.setdefault("timeouts", {})["stage_startup_s"] = 900
     for stage in cfg["stages"]:
@@ -414,17 +414,19 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
         ep = coord.client_endpoint
         for side, steps in args.sizes:
             key = size_key(side, steps)
-            w = asyncio.run(_closed_loop(ep, 1, 1, side, steps, dit, args))
-            say(f"omni {key}: warm-up request {w['latency_mean_s']:.2f}s")
-            res: dict[str, Any] = {"warmup_s": w["latency_mean_s"], "levels": {}}
+            res: dict[str, Any] = {"levels": {}}
+            if args.warmup:
+                w = asyncio.run(_closed_loop(ep, args.warmup, 1, side, steps, dit, args))
+                res["warmup_s"] = w["latency_mean_s"]
+                say(f"omni {key}: warm-up {w['latency_mean_s']:.2f}s per request")
             for c in args.concurrency:
                 n = c * args.rounds if c > 1 else max(2, args.rounds)
                 level = asyncio.run(_closed_loop(ep, n, c, side, steps, dit, args))
                 res["levels"][str(c)] = level
                 say(f"omni {key} c={c}: {level['images_per_s']:.3f} images/s, latency mean "
                     f"{level['latency_mean_s']:.2f}s p50 {level['latency_p50_s']:.2f}s ({n} requests)")  # fmt: skip
-            capacity = max(lv["images_per_s"] for lv in res["levels"].values()) if res["levels"] else None
-            capacity = args.capacity.get(key, capacity)
+            measured = [lv["images_per_s"] for lv in res["levels"].values()]
+            capacity = args.capacity.get(key, max(measured, default=None))
             res["capacity_images_per_s"] = capacity
             res["poisson"] = {}
             for frac in args.poisson if capacity else []:
@@ -533,7 +535,9 @@ def run_diffusers(args: argparse.Namespace) -> dict[str, Any]:
                            "build_s": time.perf_counter() - t0}  # fmt: skip
     for side, steps in args.sizes:
         key = size_key(side, steps)
-        res: dict[str, Any] = {"warmup_s": _diffusers_call(pipe, 1, side, steps, 0, args.cfg), "levels": {}}
+        res: dict[str, Any] = {"levels": {}}
+        if args.warmup:
+            res["warmup_s"] = _diffusers_call(pipe, 1, side, steps, 0, args.cfg)
         for c in args.concurrency:
             if c == 1:
                 lat = [_diffusers_call(pipe, 1, side, steps, 10 + i, args.cfg) for i in range(max(2, args.rounds))]
@@ -550,8 +554,9 @@ def run_diffusers(args: argparse.Namespace) -> dict[str, Any]:
             }  # fmt: skip
             lv = res["levels"][str(c)]
             say(f"diffusers {key} c={c}: {lv['images_per_s']:.3f} images/s, latency mean {lv['latency_mean_s']:.2f}s")
-        res["transformer_step_ms"] = transformer_step_ms(pipe, side, steps, args.cfg)
-        say(f"diffusers {key}: transformer {res['transformer_step_ms']:.1f} ms per step")
+        if args.step_timing:
+            res["transformer_step_ms"] = transformer_step_ms(pipe, side, steps, args.cfg)
+            say(f"diffusers {key}: transformer {res['transformer_step_ms']:.1f} ms per step")
         out["sizes"][key] = res
     return out
 
@@ -641,7 +646,7 @@ def plot(results: dict[str, Any], path_stem: Path, device: str) -> Path:
                 ax.plot(xs, ys, style, label="omni_mp" if side == "omni" else "diffusers")
         ax.set(title=key, xlabel="concurrent requests", ylabel="images/s", xscale="log")
         ax.legend()
-    fig.suptitle(f"Qwen-Image (random weights, bf16) on {device}")
+    fig.suptitle(f"Qwen-Image (random weights) on {device}")
     fig.tight_layout()
     path = path_stem.with_suffix(".png")
     fig.savefig(path, dpi=120)
@@ -652,7 +657,7 @@ def _svg(results: dict[str, Any], keys: list[str], path: Path, device: str) -> P
     w, h, pad = 360, 260, 40
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w * max(1, len(keys))}" height="{h + 30}" '
              'font-family="sans-serif" font-size="11">',
-             f'<text x="8" y="14">Qwen-Image (random weights, bf16) on {device}: images/s</text>']  # fmt: skip
+             f'<text x="8" y="14">Qwen-Image on {device}: images/s by concurrency</text>']  # fmt: skip
     for i, key in enumerate(keys):
         x0, series = i * w, {s: _series(results, s, key) for s in ("omni", "diffusers")}
         cs = sorted({c for xs, _ in series.values() for c in xs}) or [1]
@@ -725,10 +730,19 @@ def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | No
 
 
 def merge_into(path: Path, new: dict[str, Any]) -> None:
-    """A phase's result, merged with what an earlier invocation wrote for other sizes."""
+    """A phase's result, merged into what earlier invocations wrote: per size, concurrency
+    levels and Poisson loads add up (a level measured again replaces the old one); other
+    numbers are the newest measured."""
     old = json.loads(path.read_text()) if path.is_file() else {}
-    if "sizes" in old and "sizes" in new and "error" not in old:
-        new["sizes"] = {**old["sizes"], **new["sizes"]}
+    if "error" not in old:
+        sizes = old.get("sizes", {})
+        for key, res in new.get("sizes", {}).items():
+            was = sizes.get(key, {})
+            merged = {**was, **{k: v for k, v in res.items() if v is not None}}
+            for part in ("levels", "poisson"):
+                merged[part] = {**was.get(part, {}), **res.get(part, {})}
+            sizes[key] = merged
+        new["sizes"] = sizes
     path.write_text(json.dumps(new, indent=1))
 
 
@@ -742,6 +756,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--poisson", type=lambda s: [float(x) for x in s.split(",") if x], default=[0.5, 0.9],
                    help="Poisson loads as fractions of the capacity measured (omni only; '' for none)")  # fmt: skip
     p.add_argument("--poisson-requests", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=1, help="warm-up requests per size before measuring (0: none)")
+    p.add_argument("--no-step-timing", dest="step_timing", action="store_false",
+                   help="diffusers: skip the synchronized per-step transformer timing run")  # fmt: skip
     p.add_argument("--capacity", type=lambda s: {k: float(v) for k, v in (x.split("=") for x in s.split(",") if x)},
                    default={}, help="SIDExSIDE/STEPS=IMAGES_PER_S,...: the capacity for Poisson loads (default: "
                    "the best images/s measured in this run)")  # fmt: skip
