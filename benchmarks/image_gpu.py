@@ -273,11 +273,13 @@ def build_real(args: argparse.Namespace, path: Path) -> dict[str, Any]:
 
 # ---- omni_mp --------------------------------------------------------------------------------------
 def omni_config(args: argparse.Namespace, ckpt: Path) -> dict[str, Any]:
-    """stage_configs/tiny_qwen_image.yaml's pipeline on `ckpt`: on the GPU in bf16 (the text
-    encoder with random weights, `load_format: dummy`), batches as large as the concurrency."""
+    """The family's pipeline on `ckpt` (stage_configs/qwen_image.yaml on the GPU, the tiny one on
+    the CPU): the text encoder with random weights (`load_format: dummy`), batches as large as
+    the concurrency."""
     import yaml
 
-    cfg = yaml.safe_load((REPO / "stage_configs" / "tiny_qwen_image.yaml").read_text())
+    template = "tiny_qwen_image.yaml" if args.tiny or args.shrink else "qwen_image.yaml"
+    cfg = yaml.safe_load((REPO / "stage_configs" / template).read_text())
     conc = max([*args.concurrency, 16])  # (Poisson loads may hold more in flight than the sweep)
     cfg["name"] = "qwen_image_bench"
     cfg.setdefault("timeouts", {})["stage_startup_s"] = 900
@@ -693,8 +695,9 @@ def preflight(args: argparse.Namespace, phases: list[str]) -> list[str]:
     if "omni" in phases:
         need.update({"vllm": "the text-encoder stage", "zmq": "omni_mp", "msgspec": "omni_mp"})
     missing = [f"python module {m!r} (for {why})" for m, why in need.items() if importlib.util.find_spec(m) is None]
-    if not (REPO / "stage_configs" / "tiny_qwen_image.yaml").is_file():
-        missing.append("stage_configs/tiny_qwen_image.yaml (the Qwen-Image family's pipeline)")
+    for name in ("tiny_qwen_image.yaml", "qwen_image.yaml"):
+        if not (REPO / "stage_configs" / name).is_file():
+            missing.append(f"stage_configs/{name} (the Qwen-Image family's pipeline)")
     return missing
 
 
