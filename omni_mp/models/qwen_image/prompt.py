@@ -23,16 +23,16 @@ MAX_PROMPT_TOKENS = 1024
 
 
 class QwenImagePromptFormat:
-    """`prompt_format: qwen_image` (omni_mp.models.family.PromptFormat). Takes no media."""
+    """`prompt_format: qwen_image` (omni_mp.models.family.PromptFormat). The encoder reads text
+    only: its stage's `media` limits are 0 (stage_configs/*qwen_image.yaml), so media are
+    refused before anything is rendered; the template has no media placeholders."""
 
-    audio_rate = 16_000  # unused: the stage's media limits refuse every medium
+    audio_rate = 16_000  # unused: no audio reaches this format
 
     def max_audio_s(self, model_dir: str) -> float | None:
         return None
 
     def render(self, text: str, n_audio: int, n_image: int) -> str:
-        if n_audio or n_image:
-            raise ValueError("Qwen-Image's text encoder takes text only")
         return TEMPLATE.format(text)
 
     def companions(self, params: Mapping[str, Any] | None) -> list[str]:

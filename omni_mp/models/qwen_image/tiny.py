@@ -11,9 +11,8 @@ that the template's system part is exactly 34 tokens as with the real tokenizer)
 stage's `model:` name the directory like any checkpoint. Cached like the other tiny models.
 
 Deviation from the libraries' default init: DiT and text-model matrices ~ N(0, `init_std`)
-(0.02 makes a 2-block DiT nearly the identity on its input, so per-step differences would
-not show); the DiT's output projection too (diffusers zero-inits nothing here, but a random
-tiny model should move the latents visibly every step).
+(at 0.02 a 2-block DiT barely moves the latents, so per-step differences would not show);
+VAE matrices uniform +-1/sqrt(fan_in) (seeded, independent of the library's init order).
 """
 
 from __future__ import annotations
