@@ -104,6 +104,20 @@ def test_the_client_returns_uint8_hw3_fixed_by_the_seed(zmq: OmniClient) -> None
     assert all(c.step is not None for c in chunks[:-1])  # previews only before it (none asked for here)
 
 
+def test_previews_stream_before_the_image(zmq: OmniClient) -> None:
+    """`preview_every` 1 over 3 steps: the latents decoded after steps 1 and 2, then the image,
+    which previews leave unchanged."""
+    chunks = list(zmq.stream_images(PROMPT, params=params(5, preview_every=1)))
+    assert [c.step for c in chunks] == [1, 2, None]
+    for c in chunks:
+        assert c.pixels.dtype == np.uint8 and c.pixels.shape == (H, W, 3)
+    assert not np.array_equal(chunks[0].pixels, chunks[1].pixels)
+    assert np.array_equal(chunks[-1].pixels, zmq.generate_image(PROMPT, params=params(5)))
+    stream = zmq.stream_images(PROMPT, params=params(6, preview_every=1))
+    assert next(stream).step == 1
+    stream.close()  # leaving early aborts the request (settled_client checks nothing stays in flight)
+
+
 def test_bad_params_fail_that_request_only(zmq: OmniClient) -> None:
     with pytest.raises(RequestError) as err:
         zmq.generate_image(PROMPT, params=params(1, width=65))
@@ -152,6 +166,22 @@ def test_streamed_images_end_with_the_image(served: Served, zmq: OmniClient) -> 
     assert events[-1].type == "image_generation.completed"
     assert all(e.type == "image_generation.partial_image" for e in events[:-1])
     assert np.array_equal(_png(events[-1].b64_json), zmq.generate_image(PROMPT, params=params(8)))
+
+
+@needs_declared
+def test_partial_images_stream_as_openai_events(served: Served, zmq: OmniClient) -> None:
+    events = list(
+        served.openai.images.generate(
+            prompt=PROMPT, size=f"{W}x{H}", stream=True, partial_images=2,
+            extra_body={"seed": 9, "num_inference_steps": STEPS},
+        )
+    )  # fmt: skip
+    assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+    assert [e.partial_image_index for e in events[:2]] == [0, 1]
+    assert [e.model_extra["step"] for e in events[:2]] == [1, 2]  # type: ignore[index]
+    previews = list(zmq.stream_images(PROMPT, params=params(9, preview_every=1)))
+    for e, want in zip(events, previews, strict=True):
+        assert np.array_equal(_png(e.b64_json), want.pixels)
 
 
 @needs_declared

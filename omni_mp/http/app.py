@@ -30,7 +30,6 @@ from omni_mp.http.images import (
     image_size,
     parse_images,
     png_b64,
-    primed_images,
     run_images,
     stream_image,
 )
@@ -243,7 +242,7 @@ def _image_routes(app: FastAPI, srv: Server, auth: list[Any]) -> None:
             job = parse_images(req, srv.view)
             rid, created = f"http-{uuid.uuid4().hex}", int(time.time())
             if job.stream:
-                first = await srv.guarded(request, primed_images(stream_image(srv.omni, job, rid)))
+                first = await srv.guarded(request, primed(stream_image(srv.omni, job, rid)))
                 if first is None:
                     return Response(status_code=CLIENT_GONE)
                 code = "ok"  # (started: a failure from here on ends the stream with an error event)

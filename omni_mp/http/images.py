@@ -135,22 +135,6 @@ async def stream_image(client: AsyncOmniClient, job: ImageJob, request_id: str) 
         await events.aclose()  # type: ignore[attr-defined]
 
 
-async def primed_images(chunks: AsyncIterator[ImageChunk]) -> AsyncIterator[ImageChunk]:
-    """`chunks` with its first item already received (a failure raises here, before any
-    response: the request gets its own HTTP status)."""
-    first = await chunks.__anext__()
-
-    async def rest() -> AsyncIterator[ImageChunk]:
-        try:
-            yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
-    return rest()
-
-
 async def image_events(chunks: AsyncIterator[ImageChunk], seed: int, created: int) -> AsyncIterator[bytes]:
     """SSE as OpenAI streams images: `image_generation.partial_image` per preview, then
     `image_generation.completed`; an error after the first event is an `error` event."""
