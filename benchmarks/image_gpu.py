@@ -407,7 +407,7 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
     dit = image_stage_id(cfg)
     profile_dir = Path(tempfile.mkdtemp(prefix="image_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
-    out: dict[str, Any] = {"device": device_name(), "cfg": args.cfg, "mode": mode(args), "sizes": {}}
+    out: dict[str, Any] = {"cfg": args.cfg, "mode": mode(args), "sizes": {}}
     pending: dict[str, Any] = {}
     t0 = time.perf_counter()
     with embedded_pipeline(cfg, progress=lambda m: say(m)) as coord:
@@ -438,6 +438,7 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
                 say(f"omni {key} Poisson {frac:.0%} of {capacity:.3f}/s: latency mean {statistics.fmean(lat):.2f}s "
                     f"p99 {percentile(lat, 0.99):.2f}s")  # fmt: skip
             pending[key] = res
+    out["device"] = device_name()  # (after the stages: no CUDA context of this process beside them)
     steps_rec = _timeline(profile_dir, dit)  # the stage processes have exited: timelines written
     for key, res in pending.items():
         one = res["levels"].get("1")
