@@ -107,3 +107,16 @@ def test_png_files_hold_the_exact_pixels(tmp_path) -> None:
     for bad in (np.zeros((4, 4), np.uint8), np.zeros((4, 4, 3), np.float32), np.zeros((0, 4, 3), np.uint8)):
         with pytest.raises(ValueError, match="uint8"):
             png_bytes(bad)
+
+
+def test_cli_image_flags_on_a_pipeline_without_images_exit_2_before_any_stage_starts() -> None:
+    import subprocess
+    import sys
+
+    from tests.launcher import REPO
+
+    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(REPO / "stage_configs" / "tiny_chain.yaml"),
+           "--prompt", "x", "--size", "64x48", "--seed", "3"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--size, --seed: pipeline 'tiny_chain' makes no images" in proc.stderr
