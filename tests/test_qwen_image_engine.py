@@ -61,11 +61,15 @@ def engine(ckpt: str) -> Iterator[DiffusionEngine]:
 class Oracle:
     """One diffusers run: its per-step latents and its final image (float [H, W, 3] in [0, 1])."""
 
-    def __init__(self, pipe: Any, prompt: str, p: ImageParams) -> None:
+    def __init__(self, pipe: Any, prompt: str, p: ImageParams, stop_after: int | None = None) -> None:
+        """`stop_after` k: the pipeline is interrupted after k steps, so its image is its own
+        decode of the latents at step k (what a preview after k steps shows)."""
         self.steps: list[torch.Tensor] = []
 
         def on_step(pipeline: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
             self.steps.append(kwargs["latents"][0].clone())
+            if stop_after is not None and i + 1 == stop_after:
+                pipeline._interrupt = True  # the remaining steps are skipped, then it decodes
             return {}
 
         gen = torch.Generator().manual_seed(p.seed)  # type: ignore[arg-type]
@@ -115,8 +119,13 @@ def run(eng: DiffusionEngine, joins: dict[int, list[tuple[str, Oracle, ImagePara
         for rid, x in trajectories(eng).items():
             latents.setdefault(rid, []).append(x)
         for out in outs:
+            assert out.info is not None
+            if "image_step" in out.info:  # a preview
+                assert not out.finished
+                images[f"{out.request_id}@{out.info['image_step']}"] = out.info["image"]
+                continue
             assert out.finished and out.finish_reason == "stop", out
-            images[out.request_id] = out.info["image"]  # type: ignore[index]
+            images[out.request_id] = out.info["image"]
         step += 1
     assert not eng.take_failed()
     return {"latents": latents, "images": images}
@@ -128,8 +137,12 @@ def check(o: Oracle, got_latents: list[torch.Tensor], image: torch.Tensor, atol:
     for k, (ours, ref) in enumerate(zip(got_latents, o.steps, strict=False)):
         diff = (ours - ref).abs().max().item()
         assert diff <= atol, f"step {k}: latents differ by {diff}"
-    assert image.dtype == torch.uint8 and tuple(image.shape) == tuple(o.image.shape)
-    diff = (image.float() / 255 - o.image).abs().max().item()
+    assert_pixels(image, o.image)
+
+
+def assert_pixels(image: torch.Tensor, ref: torch.Tensor) -> None:
+    assert image.dtype == torch.uint8 and tuple(image.shape) == tuple(ref.shape)
+    diff = (image.float() / 255 - ref).abs().max().item()
     assert diff <= PIXEL_ATOL, f"image differs by {diff * 255:.2f}/255"
 
 
@@ -198,3 +211,13 @@ def test_abort_frees_the_slot_at_the_next_step(engine: DiffusionEngine, pipe: An
     while engine.can_step():
         engine.step()
     assert trajectories(engine) == {} and not engine.batcher.requests
+
+
+def test_previews_every_k_steps_show_the_current_latents(engine: DiffusionEngine, pipe: Any) -> None:
+    p = ImageParams(height=32, width=48, num_inference_steps=5, seed=9, negative_prompt=" ", preview_every=2)
+    o = Oracle(pipe, "a green ball", p)
+    got = run(engine, {0: [("pv", o, p)]})
+    assert sorted(got["images"]) == ["pv", "pv@2", "pv@4"]  # not after the last step: that is the image
+    check(o, got["latents"]["pv"], got["images"]["pv"], STEP_ATOL_ALONE)
+    for k in (2, 4):
+        assert_pixels(got["images"][f"pv@{k}"], Oracle(pipe, "a green ball", p, stop_after=k).image)

@@ -79,6 +79,15 @@ class TrajectoryStart:
     guidance: float
     solver: str  # a key of omni_mp.engines.diffusion.solver.SOLVERS
     group: Hashable = None  # only trajectories of one group share a model call (e.g. one image size)
+    preview_every: int = 0  # > 0: render the state after every this many steps (not the last) as a preview
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """A RequestModel's output rendered part-way through a trajectory, after `step` steps."""
+
+    out: torch.Tensor
+    step: int
 
 
 @runtime_checkable
@@ -102,6 +111,6 @@ class RequestModel(Protocol):
         """Final states -> outputs (`decode`, given each trajectory's conditioning)."""
         ...
 
-    def output_info(self, out: torch.Tensor) -> dict[str, Any]:
-        """A decoded output -> the AdditionalInformation of its chunk."""
+    def output_info(self, out: torch.Tensor | Preview) -> dict[str, Any]:
+        """A rendered output (final, or a Preview) -> the AdditionalInformation of its chunk."""
         ...

@@ -16,7 +16,7 @@ import torch
 
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner
-from omni_mp.engines.diffusion.model import DiffusionModel, RequestModel
+from omni_mp.engines.diffusion.model import DiffusionModel, Preview, RequestModel
 from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
 
 log = logging.getLogger("omni_mp.diffusion")
@@ -50,6 +50,7 @@ class _Trajectory:
     guidance: float
     solver: str
     group: object = None  # trajectories share a model call only within a group (and solver)
+    preview_every: int = 0  # RequestModel trajectories: render a preview after every this many steps
     k: int = 0  # solver steps taken
 
 
@@ -68,7 +69,7 @@ class DiffusionRunner:
             s = m.start(w)  # type: ignore[attr-defined]
             cond = m.condition(w)
             self.trajectories[spec.traj_id] = _Trajectory(
-                w.request_id, spec.plan, cond, s.x, s.grid, s.guidance, s.solver, s.group
+                w.request_id, spec.plan, cond, s.x, s.grid, s.guidance, s.solver, s.group, s.preview_every
             )
             return
         assert w.params.seed is not None
@@ -106,6 +107,14 @@ class DiffusionRunner:
             t.x = x[i, : t.x.shape[0]]
             t.k += 1
 
+    def _previews(self, trajs: list[_Trajectory], result: StepResult) -> None:
+        due = [t for t in trajs if t.preview_every and t.k % t.preview_every == 0]
+        if not due:
+            return
+        outs = self.model.render([t.cond for t in due], [t.x for t in due])  # type: ignore[attr-defined]
+        for t, out in zip(due, outs, strict=True):
+            result.outputs[t.request_id] = (Preview(out, t.k), False)  # type: ignore[assignment]
+
     @torch.no_grad()
     def execute(self, plan: StepPlan) -> StepResult:
         result = StepResult()
@@ -125,6 +134,8 @@ class DiffusionRunner:
         for trajs in by_solver.values():
             self._step(trajs)
         finished = [tid for tid in live if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
+        if self.owned:
+            self._previews([self.trajectories[t] for t in live if t not in finished], result)
         if finished:
             done = [self.trajectories[tid] for tid in finished]
             if self.owned:

@@ -30,7 +30,7 @@ import msgspec
 import torch
 
 from omni_mp.engines.base import StageInput
-from omni_mp.engines.diffusion.model import DiffusionInputError, TrajectoryStart, Window
+from omni_mp.engines.diffusion.model import DiffusionInputError, Preview, TrajectoryStart, Window
 from omni_mp.image import image_info
 from omni_mp.models.qwen_image.params import ImageParams, parse_params
 from omni_mp.models.qwen_image.schedule import FlowSchedule
@@ -174,9 +174,12 @@ class QwenImageModel:
             guidance=p.true_cfg_scale if p.cfg else 0.0,
             solver="euler",
             group=(p.height, p.width),
+            preview_every=p.preview_every,
         )
 
-    def output_info(self, out: torch.Tensor) -> dict[str, Any]:
+    def output_info(self, out: torch.Tensor | Preview) -> dict[str, Any]:
+        if isinstance(out, Preview):  # the current latents decoded, after `step` steps
+            return image_info(out.out, preview_step=out.step)
         return image_info(out)
 
     # ---- DiffusionModel --------------------------------------------------------------------------

@@ -30,7 +30,9 @@ class ImageParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_
     seed: int | None = None  # None: a random seed, drawn when the DiT stage starts the request
     # Prompt tokens the DiT sees (after the template's drop); diffusers' default, 1024 at most.
     max_sequence_length: Annotated[int, Meta(ge=1, le=1024)] = 512
-    preview_every: Annotated[int, Meta(ge=0, le=1000)] = 0  # decode a preview every k steps; 0: none
+    # Emit a preview every k steps (the current latents decoded; chunk key `image_step`: the
+    # steps done); 0: none. The final image is the request's last chunk.
+    preview_every: Annotated[int, Meta(ge=0, le=1000)] = 0
 
     @property
     def cfg(self) -> bool:
