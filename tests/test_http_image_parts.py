@@ -57,6 +57,10 @@ def test_openai_fields_and_extras_map_onto_the_image_params() -> None:
     assert plain.params == {} and plain.n == 1 and 0 <= plain.seed < 2**31 - 1024  # a seed drawn for it
     streamed = parse_images(_req(stream=True, partial_images=3, num_inference_steps=20), IMAGE_VIEW)
     assert streamed.stream and streamed.partial_images == 3 and streamed.params["preview_every"] == 5
+    for steps, partial, every in ((20, 2, 7), (3, 2, 1), (10, 3, 3), (5, 3, 2), (1, 1, 1)):
+        job = parse_images(_req(stream=True, partial_images=partial, num_inference_steps=steps), IMAGE_VIEW)
+        assert job.params["preview_every"] == every
+        assert len(range(every, steps, every)) <= partial  # previews after steps every, 2 every, ... (not the last)
 
 
 def test_what_is_refused_names_its_field() -> None:

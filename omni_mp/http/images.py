@@ -88,8 +88,8 @@ def parse_images(req: ImageGenerationRequest, view: PipelineView) -> ImageJob:
     if partial:
         if req.num_inference_steps is None:  # (previews are asked for every k steps)
             raise bad_request("partial_images needs num_inference_steps", "num_inference_steps")
-        # `partial` previews, evenly spread before the last step.
-        params["preview_every"] = max(1, req.num_inference_steps // (partial + 1))
+        # At most `partial` previews, evenly spread before the last step (which has none).
+        params["preview_every"] = -(-req.num_inference_steps // (partial + 1))
     seed = req.seed if req.seed is not None else draw_seed()
     return ImageJob(req.prompt, n, seed, params, stream, partial)
 
