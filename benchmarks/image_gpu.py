@@ -767,7 +767,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default={}, help="SIDExSIDE/STEPS=IMAGES_PER_S,...: the capacity for Poisson loads (default: "
                    "the best images/s measured in this run)")  # fmt: skip
     p.add_argument("--no-cfg", dest="cfg", action="store_false", help="no negative prompt (one pass per step)")
-    p.add_argument("--encoder-share", type=float, default=0.22, help="the text encoder's gpu_memory_utilization")
+    p.add_argument("--encoder-share", type=float, default=0.25, help="the text encoder's gpu_memory_utilization")
     p.add_argument("--tiny", action="store_true", help="CPU, the tiny checkpoint: a check that every phase runs")
     p.add_argument("--shrink", action="store_true", help="CPU, the real path at toy widths: a check of this script")
     p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "image_gpu-models")
