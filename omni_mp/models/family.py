@@ -34,6 +34,9 @@ class Family(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     builtin_models: dict[str, Loader] = {}
     # a checkpoint's config.json `model_type` -> a loader of its CheckpointSizing (GPU memory planning)
     checkpoint_types: dict[str, Loader] = {}
+    # the diffusion model types (of `diffusion_models`) whose stages make images (omni_mp.image)
+    # rather than audio: the HTTP server answers /v1/images/generations with them
+    image_models: frozenset[str] = frozenset()
 
 
 class PromptFormat(Protocol):

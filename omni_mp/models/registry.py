@@ -87,6 +87,10 @@ def families() -> tuple[Family, ...]:
                 if name in owner:
                     raise RegistryError(f"{_WHAT[kind]} {name!r}: claimed by {owner[name]!r} and {family.name!r}")
                 owner[name] = family.name
+    for family in found:
+        stray = sorted(family.image_models - set(family.diffusion_models))
+        if stray:
+            raise RegistryError(f"family {family.name!r}: image_models {stray} are not among its diffusion_models")
     return found
 
 
@@ -99,6 +103,11 @@ def check(kind: Kind, name: str) -> None:
     """RegistryError (listing the known names) unless some family serves `name` as a `kind`."""
     if name not in names(kind):
         raise RegistryError(f"unknown {_WHAT[kind]} {name!r}; known: {names(kind)}")
+
+
+def makes_images(model_type: str) -> bool:
+    """Whether a diffusion stage of `model_type` makes images (its family says so), not audio."""
+    return any(model_type in family.image_models for family in families())
 
 
 def _load(kind: Kind, name: str) -> Any:

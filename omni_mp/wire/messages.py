@@ -448,6 +448,7 @@ class StageResult(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     num_prompt_tokens: int = 0
     audio: Tensor | None = None  # float32 [samples] of an audio-producing stage (omni_mp.audio)
     sample_rate: int | None = None
+    image: Tensor | None = None  # uint8 [height, width, 3] RGB of an image-producing stage (omni_mp.image)
 
 
 class Finished(MessageBase):
