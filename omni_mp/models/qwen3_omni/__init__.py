@@ -2,6 +2,9 @@
 omni_mp knows of this family.
 
 - `chat_template`: the released special token strings and the chat template.
+- `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
+  (`model_part: qwen3_omni_talker`), loaded from a `talker_view` of the checkpoint; what it
+  emits per frame: `codes`.
 - `tiny`: the tiny checkpoint dir (tests) and the released shapes with random weights
   (benchmarks); never imported at run time but through the registry's built-in names.
 
@@ -14,6 +17,12 @@ from typing import Any
 from omni_mp.models.family import Family
 
 
+def _talker() -> Any:
+    from omni_mp.models.qwen3_omni.vllm_hooks_talker import talker_engine_model
+
+    return talker_engine_model
+
+
 def _tiny() -> Any:
     from omni_mp.models.qwen3_omni.tiny import build_named
 
@@ -22,5 +31,6 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_omni",
+    model_parts={"qwen3_omni_talker": _talker},
     builtin_models={"tiny-qwen3-omni": _tiny},
 )
