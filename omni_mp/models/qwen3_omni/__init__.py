@@ -1,0 +1,26 @@
+"""Qwen3-Omni-30B-A3B (thinker -> talker with its code predictor -> code2wav): everything
+omni_mp knows of this family.
+
+- `chat_template`: the released special token strings and the chat template.
+- `tiny`: the tiny checkpoint dir (tests) and the released shapes with random weights
+  (benchmarks); never imported at run time but through the registry's built-in names.
+
+vLLM runs the thinker with its own Qwen3-Omni thinker model. This module only declares names
+(omni_mp.models.registry reads them); each is imported when a stage asks for it.
+"""
+
+from typing import Any
+
+from omni_mp.models.family import Family
+
+
+def _tiny() -> Any:
+    from omni_mp.models.qwen3_omni.tiny import build_named
+
+    return build_named
+
+
+FAMILY = Family(
+    name="qwen3_omni",
+    builtin_models={"tiny-qwen3-omni": _tiny},
+)
