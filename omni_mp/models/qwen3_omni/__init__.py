@@ -2,6 +2,9 @@
 omni_mp knows of this family.
 
 - `chat_template`: the released special token strings and the chat template.
+- `prompt`: the thinker's prompt format (`prompt_format: qwen3_omni`).
+- `vllm_hooks_thinker`: vLLM's thinker able to stream intermediate layers
+  (`model_part: qwen3_omni_thinker`); `exports`: what the thinker stage streams to the talker.
 - `tiny`: the tiny checkpoint dir (tests) and the released shapes with random weights
   (benchmarks); never imported at run time but through the registry's built-in names.
 
@@ -14,6 +17,18 @@ from typing import Any
 from omni_mp.models.family import Family
 
 
+def _prompt_format() -> Any:
+    from omni_mp.models.qwen3_omni.prompt import PROMPT_FORMAT
+
+    return PROMPT_FORMAT
+
+
+def _thinker() -> Any:
+    from omni_mp.models.qwen3_omni.vllm_hooks_thinker import thinker_engine_model
+
+    return thinker_engine_model
+
+
 def _tiny() -> Any:
     from omni_mp.models.qwen3_omni.tiny import build_named
 
@@ -22,5 +37,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_omni",
+    prompt_formats={"qwen3_omni": _prompt_format},
+    model_parts={"qwen3_omni_thinker": _thinker},
     builtin_models={"tiny-qwen3-omni": _tiny},
 )
