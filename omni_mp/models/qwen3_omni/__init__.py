@@ -2,6 +2,9 @@
 omni_mp knows of this family.
 
 - `chat_template`: the released special token strings and the chat template.
+- `prompt`: the thinker's prompt format (`prompt_format: qwen3_omni`).
+- `vllm_hooks_thinker`: vLLM's thinker able to stream intermediate layers
+  (`model_part: qwen3_omni_thinker`); `exports`: what the thinker stage streams to the talker.
 - `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
   (`model_part: qwen3_omni_talker`), loaded from a `talker_view` of the checkpoint; what it
   emits per frame: `codes`.
@@ -15,6 +18,18 @@ vLLM runs the thinker with its own Qwen3-Omni thinker model. This module only de
 from typing import Any
 
 from omni_mp.models.family import Family
+
+
+def _prompt_format() -> Any:
+    from omni_mp.models.qwen3_omni.prompt import PROMPT_FORMAT
+
+    return PROMPT_FORMAT
+
+
+def _thinker() -> Any:
+    from omni_mp.models.qwen3_omni.vllm_hooks_thinker import thinker_engine_model
+
+    return thinker_engine_model
 
 
 def _talker() -> Any:
@@ -31,6 +46,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_omni",
-    model_parts={"qwen3_omni_talker": _talker},
+    prompt_formats={"qwen3_omni": _prompt_format},
+    model_parts={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
     builtin_models={"tiny-qwen3-omni": _tiny},
 )
