@@ -8,6 +8,7 @@ omni_mp knows of this family.
 - `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
   (`model_part: qwen3_omni_talker`), loaded from a `talker_view` of the checkpoint; what it
   emits per frame: `codes`.
+- `processor`: the thinker -> talker link (`processor: qwen3_omni_talker`).
 - `tiny`: the tiny checkpoint dir (tests) and the released shapes with random weights
   (benchmarks); never imported at run time but through the registry's built-in names.
 
@@ -32,6 +33,12 @@ def _thinker() -> Any:
     return thinker_engine_model
 
 
+def _talker_inputs() -> Any:
+    from omni_mp.models.qwen3_omni.processor import Qwen3OmniTalkerInputs
+
+    return Qwen3OmniTalkerInputs
+
+
 def _talker() -> Any:
     from omni_mp.models.qwen3_omni.vllm_hooks_talker import talker_engine_model
 
@@ -46,6 +53,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_omni",
+    processors={"qwen3_omni_talker": _talker_inputs},
     prompt_formats={"qwen3_omni": _prompt_format},
     model_parts={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
     builtin_models={"tiny-qwen3-omni": _tiny},
