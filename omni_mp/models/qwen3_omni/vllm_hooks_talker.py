@@ -27,6 +27,10 @@ How the step is split between vLLM and this model:
   batches replay it whole). Its code predictor KV is a fresh 16-position tensor per call.
 - Output rows are `[hidden + 16]` float32: the hidden state (what `codec_head` reads) and the
   16 codes of the frame completed at that position (omni_mp.models.qwen3_omni.codes).
+- Preemption: vLLM recomputes a resumed request's positions from their token ids; this
+  model re-adds the text rows (step embeddings) but not the code predictor's residual
+  embeddings of frames already emitted, so a resumed talker continues on a slightly
+  different context (its frames stay well-formed; size the KV cache to avoid preemption).
 - Code predictor decoding is greedy (transformers' `talker_do_sample=False`); group 0 is
   vLLM's (any sampling parameters).
 """
@@ -250,22 +254,23 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
                 if not self._free:
                     raise RuntimeError(f"talker: more than {self.max_slots} running requests")
                 slot = self._slots[rid] = self._free.pop()
-            start, prompt_len = batch.num_computed[i], batch.prompt_lens[i]
-            for j in range(b - a):
-                pos = start + j
-                if pos < prompt_len:
-                    continue
-                # A generated position completes a frame from the previous position's hidden
-                # state: valid only if this slot holds exactly that one (a request resumed
-                # after preemption recomputes several positions at once: NO_CODE there).
-                ok = j == 0 and self._last_pos.get(rid) == pos - 1
-                cp_tok.append(a + j)
+            start = batch.num_computed[i]
+            if start >= batch.prompt_lens[i]:
+                # The chunk's first token is generated: it completes a frame from the previous
+                # position's hidden state, if this slot holds exactly that one. (A request
+                # resumed after preemption recomputes several generated positions at once:
+                # rows but the first get no code predictor row, so they keep NO_CODE.)
+                ok = self._last_pos.get(rid) == start - 1
+                cp_tok.append(a)
                 cp_slot.append(slot if ok else self.scratch)
                 cp_valid.append(1.0 if ok else 0.0)
             dst[b - 1] = slot
             self._last_pos[rid] = start + (b - a) - 1
-        m = len(cp_tok)
-        rows = n if n <= self.max_slots else m  # decode-sized batches: every row (graph shape)
+        m = len(cp_tok)  # <= requests <= max_slots
+        # Batches a FULL graph may replay (n <= max_num_seqs) run the code predictor on n rows,
+        # the shape captured; larger ones (prefill chunks, always eager outside the compiled
+        # decoder) on their m rows.
+        rows = n if n <= self.max_slots else m
         pad = rows - m
         dev = self.cp_tok.device
         self._put(self.cp_tok, cp_tok + [0] * pad, dev)
@@ -297,8 +302,11 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
     ) -> torch.Tensor:
         x = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         n = x.shape[0]
-        rows = n if self._num_cp is None or n <= self.max_slots else self._num_cp
-        self._num_cp = None  # dummy runs (no prepare) take the graph path: every row, scratch slots
+        if n <= self.max_slots:
+            rows = n  # what omni_prepare_step laid out, and the shape a captured graph holds
+        else:  # a dummy run (no prepare: scratch slots) or an eager prefill-sized batch
+            rows = self.max_slots if self._num_cp is None else self._num_cp
+        self._num_cp = None
         tok, valid = self.cp_tok[:rows], self.cp_valid[:rows]
         codes = torch.full((n, NUM_CODE_GROUPS), float(NO_CODE), dtype=ROW_DTYPE, device=x.device)
         if rows:
