@@ -232,6 +232,7 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         self._last_pos: dict[str, int] = {}  # request -> position whose hidden state its slot holds
         self._free = list(range(self.max_slots - 1, -1, -1))
         self._num_cp: int | None = None  # rows of this step's code predictor batch (None: a dummy run)
+        self.python_forwards = 0  # forwards run in Python (a replayed CUDA graph runs none): checks
 
     # ---- per-step layout (host side, before the forward) -----------------------------------
     def omni_prepare_step(self, batch: StepBatch) -> None:
@@ -300,6 +301,7 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
+        self.python_forwards += 1
         x = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         n = x.shape[0]
         if n <= self.max_slots:
