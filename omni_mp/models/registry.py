@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from omni_mp.models import qwen2_5_omni, qwen_image
+from omni_mp.models import qwen2_5_omni, qwen3_omni, qwen_image
 from omni_mp.models.family import CheckpointSizing, EngineModel, Family, Loader, PromptFormat
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ GENERIC = Family(
 FAMILY_PACKAGES: tuple[ModuleType, ...] = (
     qwen2_5_omni,
     qwen_image,
+    qwen3_omni,
 )  # fmt: skip
 
 Kind = Literal["processors", "prompt_formats", "model_parts", "diffusion_models", "builtin_models", "checkpoint_types"]

@@ -24,6 +24,8 @@ class UpstreamResult(msgspec.Struct):
     output_token_ids: list[int] = []
     # Last-layer hidden states of the tokens it computed, in position order (prompt first).
     hidden: RowStream = msgspec.field(default_factory=RowStream)
+    # The intermediate layers it streams (`hidden_states.layers`, HF numbering), same rows.
+    layers: dict[int, RowStream] = {}
     # M-RoPE models: the positions [3, prompt_len] of its prompt and the offset of every later
     # position (text after images runs ahead of or behind the token index).
     mrope_positions: torch.Tensor | None = None
@@ -39,6 +41,16 @@ class UpstreamResult(msgspec.Struct):
         """Rows [start, end) (end None: all), touching only the chunks that hold them: a
         streaming consumer asks for the few new rows of each step, never for all again."""
         return self.hidden.slice(start, end)
+
+    def layer_states(self, layer: int, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Rows [start, end) of intermediate `layer` (ProcessorError if upstream does not stream it)."""
+        stream = self.layers.get(layer)
+        if stream is None:
+            raise ProcessorError(
+                f"stage {self.stage_id} streams no hidden layer {layer} "
+                f"(its `hidden_states.layers`: {sorted(self.layers)})"
+            )
+        return stream.slice(start, end)
 
 
 class RequestContext(msgspec.Struct, frozen=True):
