@@ -5,6 +5,9 @@ omni_mp knows of this family.
 - `prompt`: the thinker's prompt format (`prompt_format: qwen3_omni`).
 - `vllm_hooks_thinker`: vLLM's thinker able to stream intermediate layers
   (`model_part: qwen3_omni_thinker`); `exports`: what the thinker stage streams to the talker.
+- `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
+  (`model_part: qwen3_omni_talker`), loaded from a `talker_view` of the checkpoint; what it
+  emits per frame: `codes`.
 - `tiny`: the tiny checkpoint dir (tests) and the released shapes with random weights
   (benchmarks); never imported at run time but through the registry's built-in names.
 
@@ -29,6 +32,12 @@ def _thinker() -> Any:
     return thinker_engine_model
 
 
+def _talker() -> Any:
+    from omni_mp.models.qwen3_omni.vllm_hooks_talker import talker_engine_model
+
+    return talker_engine_model
+
+
 def _tiny() -> Any:
     from omni_mp.models.qwen3_omni.tiny import build_named
 
@@ -38,6 +47,6 @@ def _tiny() -> Any:
 FAMILY = Family(
     name="qwen3_omni",
     prompt_formats={"qwen3_omni": _prompt_format},
-    model_parts={"qwen3_omni_thinker": _thinker},
+    model_parts={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
     builtin_models={"tiny-qwen3-omni": _tiny},
 )
