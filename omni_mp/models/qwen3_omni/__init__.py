@@ -5,6 +5,7 @@ omni_mp knows of this family.
 - `prompt`: the thinker's prompt format (`prompt_format: qwen3_omni`).
 - `vllm_hooks_thinker`: vLLM's thinker able to stream intermediate layers
   (`model_part: qwen3_omni_thinker`); `exports`: what the thinker stage streams to the talker.
+- `sizing`: what the GPU memory planner needs to know of its checkpoints.
 - `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
   (`model_part: qwen3_omni_talker`), loaded from a `talker_view` of the checkpoint; what it
   emits per frame: `codes`.
@@ -38,6 +39,12 @@ def _talker() -> Any:
     return talker_engine_model
 
 
+def _sizing() -> Any:
+    from omni_mp.models.qwen3_omni.sizing import SIZING
+
+    return SIZING
+
+
 def _tiny() -> Any:
     from omni_mp.models.qwen3_omni.tiny import build_named
 
@@ -48,5 +55,6 @@ FAMILY = Family(
     name="qwen3_omni",
     prompt_formats={"qwen3_omni": _prompt_format},
     model_parts={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
+    checkpoint_types={"qwen3_omni_moe": _sizing},
     builtin_models={"tiny-qwen3-omni": _tiny},
 )
