@@ -9,6 +9,8 @@ omni_mp knows of this family.
 - `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
   (`model_part: qwen3_omni_talker`), loaded from a `talker_view` of the checkpoint; what it
   emits per frame: `codes`.
+- `code2wav`: code2wav as a streaming window decoder (`diffusion.model_type: qwen3_omni_code2wav`);
+  `tiny_code2wav` its tiny checkpoint with weights that make audible audio (tests).
 - `tiny`: the tiny checkpoint dir (tests) and the released shapes with random weights
   (benchmarks); never imported at run time but through the registry's built-in names.
 
@@ -45,6 +47,18 @@ def _sizing() -> Any:
     return SIZING
 
 
+def _code2wav() -> Any:
+    from omni_mp.models.qwen3_omni.code2wav import Code2WavModel
+
+    return Code2WavModel.from_checkpoint
+
+
+def _tiny_code2wav() -> Any:
+    from omni_mp.models.qwen3_omni.tiny_code2wav import build_named
+
+    return build_named
+
+
 def _tiny() -> Any:
     from omni_mp.models.qwen3_omni.tiny import build_named
 
@@ -56,5 +70,6 @@ FAMILY = Family(
     prompt_formats={"qwen3_omni": _prompt_format},
     model_parts={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
     checkpoint_types={"qwen3_omni_moe": _sizing},
-    builtin_models={"tiny-qwen3-omni": _tiny},
+    builtin_models={"tiny-qwen3-omni": _tiny, "tiny-qwen3-omni-code2wav": _tiny_code2wav},
+    diffusion_models={"qwen3_omni_code2wav": _code2wav},
 )
