@@ -94,3 +94,83 @@ def thinker_generate(
         hidden=hidden,
         embed_table=thinker.get_input_embeddings().weight.detach(),
     )
+
+
+@dataclasses.dataclass
+class OmniResult:
+    prompt_ids: list[int]
+    thinker_ids: list[int]
+    thinker_margins: list[float]
+    codes: torch.Tensor  # int64 [frames, 16]: every frame's codes, group 0 first (codec eos frame excluded)
+    code_margins: list[float]  # talker (group 0) margins per frame, then the code predictor's per step
+    stopped: bool  # the talker ended on codec eos (else on its token limit)
+    wav: torch.Tensor  # float32 [samples] at 24 kHz
+
+
+def _recorder(module: Any, outputs: list[Any]) -> Any:
+    """`module.generate` that also returns its scores to us (the caller gets what it asked for)."""
+    original = module.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        as_dict = kwargs.get("return_dict_in_generate", False)
+        out = original(*args, **{**kwargs, "output_scores": True, "return_dict_in_generate": True})
+        outputs.append(out)
+        return out if as_dict else out.sequences
+
+    return generate
+
+
+@torch.no_grad()
+def omni_generate(
+    model_dir: str | Path,
+    text: str,
+    *,
+    audio: Any = None,
+    image: Any = None,
+    speaker: str = "Ethan",
+    thinker_max_new_tokens: int = 16,
+    talker_max_new_tokens: int = 256,
+) -> OmniResult:
+    """transformers' whole Qwen3-Omni generate() in fp32: greedy thinker, talker and code
+    predictor (the talker's repetition penalty 1.05 and suppressed codec control ids as
+    generate() sets them), the thinker stopping on <|im_end|>."""
+    model = omni_model(str(model_dir))
+    inputs = omni_inputs(model_dir, text, audio, image)
+    eos = int(model.config.im_end_token_id)
+    thinker_out: list[Any] = []
+    talker_out: list[Any] = []
+    predictor_out: list[Any] = []
+    patched = [(model.thinker, thinker_out), (model.talker, talker_out), (model.talker.code_predictor, predictor_out)]
+    for module, outs in patched:
+        module.generate = _recorder(module, outs)
+    try:
+        _, wav = model.generate(
+            **inputs,
+            speaker=speaker,
+            thinker_max_new_tokens=thinker_max_new_tokens,
+            thinker_eos_token_id=eos,
+            thinker_do_sample=False,
+            talker_max_new_tokens=talker_max_new_tokens,
+            talker_do_sample=False,
+        )
+    finally:
+        for module, _ in patched:
+            del module.generate
+    prompt_len = inputs["input_ids"].shape[1]
+    (thinker,), (talker,) = thinker_out, talker_out
+    codes = torch.stack([h[-1] for h in talker.hidden_states if h[-1] is not None], dim=1)[0].T
+    ends = int(model.config.talker_config.codec_eos_token_id)
+    group0 = talker.sequences[0, -len(talker.scores) :].tolist()
+    stopped = ends in group0
+    n = group0.index(ends) if stopped else len(group0)
+    margins = [_margin(s[0]) for s in talker.scores[:n]]
+    margins += [_margin(s[0]) for p in predictor_out[:n] for s in p.scores]
+    return OmniResult(
+        prompt_ids=inputs["input_ids"][0].tolist(),
+        thinker_ids=thinker.sequences[0, prompt_len:].tolist(),
+        thinker_margins=[_margin(s[0]) for s in thinker.scores],
+        codes=codes[:n].to(torch.int64),
+        code_margins=margins,
+        stopped=stopped,
+        wav=wav.reshape(-1).float(),
+    )
