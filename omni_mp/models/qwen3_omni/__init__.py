@@ -11,6 +11,7 @@ omni_mp knows of this family.
   emits per frame: `codes`.
 - `code2wav`: code2wav as a streaming window decoder (`diffusion.model_type: qwen3_omni_code2wav`);
   `tiny_code2wav` its tiny checkpoint with weights that make audible audio (tests).
+- `processor`: the thinker -> talker link (`processor: qwen3_omni_talker`).
 - `tiny`: the tiny checkpoint dir (tests) and the released shapes with random weights
   (benchmarks); never imported at run time but through the registry's built-in names.
 
@@ -33,6 +34,12 @@ def _thinker() -> Any:
     from omni_mp.models.qwen3_omni.vllm_hooks_thinker import thinker_engine_model
 
     return thinker_engine_model
+
+
+def _talker_inputs() -> Any:
+    from omni_mp.models.qwen3_omni.processor import Qwen3OmniTalkerInputs
+
+    return Qwen3OmniTalkerInputs
 
 
 def _talker() -> Any:
@@ -67,6 +74,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_omni",
+    processors={"qwen3_omni_talker": _talker_inputs},
     prompt_formats={"qwen3_omni": _prompt_format},
     model_parts={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
     checkpoint_types={"qwen3_omni_moe": _sizing},
