@@ -158,7 +158,7 @@ def omni_generate(
             del module.generate
     prompt_len = inputs["input_ids"].shape[1]
     (thinker,), (talker,) = thinker_out, talker_out
-    codes = torch.stack([h[-1] for h in talker.hidden_states if h[-1] is not None], dim=1)[0].T
+    codes = torch.stack([h[-1] for h in talker.hidden_states if h[-1] is not None], dim=1)[0]  # [frames, 16]
     ends = int(model.config.talker_config.codec_eos_token_id)
     group0 = talker.sequences[0, -len(talker.scores) :].tolist()
     stopped = ends in group0
