@@ -10,6 +10,7 @@ omni_mp knows of this family.
   (`model_part: qwen3_omni_talker`), loaded from a `talker_view` of the checkpoint; what it
   emits per frame: `codes`.
 - `code2wav`: code2wav as a streaming window decoder (`diffusion.model_type: qwen3_omni_code2wav`);
+  `code2wav_inputs` the talker -> code2wav link (`processor: qwen3_omni_code2wav`);
   `tiny_code2wav` its tiny checkpoint with weights that make audible audio (tests).
 - `processor`: the thinker -> talker link (`processor: qwen3_omni_talker`).
 - `tiny`: the tiny checkpoint dir (tests) and the released shapes with random weights
@@ -60,6 +61,12 @@ def _code2wav() -> Any:
     return Code2WavModel.from_checkpoint
 
 
+def _code2wav_inputs() -> Any:
+    from omni_mp.models.qwen3_omni.code2wav_inputs import Qwen3OmniCode2WavInputs
+
+    return Qwen3OmniCode2WavInputs
+
+
 def _tiny_code2wav() -> Any:
     from omni_mp.models.qwen3_omni.tiny_code2wav import build_named
 
@@ -80,4 +87,5 @@ FAMILY = Family(
     checkpoint_types={"qwen3_omni_moe": _sizing},
     builtin_models={"tiny-qwen3-omni": _tiny, "tiny-qwen3-omni-code2wav": _tiny_code2wav},
     diffusion_models={"qwen3_omni_code2wav": _code2wav},
+    processors={"qwen3_omni_code2wav": _code2wav_inputs},
 )
