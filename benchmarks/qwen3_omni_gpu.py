@@ -182,7 +182,10 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     code2wav = {
         "id": 2, "model": model, "kind": "diffusion", "devices": devs[2], "inputs": [1],
         "processor": "qwen3_omni_code2wav", "final_output": True, "engine_args": {"max_model_len": 4096},
-        "diffusion": {"model_type": "qwen3_omni_code2wav", "max_batch": min(conc, 64)},
+        "diffusion": {
+            "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, 64),
+            "streaming": {"first_chunk": 16, "chunk": 192, "left_context": 0, "right_context": 16, "crossfade_ms": 0.0},
+        },
     }  # fmt: skip
     stages = [thinker, talker, code2wav]
     if not stream:
