@@ -13,6 +13,9 @@ leaves), time pairs go to the device in one copy, and nothing waits for the devi
 bucket (batch size from `graph_batch_sizes`, frames to a multiple of the model's step, up to
 `graph_max_frames`) and its velocity replayed from a CUDA graph of that bucket (`graphs.py`);
 other steps, and every step on a CPU, run eagerly at their own size.
+
+A `WindowDecoder` (no solver) has no trajectories: its windows are decoded, batched, in the
+step that admits them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner
 from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, bucket, round_up
-from omni_mp.engines.diffusion.model import DiffusionModel, Preview, RequestModel
+from omni_mp.engines.diffusion.model import DiffusionModel, Preview, RequestModel, WindowDecoder
 from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
 
 log = logging.getLogger("omni_mp.diffusion")
@@ -79,14 +82,15 @@ class _Group:
 class DiffusionRunner:
     def __init__(
         self,
-        model: DiffusionModel,
+        model: DiffusionModel | WindowDecoder,
         crossfade: int,
         graphs: GraphSet | None = None,
         graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         graph_max_frames: int = 512,
     ) -> None:
         """`graphs`: CUDA graphs for models that declare `graph_frame_step` (None: eager)."""
-        self.model = model
+        self.model: Any = model
+        self.decoder = isinstance(model, WindowDecoder)
         self.crossfade = crossfade
         self.trajectories: dict[int, _Trajectory] = {}
         self.noise: dict[str, NoiseStream] = {}
@@ -139,6 +143,8 @@ class DiffusionRunner:
 
     def _free(self, request_id: str) -> None:
         self.groups.clear()  # a group is valid only while its trajectories live
+        if self.decoder:
+            self.model.release(request_id)
         self.noise.pop(request_id, None)
         self.joiners.pop(request_id, None)
         for tid in [t for t, tr in self.trajectories.items() if tr.request_id == request_id]:
@@ -184,11 +190,38 @@ class DiffusionRunner:
         for t, out in zip(due, outs, strict=True):
             result.outputs[t.request_id] = (Preview(out, t.k), False)  # type: ignore[assignment]
 
+    def _emit(self, result: StepResult, tid: int, request_id: str, plan: ChunkPlan, out: torch.Tensor) -> None:
+        """Join a finished window's output into its request's stream."""
+        joiner = self.joiners.setdefault(request_id, Joiner(self.model.samples_per_input, self.crossfade))
+        samples = joiner.push(plan, out)
+        prev = result.outputs.get(request_id)
+        if prev is not None:  # two chunks of one request finished in the same step
+            samples = torch.cat([prev[0], samples])
+        result.outputs[request_id] = (samples, plan.last)
+        result.done.append(tid)
+
+    def _decode(self, plan: StepPlan, result: StepResult) -> StepResult:
+        """A WindowDecoder's step: every new window decoded in one batched call."""
+        specs, conds = [], []
+        for spec in plan.new:
+            try:
+                conds.append(self.model.condition(spec.window))
+                specs.append(spec)
+            except Exception as err:  # a bad request must not take the batch down
+                log.exception("request %s: cannot decode a window", spec.window.request_id)
+                result.errors[spec.window.request_id] = f"{type(err).__name__}: {err}"
+        if specs:
+            for spec, out in zip(specs, self.model.decode_windows(conds), strict=True):
+                self._emit(result, spec.traj_id, spec.window.request_id, spec.plan, out)
+        return result
+
     @torch.no_grad()
     def execute(self, plan: StepPlan) -> StepResult:
         result = StepResult()
         for rid in plan.freed:
             self._free(rid)
+        if self.decoder:
+            return self._decode(plan, result)
         for spec in plan.new:
             try:
                 self._start(spec)
@@ -219,11 +252,5 @@ class DiffusionRunner:
                     result.outputs[tr.request_id] = (out, True)
                     result.done.append(tid)
                     continue
-                joiner = self.joiners.setdefault(tr.request_id, Joiner(self.model.samples_per_input, self.crossfade))
-                samples = joiner.push(tr.plan, out)
-                prev = result.outputs.get(tr.request_id)
-                if prev is not None:  # two chunks of one request finished in the same step
-                    samples = torch.cat([prev[0], samples])
-                result.outputs[tr.request_id] = (samples, tr.plan.last)
-                result.done.append(tid)
+                self._emit(result, tid, tr.request_id, tr.plan, out)
         return result
