@@ -101,8 +101,8 @@ class DiffusionRunner:
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
         self.graph_max_frames = graph_max_frames
         self.owned = isinstance(model, RequestModel)  # the model starts trajectories and shapes outputs
-        self._velocity = model.velocity
-        if self.graphs is not None:
+        self._velocity = None if self.decoder else model.velocity
+        if self.graphs is not None and not self.decoder:
             self._velocity = self.graphs.wrap(model.velocity, "velocity")
             use_graphs = getattr(model, "use_graphs", None)
             if use_graphs is not None:  # the model graphs its own parts (a vocoder)
