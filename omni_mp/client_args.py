@@ -85,3 +85,30 @@ def stage_sampling(sampling: Mapping[int, SamplingParamsMsg | Mapping[str, Any]]
             raise ValueError(f"`sampling[{stage_id}]`: {err}") from None
         out.append(StageSampling(stage_id=stage_id, params=checked))
     return out
+
+
+MAX_PARAMS = 64  # entries of `params` (the bound Submit.params carries)
+
+
+def request_params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """`params` (model parameters, e.g. an image's size and steps) as Submit carries them: a
+    flat map of names to str, int, float, bool or None; ValueError naming a bad entry. What
+    the names mean is the model family's to check (a stage refuses unknown ones)."""
+    if params is None:
+        return None
+    if not isinstance(params, Mapping):
+        raise ValueError(f"`params` must be a mapping of names to values, got {type(params).__name__}")
+    if len(params) > MAX_PARAMS:
+        raise ValueError(f"`params`: at most {MAX_PARAMS} entries, got {len(params)}")
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if not isinstance(name, str) or not 0 < len(name) <= 64:
+            raise ValueError(f"`params`: names are strings of 1 to 64 characters, got {name!r}")
+        if isinstance(value, np.integer | np.floating):
+            value = value.item()
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise ValueError(f"`params[{name!r}]`: expected str, int, float, bool or None, got {type(value).__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"`params[{name!r}]`: must be finite, got {value!r}")
+        out[name] = value
+    return out
