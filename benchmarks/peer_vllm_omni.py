@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "audio_s": args.talker_codes * omni_gpu.SAMPLES_PER_CODE / omni_gpu.SAMPLE_RATE,
         },
         "concurrency": args.concurrency,
-        "device": omni_gpu.device_name(),  # here: the child must not initialise CUDA itself
+        "device": device_name(),
     }  # fmt: skip
     t0 = time.perf_counter()
     try:
@@ -192,6 +192,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out_file.write_text(json.dumps(doc, indent=1))
     say(f"wrote {out_file}" + (f" (FAILED: {doc['error'][:300]})" if "error" in doc else ""))
     return doc
+
+
+def device_name() -> str:
+    """omni_gpu's device name, taken in a short-lived process: no CUDA context is held in this
+    one (its GPU memory would stay taken while vllm-omni runs) or made before vllm-omni starts."""
+    code = "import omni_gpu; print(omni_gpu.device_name())"
+    got = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=120)
+    return got.stdout.strip().splitlines()[-1] if got.returncode == 0 and got.stdout.strip() else "unknown device"
 
 
 def end_group(pgid: int, grace_s: float = 20.0) -> None:
