@@ -4,9 +4,9 @@ worker, in this process) against diffusers' `QwenImagePipeline` on the same tiny
 compared is our grid, noise, packing, batching, masks, CFG and decode.
 
 Measured tolerances (CPU, fp32), stated where asserted:
-- per-step latents, a request alone: max abs difference 0 (bit-exact) to ~1e-6;
-- per-step latents, a request batched with others (padded text, masked attention, CFG rows
-  in one call): max abs difference <= 2e-5 measured; asserted 1e-4;
+- per-step latents, a request alone: max abs difference 1.4e-6 measured; asserted 1e-5;
+- per-step latents, requests batched with others (padded text, masked attention, CFG rows
+  in one call, joining mid-way): 2.7e-6 measured; asserted 1e-5;
 - final image: within 1/255 per pixel (ours is uint8; diffusers' float image rounds to it).
 """
 
@@ -29,7 +29,7 @@ from omni_mp.wire.messages import SamplingParamsMsg
 pytestmark = pytest.mark.engine
 
 STEP_ATOL_ALONE = 1e-5
-STEP_ATOL_BATCHED = 1e-4
+STEP_ATOL_BATCHED = 1e-5
 PIXEL_ATOL = 1 / 255 + 1e-6
 
 
