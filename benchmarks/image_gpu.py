@@ -35,15 +35,17 @@ On the lent GPU machines (no network; the image has python 3.12, torch 2.11.0 cu
 transformers, matplotlib; no diffusers and no vLLM): carry the wheels of
 /work/shared/gpu/README.md plus diffusers==0.42.1 (pure python; its requirements importlib_metadata,
 filelock, huggingface-hub, numpy, regex, requests, safetensors, Pillow are in the image:
-the preflight lists anything missing), then
-  ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
-        VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
-  $ENV && python3 benchmarks/image_gpu.py --phases build,omni --sizes 512:20 --out $OUT/image_gpu --deadline-s 570
-  $ENV && python3 benchmarks/image_gpu.py --phases diffusers --sizes 512:20,1024:50 --concurrency 1,4 ...
-  (see docs/benchmarks.md#qwen-image for the split the lead ran and the time of each call).
+the preflight lists anything missing), then, one device call each (ENV: the export line
+`export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
+HF_HUB_OFFLINE=1`, written out), e.g.
+  ENV && python3 benchmarks/image_gpu.py --phases build,omni --sizes 512:20 --out /tmp/image_gpu --deadline-s 560
+  ENV && python3 benchmarks/image_gpu.py --phases diffusers --sizes 512:20 --out /tmp/image_gpu
+(docs/benchmarks.md#qwen-image: the whole split over device calls and the time of each).
 Locally, to re-render from fetched phase files: python benchmarks/image_gpu.py --phases '' --out DIR
-CPU check of every phase on the tiny checkpoint (fp32, 64x64, 3 steps; ~2-3 min on 2 cores):
+CPU checks of every phase (~3-4 min each on 2 cores): the tiny checkpoint (fp32, 64x64, 3 steps),
+and the real-size path (build, dummy-loaded encoder, diffusers' side built in memory) at toy widths:
   .venv/bin/python benchmarks/image_gpu.py --tiny --out /tmp/image_gpu_tiny
+  .venv/bin/python benchmarks/image_gpu.py --shrink --out /tmp/image_gpu_shrink
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ import zmq.asyncio
 
 from omni_mp.client_args import check_names, check_prompt, check_seconds, request_params, stage_sampling
 from omni_mp.client_link import DEFAULT_CONNECT_TIMEOUT_S, HandshakeError, LinkWatch
+from omni_mp.image_io import rgb_array
 from omni_mp.keys import CurveIdentity
 from omni_mp.media_files import AudioLike, ImageLike, multi_modal_input
 from omni_mp.wire.codec import NUMPY_ARRAYS, ArrayCodec, Limits, PayloadError, decode, encode, torch_arrays
@@ -106,18 +107,6 @@ class ImageChunk(NamedTuple):
     step: int | None
 
 
-def _as_numpy(array: Any) -> np.ndarray:
-    return array if not hasattr(array, "numpy") else array.numpy()  # (a torch tensor: shares its memory)
-
-
-def _image_array(value: Any, what: str) -> np.ndarray:
-    codec = array_codec(value)
-    dtype, shape, _ = codec.header(value, what) if codec else (type(value).__name__, [], 0)
-    if dtype != "uint8" or len(shape) != 3 or shape[-1] != 3:
-        raise ValueError(f"{what}: expected a uint8 [height, width, 3] array, got {dtype} of shape {shape}")
-    return _as_numpy(value)
-
-
 def _chunk_image(ev: StageOutputChunk) -> ImageChunk | None:
     """The image a chunk carries (a preview or the final one), None if it has none;
     ValueError if its image entries are malformed."""
@@ -127,7 +116,7 @@ def _chunk_image(ev: StageOutputChunk) -> ImageChunk | None:
     step = info.get(IMAGE_STEP_KEY)
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise ValueError(f"{IMAGE_STEP_KEY}: expected a non-negative int, got {step!r}")
-    return ImageChunk(_image_array(info[IMAGE_KEY], IMAGE_KEY), step)
+    return ImageChunk(rgb_array(info[IMAGE_KEY], IMAGE_KEY), step)
 
 
 def final_image(done: Finished) -> np.ndarray:
@@ -135,7 +124,7 @@ def final_image(done: Finished) -> np.ndarray:
     stage that made one; ValueError if none did (a pipeline whose final stages make no images)."""
     for out in done.outputs:
         if out.image is not None:
-            return _image_array(out.image, f"outputs[stage {out.stage_id}].image")
+            return rgb_array(out.image, f"outputs[stage {out.stage_id}].image")
     stages = [o.stage_id for o in done.outputs]
     raise ValueError(f"request {done.request_id!r}: no final stage returned an image (final stages {stages})")
 

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from omni_mp.wire.messages import SamplingParamsMsg, StageSampling
+from omni_mp.wire.messages import RequestParams, SamplingParamsMsg, StageSampling
 from omni_mp.wire.tensor_codec import array_codec
 
 
@@ -87,28 +87,26 @@ def stage_sampling(sampling: Mapping[int, SamplingParamsMsg | Mapping[str, Any]]
     return out
 
 
-MAX_PARAMS = 64  # entries of `params` (the bound Submit.params carries)
-
-
 def request_params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """`params` (model parameters, e.g. an image's size and steps) as Submit carries them: a
-    flat map of names to str, int, float, bool or None; ValueError naming a bad entry. What
-    the names mean is the model family's to check (a stage refuses unknown ones)."""
+    """`params` (model parameters, e.g. an image's size and steps) as Submit carries them (the
+    wire type `RequestParams`: names to str, int, float, bool or None), finite numbers only;
+    ValueError naming a bad entry. What the names mean is the model family's to check (a
+    stage refuses unknown ones)."""
     if params is None:
         return None
     if not isinstance(params, Mapping):
         raise ValueError(f"`params` must be a mapping of names to values, got {type(params).__name__}")
-    if len(params) > MAX_PARAMS:
-        raise ValueError(f"`params`: at most {MAX_PARAMS} entries, got {len(params)}")
-    out: dict[str, Any] = {}
-    for name, value in params.items():
-        if not isinstance(name, str) or not 0 < len(name) <= 64:
-            raise ValueError(f"`params`: names are strings of 1 to 64 characters, got {name!r}")
-        if isinstance(value, np.integer | np.floating):
-            value = value.item()
-        if value is not None and not isinstance(value, str | int | float | bool):
-            raise ValueError(f"`params[{name!r}]`: expected str, int, float, bool or None, got {type(value).__name__}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"`params[{name!r}]`: must be finite, got {value!r}")
-        out[name] = value
+    plain = {k: v.item() if isinstance(v, np.generic) else v for k, v in params.items()}
+    try:
+        out = msgspec.convert(plain, RequestParams)
+    except msgspec.ValidationError as err:
+        for name, value in plain.items():  # name the entry, where one is at fault
+            try:
+                msgspec.convert({name: value}, RequestParams)
+            except msgspec.ValidationError as one:
+                raise ValueError(f"`params[{name!r}]`: {one}") from None
+        raise ValueError(f"`params`: {err}") from None
+    bad = next((k for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:
+        raise ValueError(f"`params[{bad!r}]`: must be finite, got {out[bad]!r}")
     return out

@@ -15,11 +15,13 @@ MAX_SIDE = 16384  # pixels per side a client passes on (the stage applies its mo
 _SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 
 
-def _rgb(pixels: Any) -> np.ndarray:
+def rgb_array(pixels: Any, what: str = "image") -> np.ndarray:
+    """`pixels` (a numpy array or a CPU torch tensor: its memory shared) as numpy uint8
+    [height, width, 3]; ValueError naming `what` otherwise."""
     array = np.asarray(pixels.numpy() if hasattr(pixels, "numpy") else pixels)
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3 or 0 in array.shape:
-        raise ValueError(f"image: expected a non-empty uint8 [height, width, 3] array, got {array.dtype} {array.shape}")
-    return np.ascontiguousarray(array)
+        raise ValueError(f"{what}: want a non-empty uint8 [height, width, 3] array, not {array.dtype} {array.shape}")
+    return array
 
 
 def png_bytes(pixels: Any) -> bytes:
@@ -27,7 +29,7 @@ def png_bytes(pixels: Any) -> bytes:
     from PIL import Image
 
     out = io.BytesIO()
-    Image.fromarray(_rgb(pixels)).save(out, format="PNG")
+    Image.fromarray(np.ascontiguousarray(rgb_array(pixels))).save(out, format="PNG")
     return out.getvalue()
 
 

@@ -5,6 +5,7 @@ and PNG files (decoded back by Pillow, pixel for pixel)."""
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -120,3 +121,21 @@ def test_cli_image_flags_on_a_pipeline_without_images_exit_2_before_any_stage_st
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "--size, --seed: pipeline 'tiny_chain' makes no images" in proc.stderr
+
+
+def test_request_params_are_checked_by_the_client_naming_the_entry() -> None:
+    from omni_mp.client_args import request_params
+
+    assert request_params(None) is None
+    got = request_params({"seed": np.int64(3), "true_cfg_scale": np.float32(4.0), "negative_prompt": " ", "x": None})
+    assert got == {"seed": 3, "true_cfg_scale": 4.0, "negative_prompt": " ", "x": None}
+    assert type(got["seed"]) is int  # numpy scalars travel as plain numbers
+    for bad, where in (
+        ({"seed": [1]}, "params['seed']"),
+        ({"a" * 65: 1}, "params['aaaa"),
+        ({"f": float("inf")}, "params['f']"),
+        ({str(i): i for i in range(2000)}, "params"),
+        ("height=64", "params"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(where)):
+            request_params(bad)  # type: ignore[arg-type]
