@@ -7,13 +7,17 @@ trajectories, each a state of shape [frames, state_dim] with its own conditionin
 guidance: frames are per input id (`frames_per_input`), so sequence models of different
 lengths share a step (padded; the model masks the padding). An image DiT fits the same
 interface with a fixed number of "frames" (latent patches) per request and no streaming.
+
+A model with no solver (a causal codec decoder such as Qwen3-Omni's code2wav) is a
+`WindowDecoder`: the same engine admits, batches, streams and joins its windows, and decodes
+each window straight from its inputs in the step that admits it (no noise, no time grid).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -62,3 +66,30 @@ class DiffusionModel(Protocol):
     def decode(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Final states [frames, state_dim] -> outputs (audio: float32 [samples] on the CPU)."""
         ...
+
+
+@runtime_checkable
+class WindowDecoder(Protocol):
+    """A model with no solver: a window's output is a function of its inputs (and of what the
+    model keeps of the request's earlier windows, which reach it in order, one per request per
+    call). The runner calls `release` when a request ends, however it ends."""
+
+    sample_rate: int
+    samples_per_input: int
+    frames_per_input: int  # for the engine's length check against max_frames
+    window_align: int
+    max_frames: int
+    device: torch.device
+
+    def check(self, params: DiffusionParams, ids: Sequence[int]) -> None: ...
+
+    def condition(self, window: Window) -> Any:
+        """Check and convert one window (DiffusionInputError fails its request alone)."""
+        ...
+
+    def decode_windows(self, conds: Sequence[Any]) -> list[torch.Tensor]:
+        """The windows of one step, batched -> their outputs (float32 [samples], CPU), from each
+        window's first input on."""
+        ...
+
+    def release(self, request_id: str) -> None: ...

@@ -5,18 +5,21 @@ Holds every running trajectory (its state, conditioning and time grid) like an A
 holds KV cache, and per request the noise stream and the output joiner. `execute` runs one
 solver step over the scheduled trajectories (grouped by solver; rows padded to the longest
 state), decodes those that reached t = 1, and joins their output into the request's stream.
+A `WindowDecoder` (no solver) has no trajectories: its windows are decoded, batched, in the
+step that admits them.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner
-from omni_mp.engines.diffusion.model import DiffusionModel
+from omni_mp.engines.diffusion.model import DiffusionModel, WindowDecoder
 from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
 
 log = logging.getLogger("omni_mp.diffusion")
@@ -53,8 +56,9 @@ class _Trajectory:
 
 
 class DiffusionRunner:
-    def __init__(self, model: DiffusionModel, crossfade: int) -> None:
-        self.model = model
+    def __init__(self, model: DiffusionModel | WindowDecoder, crossfade: int) -> None:
+        self.model: Any = model
+        self.decoder = isinstance(model, WindowDecoder)
         self.crossfade = crossfade
         self.trajectories: dict[int, _Trajectory] = {}
         self.noise: dict[str, NoiseStream] = {}
@@ -77,6 +81,8 @@ class DiffusionRunner:
         )
 
     def _free(self, request_id: str) -> None:
+        if self.decoder:
+            self.model.release(request_id)
         self.noise.pop(request_id, None)
         self.joiners.pop(request_id, None)
         for tid in [t for t, tr in self.trajectories.items() if tr.request_id == request_id]:
@@ -97,11 +103,38 @@ class DiffusionRunner:
             t.x = x[i, : t.x.shape[0]]
             t.k += 1
 
+    def _emit(self, result: StepResult, tid: int, request_id: str, plan: ChunkPlan, out: torch.Tensor) -> None:
+        """Join a finished window's output into its request's stream."""
+        joiner = self.joiners.setdefault(request_id, Joiner(self.model.samples_per_input, self.crossfade))
+        samples = joiner.push(plan, out)
+        prev = result.outputs.get(request_id)
+        if prev is not None:  # two chunks of one request finished in the same step
+            samples = torch.cat([prev[0], samples])
+        result.outputs[request_id] = (samples, plan.last)
+        result.done.append(tid)
+
+    def _decode(self, plan: StepPlan, result: StepResult) -> StepResult:
+        """A WindowDecoder's step: every new window decoded in one batched call."""
+        specs, conds = [], []
+        for spec in plan.new:
+            try:
+                conds.append(self.model.condition(spec.window))
+                specs.append(spec)
+            except Exception as err:  # a bad request must not take the batch down
+                log.exception("request %s: cannot decode a window", spec.window.request_id)
+                result.errors[spec.window.request_id] = f"{type(err).__name__}: {err}"
+        if specs:
+            for spec, out in zip(specs, self.model.decode_windows(conds), strict=True):
+                self._emit(result, spec.traj_id, spec.window.request_id, spec.plan, out)
+        return result
+
     @torch.no_grad()
     def execute(self, plan: StepPlan) -> StepResult:
         result = StepResult()
         for rid in plan.freed:
             self._free(rid)
+        if self.decoder:
+            return self._decode(plan, result)
         for spec in plan.new:
             try:
                 self._start(spec)
@@ -120,11 +153,5 @@ class DiffusionRunner:
             outs = self.model.decode([self.trajectories[tid].x for tid in finished])
             for tid, out in zip(finished, outs, strict=True):
                 tr = self.trajectories.pop(tid)
-                joiner = self.joiners.setdefault(tr.request_id, Joiner(self.model.samples_per_input, self.crossfade))
-                samples = joiner.push(tr.plan, out)
-                prev = result.outputs.get(tr.request_id)
-                if prev is not None:  # two chunks of one request finished in the same step
-                    samples = torch.cat([prev[0], samples])
-                result.outputs[tr.request_id] = (samples, tr.plan.last)
-                result.done.append(tid)
+                self._emit(result, tid, tr.request_id, tr.plan, out)
         return result

@@ -24,6 +24,7 @@ loads only `thinker.*` weights and skips the talker's and code2wav's).
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import islice
 from typing import Any
 
@@ -140,6 +141,23 @@ class OmniMpQwen3OmniThinker(Qwen3OmniMoeThinkerForConditionalGeneration, Suppor
                 prefix=maybe_prefix(prefix, "language_model"),
             )
         self.make_empty_intermediate_tensors = self.language_model.make_empty_intermediate_tensors
+
+    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
+        """The prompt's M-RoPE positions as transformers computes them (`get_rope_index`).
+        vLLM 0.25.0's version reads an image or audio item's `mm_position.offset` as the
+        position of its start token (`<|vision_start|>` / `<|audio_start|>`), while its
+        processor sets it to the first placeholder token: every image lands one position late
+        (its grid starts at the start token's position + 2 instead of + 1, and its end token
+        takes a grid position). Audio positions are sequential either way. So the items are
+        handed over with their offsets on their start tokens (video items, which vLLM counts
+        differently, are left as they are)."""
+        moved = [
+            dataclasses.replace(f, mm_position=dataclasses.replace(f.mm_position, offset=f.mm_position.offset - 1))
+            if f.modality in ("image", "audio") and f.mm_position.offset > 0
+            else f
+            for f in mm_features
+        ]
+        return super().get_mrope_input_positions(input_tokens, moved)
 
 
 def register_thinker() -> None:
