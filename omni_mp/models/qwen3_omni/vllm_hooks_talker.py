@@ -352,7 +352,9 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
             code0 = self.cp_code0[:rows]
             h_prev = self.h_store[self.cp_slot[:rows]]
             rest, emb = self.code_predictor(h_prev, self.model.embed_input_ids(code0), self.cp_sample[:rows])
-            x = x.index_add(0, tok, emb * valid[:, None])
+            # In place, into the runner's persistent inputs_embeds buffer: the compiled decoder's
+            # piecewise CUDA graphs read their input at the address they were captured with.
+            x.index_add_(0, tok, (emb * valid[:, None]).to(x.dtype))
             frame = torch.cat([code0[:, None], rest], dim=1).to(ROW_DTYPE) - NO_CODE
             codes.index_add_(0, tok, frame * valid[:, None].to(ROW_DTYPE))
         hidden = self.model(None, positions, intermediate_tensors, x)
