@@ -164,8 +164,11 @@ class Talk:
     """One talker request fed as the stage loop feeds it: the prompt once the processor has
     one, then the per-step rows as the thinker's reply grows (`thinker_step` tokens at a time)."""
 
-    def __init__(self, engine: Any, rid: str, run: OmniRun, speaker: str, streamed: bool) -> None:
+    def __init__(
+        self, engine: Any, rid: str, run: OmniRun, speaker: str, streamed: bool, temperature: float = 0.0
+    ) -> None:
         self.engine, self.rid, self.run, self.speaker = engine, rid, run, speaker
+        self.temperature = temperature
         self.n_reply = 0 if streamed else None
         self.started = False
         self.rows_sent = 0
@@ -188,7 +191,9 @@ class Talk:
             if inp is None:
                 return
             self.prompt_len = inp.prompt_embeds.shape[0]
-            sampling = SamplingParamsMsg(max_tokens=80, stop_token_ids=inp.stop_token_ids)
+            sampling = SamplingParamsMsg(
+                max_tokens=80, stop_token_ids=inp.stop_token_ids, temperature=self.temperature, seed=7
+            )
             start_request(
                 self.engine,
                 self.rid,

@@ -8,7 +8,9 @@ Thinker tokens and the 16 codes of every frame must be equal; where they are not
 names the step and transformers' top-2 logit margin there, and every compared step must have a
 margin above MIN_MARGIN, so a pass is not luck. The waveform is streamed chunk by chunk by
 code2wav and compared with transformers' one-shot decode within WAV_RTOL (relative L2; the
-streamed chunks equal the one-shot samples up to float summation order: code2wav.py)."""
+streamed chunks equal the one-shot samples up to float summation order: code2wav.py; measured
+at most 4.5e-7 over text, audio and image prompts and three speakers). About 9 minutes on 2
+CPU cores, most of it transformers' generate on the CPU."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ CONFIG = REPO / "stage_configs" / "tiny_qwen3_omni.yaml"
 THINKER_TOKENS = 48  # stage 0's max_tokens in the YAML
 TALKER_FRAMES = 512  # stage 1's
 MIN_MARGIN = 1e-5
-WAV_RTOL = 1e-4  # relative L2, streamed vs transformers' one-shot
+WAV_RTOL = 1e-5  # relative L2, streamed vs transformers' one-shot (measured <= 4.5e-7)
 
 CASES: dict[str, dict[str, Any]] = {
     "text": dict(text="Tell me a short story about the sea."),

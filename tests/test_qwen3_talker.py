@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from omni_mp.models.qwen3_omni.codes import codes_of_rows
 from omni_mp.models.qwen3_omni.exports import ThinkerTurns
 from omni_mp.models.qwen3_omni.prompt import omni_prompt_text
 from omni_mp.processors.base import RequestContext
@@ -107,7 +108,7 @@ def engine() -> Iterator[Any]:
         yield eng
 
 
-def talk(engine: Any, talks: list[Talk], max_steps: int = 400) -> None:
+def talk(engine: Any, talks: list[Talk], max_steps: int = 400, *, check: bool = True) -> None:
     by_id = {t.rid: t for t in talks}
     for _ in range(max_steps):
         for t in talks:
@@ -125,7 +126,8 @@ def talk(engine: Any, talks: list[Talk], max_steps: int = 400) -> None:
     engine.step()  # the scheduler drops finished requests on its next pass
     assert engine_is_empty(engine)
     for t in talks:
-        t.check()
+        if check:
+            t.check()
 
 
 def test_codes_equal_transformers_alone(engine: Any) -> None:
@@ -146,3 +148,42 @@ def test_codes_equal_transformers_concurrent_streamed(engine: Any) -> None:
     talks = [Talk(engine, rid, run, spk, streamed=True) for rid, run, spk in runs]
     talk(engine, talks)
     print(f"[q3 talker] frames {[t.run.codes.shape[0] for t in talks]}")
+
+
+def test_code_predictor_sampling_matches_generates_warpers() -> None:
+    """The sampled code predictor's draw (top-k 50, top-p 0.8, temperature 1) against the
+    distribution transformers' own warpers give for the same logits: 20,000 draws per row,
+    every code's frequency within 0.015 of its probability (measured max 0.006)."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from omni_mp.models.qwen3_omni.vllm_hooks_talker import sample_top_k_top_p
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 128, generator=gen) * torch.tensor([[0.5], [2.0], [4.0]])
+    want = TopPLogitsWarper(0.8)(None, TopKLogitsWarper(50)(None, logits.clone())).softmax(-1)
+    draws = 20_000
+    torch.manual_seed(0)
+    got = sample_top_k_top_p(logits.repeat_interleave(draws, dim=0)).view(3, draws)
+    freq = torch.stack([torch.bincount(row, minlength=128).float() / draws for row in got])
+    assert bool(((freq > 0) <= (want > 0)).all())  # nothing outside the kept set
+    assert float((freq - want).abs().max()) < 0.015
+
+
+def test_sampled_request_beside_a_greedy_one(engine: Any) -> None:
+    """A request whose talker samples (any temperature > 0: its code predictor samples too)
+    in the same batches as a greedy one: the greedy one still equals generate frame for frame;
+    the sampled one's frames are well-formed codes, and its first frame's groups 1..15 are not
+    the greedy code predictor's (its temperature 1e-4 keeps group 0 of frame 0, drawn from the
+    deterministic prefill, the greedy one)."""
+    run = oracle("text")
+    greedy = Talk(engine, "greedy", run, "Ethan", streamed=True)
+    sampled = Talk(engine, "sampled", run, "Ethan", streamed=True, temperature=1e-4)
+    talk(engine, [greedy, sampled], check=False)
+    greedy.check()
+    codes = codes_of_rows(torch.cat(sampled.rows))[sampled.prompt_len :]
+    cp_vocab = omni_model(model_dir()).config.talker_config.code_predictor_config.vocab_size
+    assert codes.shape[0] >= 1
+    assert bool((codes[:, 1:] >= 0).all()) and bool((codes[:, 1:] < cp_vocab).all())
+    assert torch.equal(codes[:, 0], torch.tensor(sampled.tokens[: codes.shape[0]]))
+    assert int(codes[0, 0]) == int(run.codes[0, 0])
+    assert not torch.equal(codes[0, 1:], run.codes[0, 1:])
