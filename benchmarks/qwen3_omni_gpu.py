@@ -174,7 +174,8 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "processor": "qwen3_omni_talker", "hidden_states": {},
         "engine_args": {**common, "max_model_len": args.prompt_len + args.talker_frames + 64},
         "sampling": {
-            "temperature": 0.0, "ignore_eos": True, "max_tokens": args.talker_frames,
+            # its last sampled code is never fed back, so it has no frame: one more step
+            "temperature": 0.0, "ignore_eos": True, "max_tokens": args.talker_frames + 1,
             # every codec control id (codec eos included): exactly --talker-frames frames of codes
             "suppress_token_ids": list(range(codebook, talker_vocab)),
         },
@@ -212,6 +213,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     profile_dir = Path(tempfile.mkdtemp(prefix="qwen3_omni_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
     out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name()}
+    out["layer"] = int(config["talker_config"]["accept_hidden_layer"])
     out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
     t0 = time.perf_counter()
     t_last = time.time()
@@ -279,7 +281,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         lines.append(
             f"\nthinker -> talker per thinker step (c={max(args.concurrency)}): build + send p50 "
             f"{t['build_send_us_p50']:.0f} us, {t['wire_bytes_p50'] / 1024:.1f} KiB on the wire p50 "
-            f"({t['rows_per_step_mean']:.1f} rows of last layer + layer {24 if not args.smoke else 'k'} per step); "
+            f"({t['rows_per_step_mean']:.1f} rows of the last layer and layer {st.get('layer')} per step); "
             f"thinker step p50 {t['step_ms_p50']:.2f} ms"
         )
     if st.get("stage_steps"):
