@@ -29,8 +29,9 @@ step time and how busy it was in the level's last round; the thinker -> talker t
 step). Phases, each in a fresh process: `stream`, and `nostream` (`wait_for_upstream: true` on
 talker and code2wav: what streaming gains). Outputs in --out: qwen3_omni_gpu.json, .md, .png.
 
-One H200 (kind nvidia-h200), all three stages on GPU 0 with memory budgets 0.72 / 0.16 / 0.06
-of it (thinker ~65 GB of bf16 weights + KV; talker + code predictor ~7 GB + KV; code2wav):
+One H200 (kind nvidia-h200), all three stages on GPU 0 with memory budgets 0.70 / 0.14 / 0.10
+of it (thinker ~57 GiB of bf16 weights without towers + KV; talker + code predictor ~6.2 GiB
++ KV; code2wav 0.8 GiB fp32 + its batch's activations):
   ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
         VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
   $ENV && python3 benchmarks/qwen3_omni_gpu.py --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
@@ -62,7 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 PHASES = ["stream", "nostream"]
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15
-SHARES = (0.72, 0.16, 0.06)  # thinker / talker / code2wav of GPU 0
+SHARES = (0.70, 0.14, 0.10)  # thinker / talker / code2wav of GPU 0
 FRAMES_PER_S = 12.5
 # Published numbers (issue 22): vllm-omni nightly, 3 H100s, 2500 tokens in, 900 out.
 PUBLISHED = {
