@@ -29,8 +29,9 @@ step time and how busy it was in the level's last round; the thinker -> talker t
 step). Phases, each in a fresh process: `stream`, and `nostream` (`wait_for_upstream: true` on
 talker and code2wav: what streaming gains). Outputs in --out: qwen3_omni_gpu.json, .md, .png.
 
-One H200 (kind nvidia-h200), all three stages on GPU 0 with memory budgets 0.72 / 0.16 / 0.06
-of it (thinker ~65 GB of bf16 weights + KV; talker + code predictor ~7 GB + KV; code2wav):
+One H200 (kind nvidia-h200), all three stages on GPU 0 with memory budgets 0.70 / 0.14 / 0.10
+of it (thinker ~57 GiB of bf16 weights without towers + KV; talker + code predictor ~6.2 GiB
++ KV; code2wav 0.8 GiB fp32 + its batch's activations):
   ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
         VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
   $ENV && python3 benchmarks/qwen3_omni_gpu.py --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
@@ -62,7 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 PHASES = ["stream", "nostream"]
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15
-SHARES = (0.72, 0.16, 0.06)  # thinker / talker / code2wav of GPU 0
+SHARES = (0.70, 0.14, 0.10)  # thinker / talker / code2wav of GPU 0
 FRAMES_PER_S = 12.5
 # Published numbers (issue 22): vllm-omni nightly, 3 H100s, 2500 tokens in, 900 out.
 PUBLISHED = {
@@ -174,7 +175,8 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "processor": "qwen3_omni_talker", "hidden_states": {},
         "engine_args": {**common, "max_model_len": args.prompt_len + args.talker_frames + 64},
         "sampling": {
-            "temperature": 0.0, "ignore_eos": True, "max_tokens": args.talker_frames,
+            # its last sampled code is never fed back, so it has no frame: one more step
+            "temperature": 0.0, "ignore_eos": True, "max_tokens": args.talker_frames + 1,
             # every codec control id (codec eos included): exactly --talker-frames frames of codes
             "suppress_token_ids": list(range(codebook, talker_vocab)),
         },
@@ -212,6 +214,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     profile_dir = Path(tempfile.mkdtemp(prefix="qwen3_omni_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
     out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name()}
+    out["layer"] = int(config["talker_config"]["accept_hidden_layer"])
     out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
     t0 = time.perf_counter()
     t_last = time.time()
@@ -279,7 +282,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         lines.append(
             f"\nthinker -> talker per thinker step (c={max(args.concurrency)}): build + send p50 "
             f"{t['build_send_us_p50']:.0f} us, {t['wire_bytes_p50'] / 1024:.1f} KiB on the wire p50 "
-            f"({t['rows_per_step_mean']:.1f} rows of last layer + layer {24 if not args.smoke else 'k'} per step); "
+            f"({t['rows_per_step_mean']:.1f} rows of the last layer and layer {st.get('layer')} per step); "
             f"thinker step p50 {t['step_ms_p50']:.2f} ms"
         )
     if st.get("stage_steps"):
