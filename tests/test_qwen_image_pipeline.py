@@ -1,7 +1,8 @@
-"""Qwen-Image text to image end to end (stage_configs/tiny_qwen_image.yaml): a real launcher
-process, the text encoder on vLLM (stage 0, prefill-only, the negative prompt as a companion
-sequence) and the DiT on the diffusion kind (stage 1), a raw ZMQ client sending `Submit.params`.
-The oracle is diffusers' `QwenImagePipeline` on the same tiny checkpoint (fp32, same seed).
+"""Qwen-Image text to image end to end (stage_configs/tiny_qwen_image.yaml, with stage 0 also a
+final stage so that its hidden rows reach the client): a real launcher process, the text
+encoder on vLLM (stage 0, prefill-only, the negative prompt as a companion sequence) and the
+DiT on the diffusion kind (stage 1), a raw ZMQ client sending `Submit.params`. The oracle is
+diffusers' `QwenImagePipeline` on the same tiny checkpoint (fp32, same seed).
 
 Measured: the encoder's rows (template dropped) equal diffusers' prompt embeddings within
 1.4e-6 (asserted 1e-5), the mask is all ones over exactly diffusers' valid tokens; images
@@ -16,15 +17,13 @@ from typing import Any
 import msgspec
 import pytest
 import torch
+import yaml
 
-from omni_mp.engines.ar import EngineFeatures
-from omni_mp.engines.base import StageInput
 from omni_mp.models.qwen_image import ImageParams
-from omni_mp.models.qwen_image.prompt import TEMPLATE, TEMPLATE_DROP
-from omni_mp.models.qwen_image.text_view import text_engine_model
+from omni_mp.models.qwen_image.prompt import TEMPLATE_DROP
 from omni_mp.models.registry import resolve_model
-from omni_mp.wire.messages import IMAGE_KEY, ErrorEvent, Finished, SamplingParamsMsg, StageOutputChunk, Submit
-from tests.launcher import REPO, ServedPipeline, in_process_engine, serve
+from omni_mp.wire.messages import IMAGE_KEY, ErrorEvent, Finished, StageOutputChunk, Submit
+from tests.launcher import REPO, ServedPipeline, serve
 from tests.rawclient import RawClient
 
 pytestmark = pytest.mark.engine
@@ -46,35 +45,13 @@ def pipe(ckpt: str) -> Any:
     return QwenImagePipeline.from_pretrained(ckpt, dtype=torch.float32)
 
 
-def test_encoder_rows_match_diffusers_prompt_embeddings(ckpt: str, pipe: Any) -> None:
-    """Stage 0's engine as the stage runs it: the prompt and a negative prompt of another
-    length in one request, each row after the template's drop equal to diffusers'."""
-    built = text_engine_model(ckpt, {"dtype": "float32", "enforce_eager": True, "max_model_len": 2048})
-    prompt, negative = "a red cube on a blue table, next to a small cat", "blurry"
-    with in_process_engine(built.model, built.engine_args, EngineFeatures(hidden_states=True)) as eng:
-        inp = StageInput(
-            prompt_text=TEMPLATE.format(prompt), companions=[StageInput(prompt_text=TEMPLATE.format(negative))]
-        )
-        prepared = eng.prepare("enc", SamplingParamsMsg(max_tokens=1), inp)
-        n = eng.add(prepared).length
-        outs = []
-        while eng.can_step():
-            outs += eng.step()[0]
-    assert [o.request_id for o in outs] == ["enc"] and outs[0].finished
-    rows = outs[0].hidden.last  # type: ignore[union-attr]
-    for text, got in ((prompt, rows[TEMPLATE_DROP:n]), (negative, rows[n + TEMPLATE_DROP :])):
-        # Two prompts of different lengths in one diffusers batch: right-padded, with a mask.
-        embeds, mask = pipe._get_qwen_prompt_embeds([text, "x " * 30])
-        valid = int(mask[0].sum())
-        assert mask[0, :valid].all() and not mask[0, valid:].any()
-        assert got.shape == (valid, embeds.shape[-1])
-        diff = (got - embeds[0, :valid]).abs().max().item()
-        assert diff <= EMBED_ATOL, f"{text!r}: rows differ by {diff}"
-
-
 @pytest.fixture(scope="module")
-def pipeline() -> Iterator[ServedPipeline]:
-    with serve(CONFIG) as served:
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedPipeline]:
+    data = yaml.safe_load(CONFIG.read_text())
+    data["stages"][0]["final_output"] = True  # the encoder's rows go to the client too
+    config = tmp_path_factory.mktemp("qwen_image") / "pipeline.yaml"
+    config.write_text(yaml.safe_dump(data))
+    with serve(config) as served:
         yield served
 
 
@@ -117,6 +94,26 @@ def assert_image(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert got.dtype == torch.uint8 and tuple(got.shape) == tuple(ref.shape)
     diff = (got.float() / 255 - ref).abs().max().item()
     assert diff <= PIXEL_ATOL, f"image differs by {diff * 255:.2f}/255"
+
+
+def test_encoder_rows_match_diffusers_prompt_embeddings(client: RawClient, pipe: Any) -> None:
+    """Stage 0's rows of the prompt and of a negative prompt of another length (one request,
+    two sequences), each after the template's drop, vs diffusers' prompt embeddings and mask."""
+    prompt, negative = "a red cube on a blue table, next to a small cat", "blurry"
+    p = ImageParams(height=32, width=32, num_inference_steps=2, seed=0, negative_prompt=negative)
+    submit(client, "rows", prompt, p)
+    assert isinstance(client.wait_terminal("rows", 300), Finished)
+    enc = [e for e in client.events["rows"] if isinstance(e, StageOutputChunk) and e.stage_id == 0]
+    assert len(enc) == 1 and enc[0].finished and enc[0].hidden is not None and enc[0].prompt_token_ids
+    n, rows = len(enc[0].prompt_token_ids), enc[0].hidden.last
+    for text, got in ((prompt, rows[TEMPLATE_DROP:n]), (negative, rows[n + TEMPLATE_DROP :])):
+        # Two prompts of different lengths in one diffusers batch: right-padded, with a mask.
+        embeds, mask = pipe._get_qwen_prompt_embeds([text, "x " * 30])
+        valid = int(mask[0].sum())
+        assert mask[0, :valid].all() and not mask[0, valid:].any()
+        assert got.shape == (valid, embeds.shape[-1])  # our mask: exactly these rows, all valid
+        diff = (got - embeds[0, :valid]).abs().max().item()
+        assert diff <= EMBED_ATOL, f"{text!r}: rows differ by {diff}"
 
 
 def test_text_to_image_matches_diffusers_with_and_without_cfg(client: RawClient, pipe: Any) -> None:
