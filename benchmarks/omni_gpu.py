@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ["hf", "stream", "nostream", "cold0", "cold1", "cold2", "t2w_tf32"]
@@ -111,9 +112,13 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def model_dir(args: argparse.Namespace) -> Path:
+    """The one model dir of every system here (vllm-omni too: benchmarks/peer_vllm_omni.py): the
+    shapes dir plus tokenizer and processor files (benchmarks/omni_bench_dir.py)."""
+    from omni_bench_dir import with_processor
+
     from omni_mp.models.qwen2_5_omni.shapes import build_omni_shapes
 
-    return build_omni_shapes(shapes_spec(args), cache_dir=args.work_dir)
+    return with_processor(build_omni_shapes(shapes_spec(args), cache_dir=args.work_dir))
 
 
 def shapes_spec(args: argparse.Namespace) -> Any:
@@ -703,6 +708,9 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             "GPUs, token2wav fp32), no streaming (first audio = end of generate); 'queued' = one request at a time "
             "(the median request waits for half the others), 'batched' = one generate() over the batch"
         )
+    from peer_vllm_omni import peer_table  # vllm-omni's runs in --out, if any (issue 20)
+
+    lines += peer_table(args.out, args.concurrency, st)
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
     return "\n".join(lines)
@@ -724,6 +732,14 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
         if xs:
             ax.plot(xs, [results[phase][str(c)]["first_audio_p50_s"] for c in xs], marker="o", label=label)
             ax2.plot(xs, [results[phase][str(c)]["audio_s_per_s"] for c in xs], marker="o", label=label)
+    from peer_vllm_omni import peer_docs  # vllm-omni's runs in --out, if any (issue 20)
+
+    for config, peer in peer_docs(args.out).items():
+        xs = [c for c in cs if str(c) in peer]
+        if xs:
+            label = f"vllm-omni, {config}"
+            ax.plot(xs, [peer[str(c)]["first_audio_p50_s"] for c in xs], marker="^", ls="-.", label=label)
+            ax2.plot(xs, [peer[str(c)]["audio_s_per_s"] for c in xs], marker="^", ls="-.", label=label)
     hf = results.get("hf", {})
     if "single" in hf:
         ax.plot(cs, [hf_latency(hf, c)[0] for c in cs], marker="s", ls="--", label="transformers, one at a time")
@@ -847,6 +863,9 @@ def main() -> int:
     args = parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # No vLLM plugin in omni_mp's engines (vLLM reads VLLM_PLUGINS as a comma list of names to
+    # load; "" names none): vllm-omni's, should it be importable here, patches vLLM classes.
+    os.environ["VLLM_PLUGINS"] = ""
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase:  # a child: run one phase, write its result
         if args.phase == "hf":

@@ -42,7 +42,7 @@ def load_model(model_dir: str, cfg: DiffusionStageConfig, device: torch.device) 
     """The DiffusionModel named by `cfg.model_type` (a model family's, from the registry)."""
     from omni_mp.models.registry import diffusion_model
 
-    return diffusion_model(cfg.model_type, model_dir, device)
+    return diffusion_model(cfg.model_type, model_dir, device, cfg.model_options)
 
 
 def _base_classes() -> tuple[type, type]:

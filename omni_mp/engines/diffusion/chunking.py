@@ -33,7 +33,7 @@ class ChunkPlan:
 
 def check_streaming(cfg: StreamingConfig, align: int, samples_per_input: int, sample_rate: int) -> int:
     """Validate the sizes against the model; returns the crossfade length in samples."""
-    for name in ("first_chunk", "chunk", "left_context"):
+    for name in ("first_chunk", "chunk", "left_context", "right_context"):
         if getattr(cfg, name) % align:
             raise ValueError(f"streaming.{name}: must be a multiple of the model's block alignment ({align} ids)")
     crossfade = round(cfg.crossfade_ms * sample_rate / 1000)

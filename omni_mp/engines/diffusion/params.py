@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -46,6 +46,8 @@ class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     """The `diffusion:` section of a `kind: diffusion` stage."""
 
     model_type: str = "qwen2_5_omni_token2wav"  # a diffusion model type of omni_mp.models.registry
+    # The model's own settings, passed to its loader as keywords (its family checks them).
+    model_options: dict[str, Any] = {}
     defaults: DiffusionParams = DiffusionParams()
     default_speaker: str = "Chelsie"
     stream: bool = True  # emit audio chunk by chunk as upstream codes arrive; False: one shot at the end

@@ -13,6 +13,9 @@ leaves), time pairs go to the device in one copy, and nothing waits for the devi
 bucket (batch size from `graph_batch_sizes`, frames to a multiple of the model's step, up to
 `graph_max_frames`) and its velocity replayed from a CUDA graph of that bucket (`graphs.py`);
 other steps, and every step on a CPU, run eagerly at their own size.
+
+A `WindowDecoder` (no solver) has no trajectories: its windows are decoded, batched, in the
+step that admits them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner
 from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, bucket, round_up
-from omni_mp.engines.diffusion.model import DiffusionModel
+from omni_mp.engines.diffusion.model import DiffusionModel, Preview, RequestModel, WindowDecoder
 from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
 
 log = logging.getLogger("omni_mp.diffusion")
@@ -60,6 +63,8 @@ class _Trajectory:
     grid: list[float]  # time points (fp32 values)
     guidance: float
     solver: str
+    group: object = None  # trajectories share a model call only within a group (and solver)
+    preview_every: int = 0  # RequestModel trajectories: render a preview after every this many steps
     k: int = 0  # solver steps taken
 
 
@@ -77,25 +82,27 @@ class _Group:
 class DiffusionRunner:
     def __init__(
         self,
-        model: DiffusionModel,
+        model: DiffusionModel | WindowDecoder,
         crossfade: int,
         graphs: GraphSet | None = None,
         graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         graph_max_frames: int = 512,
     ) -> None:
         """`graphs`: CUDA graphs for models that declare `graph_frame_step` (None: eager)."""
-        self.model = model
+        self.model: Any = model
+        self.decoder = isinstance(model, WindowDecoder)
         self.crossfade = crossfade
         self.trajectories: dict[int, _Trajectory] = {}
         self.noise: dict[str, NoiseStream] = {}
         self.joiners: dict[str, Joiner] = {}
-        self.groups: dict[str, _Group] = {}
+        self.groups: dict[tuple[str, object], _Group] = {}  # by (solver, model group)
         self.frame_step: int | None = getattr(model, "graph_frame_step", None) if graphs is not None else None
         self.graphs = graphs if self.frame_step else None
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
         self.graph_max_frames = graph_max_frames
-        self._velocity = model.velocity
-        if self.graphs is not None:
+        self.owned = isinstance(model, RequestModel)  # the model starts trajectories and shapes outputs
+        self._velocity = None if self.decoder else model.velocity
+        if self.graphs is not None and not self.decoder:
             self._velocity = self.graphs.wrap(model.velocity, "velocity")
             use_graphs = getattr(model, "use_graphs", None)
             if use_graphs is not None:  # the model graphs its own parts (a vocoder)
@@ -110,6 +117,15 @@ class DiffusionRunner:
 
     def _start(self, spec: TrajectorySpec) -> None:
         w, m = spec.window, self.model
+        if self.owned:
+            s = m.start(w)  # type: ignore[attr-defined]
+            cond = m.condition(w)
+            self.groups.clear()  # a group is valid only while its trajectories live (ids may be reused)
+            grid = s.grid.float().cpu().tolist()  # fp32 values; each step's times go in one copy
+            self.trajectories[spec.traj_id] = _Trajectory(
+                w.request_id, spec.plan, cond, s.x, grid, s.guidance, s.solver, s.group, s.preview_every
+            )
+            return
         assert w.params.seed is not None
         noise = self.noise.setdefault(w.request_id, NoiseStream(w.params.seed, m.state_dim))
         fpi = m.frames_per_input
@@ -127,6 +143,8 @@ class DiffusionRunner:
 
     def _free(self, request_id: str) -> None:
         self.groups.clear()  # a group is valid only while its trajectories live
+        if self.decoder:
+            self.model.release(request_id)
         self.noise.pop(request_id, None)
         self.joiners.pop(request_id, None)
         for tid in [t for t, tr in self.trajectories.items() if tr.request_id == request_id]:
@@ -145,14 +163,14 @@ class DiffusionRunner:
         batch = m.collate(conds, guidance) if shape is None else m.collate(conds, guidance, pad_to=shape)  # type: ignore[call-arg]
         return _Group(key, batch, x, shape is not None)
 
-    def _step(self, solver: str, tids: list[int]) -> None:
-        """One solver step for trajectories that share a solver, in one padded batch."""
+    def _step(self, group_key: tuple[str, object], tids: list[int]) -> None:
+        """One solver step for trajectories that share a solver and model group, in one padded batch."""
         m = self.model
-        key = tuple(tids)
+        solver, key = group_key[0], tuple(tids)
         trajs = [self.trajectories[tid] for tid in tids]
-        g = self.groups.get(solver)
+        g = self.groups.get(group_key)
         if g is None or g.key != key:
-            g = self.groups[solver] = self._group(key, trajs)
+            g = self.groups[group_key] = self._group(key, trajs)
         rows = g.x.shape[0]
         times = torch.zeros(2, rows, dtype=torch.float32)  # padded rows: t = 0 (their output is dropped)
         times[:, : len(trajs)] = torch.tensor([[t.grid[t.k] for t in trajs], [t.grid[t.k + 1] for t in trajs]])
@@ -164,11 +182,46 @@ class DiffusionRunner:
             t.x = g.x[i, : t.x.shape[0]]
             t.k += 1
 
+    def _previews(self, trajs: list[_Trajectory], result: StepResult) -> None:
+        due = [t for t in trajs if t.preview_every and t.k % t.preview_every == 0]
+        if not due:
+            return
+        outs = self.model.render([t.cond for t in due], [t.x for t in due])  # type: ignore[attr-defined]
+        for t, out in zip(due, outs, strict=True):
+            result.outputs[t.request_id] = (Preview(out, t.k), False)  # type: ignore[assignment]
+
+    def _emit(self, result: StepResult, tid: int, request_id: str, plan: ChunkPlan, out: torch.Tensor) -> None:
+        """Join a finished window's output into its request's stream."""
+        joiner = self.joiners.setdefault(request_id, Joiner(self.model.samples_per_input, self.crossfade))
+        samples = joiner.push(plan, out)
+        prev = result.outputs.get(request_id)
+        if prev is not None:  # two chunks of one request finished in the same step
+            samples = torch.cat([prev[0], samples])
+        result.outputs[request_id] = (samples, plan.last)
+        result.done.append(tid)
+
+    def _decode(self, plan: StepPlan, result: StepResult) -> StepResult:
+        """A WindowDecoder's step: every new window decoded in one batched call."""
+        specs, conds = [], []
+        for spec in plan.new:
+            try:
+                conds.append(self.model.condition(spec.window))
+                specs.append(spec)
+            except Exception as err:  # a bad request must not take the batch down
+                log.exception("request %s: cannot decode a window", spec.window.request_id)
+                result.errors[spec.window.request_id] = f"{type(err).__name__}: {err}"
+        if specs:
+            for spec, out in zip(specs, self.model.decode_windows(conds), strict=True):
+                self._emit(result, spec.traj_id, spec.window.request_id, spec.plan, out)
+        return result
+
     @torch.no_grad()
     def execute(self, plan: StepPlan) -> StepResult:
         result = StepResult()
         for rid in plan.freed:
             self._free(rid)
+        if self.decoder:
+            return self._decode(plan, result)
         for spec in plan.new:
             try:
                 self._start(spec)
@@ -176,23 +229,28 @@ class DiffusionRunner:
                 log.exception("request %s: cannot start a trajectory", spec.window.request_id)
                 result.errors[spec.window.request_id] = f"{type(err).__name__}: {err}"
         live = [tid for tid in plan.step_ids if tid in self.trajectories]
-        by_solver: dict[str, list[int]] = {}
+        by_key: dict[tuple[str, object], list[int]] = {}
         for tid in live:
-            by_solver.setdefault(self.trajectories[tid].solver, []).append(tid)
-        for solver in [s for s in self.groups if s not in by_solver]:
-            del self.groups[solver]  # nothing of it runs now: its padded state is not kept
-        for solver, tids in by_solver.items():
-            self._step(solver, tids)
+            tr = self.trajectories[tid]
+            by_key.setdefault((tr.solver, tr.group), []).append(tid)
+        for key in [k for k in self.groups if k not in by_key]:
+            del self.groups[key]  # nothing of it runs now: its padded state is not kept
+        for key, tids in by_key.items():
+            self._step(key, tids)
         finished = [tid for tid in live if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
+        if self.owned:
+            self._previews([self.trajectories[t] for t in live if t not in finished], result)
         if finished:
-            outs = self.model.decode([self.trajectories[tid].x for tid in finished])
+            done = [self.trajectories[tid] for tid in finished]
+            if self.owned:
+                outs = self.model.render([t.cond for t in done], [t.x for t in done])  # type: ignore[attr-defined]
+            else:
+                outs = self.model.decode([t.x for t in done])
             for tid, out in zip(finished, outs, strict=True):
                 tr = self.trajectories.pop(tid)
-                joiner = self.joiners.setdefault(tr.request_id, Joiner(self.model.samples_per_input, self.crossfade))
-                samples = joiner.push(tr.plan, out)
-                prev = result.outputs.get(tr.request_id)
-                if prev is not None:  # two chunks of one request finished in the same step
-                    samples = torch.cat([prev[0], samples])
-                result.outputs[tr.request_id] = (samples, tr.plan.last)
-                result.done.append(tid)
+                if self.owned:  # one trajectory per request: its output is the request's
+                    result.outputs[tr.request_id] = (out, True)
+                    result.done.append(tid)
+                    continue
+                self._emit(result, tid, tr.request_id, tr.plan, out)
         return result

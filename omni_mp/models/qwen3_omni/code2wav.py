@@ -1,0 +1,277 @@
+"""Qwen3-Omni code2wav as a streaming window decoder (`engines.diffusion.model.WindowDecoder`):
+transformers' modules (`Qwen3OmniMoeCode2Wav`: code embeddings, the 8-layer sliding-window
+transformer, the causal upsampler and SnakeBeta decoder), run chunk by chunk, batched across
+requests, with the same output as transformers' one-shot `forward` on all of a request's codes.
+
+Input ids are codes, 16 per 80 ms frame (group 0..15 of frame 0, then of frame 1, ...): the
+talker's order. Streaming sizes are in codes, multiples of 16 (`window_align`).
+
+Why a chunk equals the one-shot pass (measured by tests/test_qwen3_omni_code2wav.py):
+- the transformer is causal with a 72-frame sliding window over 8 layers, so a frame depends on
+  the 568 frames before it: no affordable left context makes a recomputed window exact. It runs
+  incrementally instead: each request keeps, per layer, the rotated keys and values of its last
+  71 frames (what the next frames attend to), and a chunk runs only its new frames at their
+  absolute positions (exact up to float summation order);
+- the convolutional part (upsampler + decoder) sees `CONV_LEFT_FRAMES` frames back and less than
+  a third of a frame ahead (its transposed convolutions trim one input step of look-ahead, so
+  T frames give 1920 T - 555 samples and sample j depends on frames up to (j + 554) / 1920).
+  A chunk re-runs it over the transformer outputs of that many frames before its window (kept
+  per request), and a chunk's window reaches one frame past what it emits (`right_context` 16
+  codes), so the samples it emits are exactly the one-shot samples: the join is a plain
+  concatenation, no crossfade needed (`crossfade_ms: 0`).
+Windows of one step share one transformer call (padded; the mask keeps rows apart) and one
+convolution call per window length (convolutions over a padded row would see the padding
+through the look-ahead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_mp.engines.diffusion.model import DiffusionInputError, Window
+from omni_mp.engines.diffusion.params import DiffusionParams
+from omni_mp.models.checkpoint import load_prefixed
+
+SAMPLE_RATE = 24000  # 1920 samples per 12.5 Hz frame
+# Frames of transformer output the convolutions see before a sample's frame; the released
+# layout's receptive field is 9.1 frames (3 + 1.5 ConvNeXt, 1.5 first conv, 2.4 + 0.5 + 0.1
+# residual units), measured exact at 10; one more for margin.
+CONV_LEFT_FRAMES = 11
+
+
+@dataclass(frozen=True, slots=True)
+class Code2WavWindow:
+    """One chunk: codes of frames [start, end) of its request."""
+
+    request_id: str
+    codes: torch.Tensor  # int64 [groups, end - start]
+    start: int
+    end: int
+
+
+@dataclass
+class _Stream:
+    """What a request keeps between its chunks."""
+
+    frames: int = 0  # frames the transformer has run
+    keys: list[torch.Tensor] = field(default_factory=list)  # per layer [heads, <= window - 1, head_dim], rotated
+    values: list[torch.Tensor] = field(default_factory=list)
+    hidden: torch.Tensor | None = None  # [n, hidden] transformer outputs of frames [hidden_start, frames)
+    hidden_start: int = 0
+
+
+class _PastKV:
+    """The `past_key_values` transformers' attention layers call `update` on: the cached keys
+    and values of a batch (padded), concatenated with the step's new ones."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.keys, self.values = keys, values
+        self.new_keys: list[torch.Tensor] = [keys[0]] * len(keys)
+        self.new_values: list[torch.Tensor] = [values[0]] * len(values)
+
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new_keys[layer_idx], self.new_values[layer_idx] = k, v
+        return torch.cat([self.keys[layer_idx], k], dim=2), torch.cat([self.values[layer_idx], v], dim=2)
+
+
+class Code2WavModel:
+    """code2wav on one device (fp32, as transformers' oracle runs it; `dtype` for speed runs)."""
+
+    frames_per_input = 1  # the engine's "frames" are codes here (no state to sample)
+
+    def __init__(self, hf_code2wav: Any, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.hf = hf_code2wav.to(device=device, dtype=dtype).eval()
+        cfg = self.hf.config
+        self.groups: int = cfg.num_quantizers
+        self.codebook_size: int = cfg.codebook_size
+        self.sliding_window: int = cfg.sliding_window
+        self.frame_samples = 1
+        for rate in (*cfg.upsample_rates, *cfg.upsampling_ratios):
+            self.frame_samples *= rate
+        self.sample_rate = SAMPLE_RATE
+        self.samples_per_input = self.frame_samples // self.groups  # per code: the join works in codes
+        if self.samples_per_input * self.groups != self.frame_samples:
+            raise ValueError(f"code2wav: {self.frame_samples} samples per frame do not split over {self.groups} codes")
+        self.window_align = self.groups  # windows start on frames
+        self.max_frames = cfg.max_position_embeddings * self.groups  # in codes
+        self.streams: dict[str, _Stream] = {}
+        tr = self.hf.pre_transformer
+        self.layers = list(tr.layers[: cfg.num_hidden_layers])
+        attn = self.layers[0].self_attn
+        self.heads, self.head_dim = cfg.num_key_value_heads, attn.head_dim
+
+    @classmethod
+    def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> Code2WavModel:
+        from transformers import AutoConfig
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+        model_dir = Path(model_dir)
+        config = AutoConfig.from_pretrained(model_dir).code2wav_config
+        config._attn_implementation = "sdpa"
+        with torch.device(device):
+            hf = Qwen3OmniMoeCode2Wav._from_config(config, dtype=torch.float32)
+        state = load_prefixed(model_dir, "code2wav.")
+        if not state:
+            raise ValueError(f"{model_dir}: no `code2wav.*` weights (is it a Qwen3-Omni checkpoint?)")
+        missing, unexpected = hf.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{model_dir}: code2wav weights do not match: missing {missing}, unexpected {unexpected}")
+        return cls(hf, device)
+
+    # ---- WindowDecoder --------------------------------------------------------------------------
+    def check(self, params: DiffusionParams, ids: Sequence[int]) -> None:
+        bad = next((c for c in ids if not 0 <= c < self.codebook_size), None)
+        if bad is not None:
+            raise DiffusionInputError(f"code {bad} out of range [0, {self.codebook_size})")
+
+    def condition(self, window: Window) -> Code2WavWindow:
+        n = window.ids.numel()
+        if n % self.groups or window.start % self.groups:
+            raise DiffusionInputError(
+                f"code2wav takes {self.groups} codes per frame; the input ends inside a frame "
+                f"({window.start + n} codes)"
+            )
+        start = window.start // self.groups
+        codes = window.ids.view(-1, self.groups).T.to(self.device)
+        return Code2WavWindow(window.request_id, codes, start, start + codes.shape[1])
+
+    def release(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+
+    @torch.no_grad()
+    def decode_windows(self, windows: Sequence[Code2WavWindow]) -> list[torch.Tensor]:
+        """Audio (float32 [samples], CPU) of each window from its first frame on: one-shot samples
+        [1920 start, 1920 end - 555) of its request. A request's windows come in order; two of
+        one request in one call run in successive rounds."""
+        out: list[torch.Tensor | None] = [None] * len(windows)
+        pending = list(range(len(windows)))
+        while pending:
+            seen: set[str] = set()
+            now = [i for i in pending if not (windows[i].request_id in seen or seen.add(windows[i].request_id))]
+            pending = [i for i in pending if i not in now]
+            for i, wav in zip(now, self._round([windows[i] for i in now]), strict=True):
+                out[i] = wav
+        return out  # type: ignore[return-value]
+
+    def _round(self, windows: list[Code2WavWindow]) -> list[torch.Tensor]:
+        streams = []
+        for w in windows:
+            st = self.streams.setdefault(w.request_id, _Stream())
+            if not w.start <= st.frames <= w.end:
+                raise RuntimeError(f"request {w.request_id}: window [{w.start}, {w.end}) after {st.frames} frames")
+            streams.append(st)
+        self._transformer(windows, streams)
+        return self._convolutions(windows, streams)
+
+    # ---- the transformer, incrementally ---------------------------------------------------------
+    def _transformer(self, windows: list[Code2WavWindow], streams: list[_Stream]) -> None:
+        """Run each window's new frames through the transformer, after the keys and values its
+        request cached; append the outputs to the request's hidden history."""
+        rows = [(w, st) for w, st in zip(windows, streams, strict=True) if w.end > st.frames]
+        if not rows:
+            return
+        hf, dev = self.hf, self.device
+        new = [w.end - st.frames for w, st in rows]
+        cached = [st.keys[0].shape[1] if st.keys else 0 for _, st in rows]
+        codes = torch.zeros(len(rows), self.groups, max(new), dtype=torch.long, device=dev)
+        for i, (w, st) in enumerate(rows):
+            codes[i, :, : new[i]] = w.codes[:, st.frames - w.start :]
+        x = hf.code_embedding(codes + hf.code_offset).mean(1)  # [rows, new, hidden]
+        first = torch.tensor([st.frames for _, st in rows], device=dev)
+        q_pos = first[:, None] + torch.arange(max(new), device=dev)  # absolute frame positions
+        past = _PastKV(*self._gather(rows, cached))
+        mask = self._mask(first, q_pos, cached, new)
+        pe = hf.pre_transformer.rotary_emb(x, q_pos)
+        h = x
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_embeddings=pe, past_key_values=past)
+        h = hf.pre_transformer.norm(h)
+        keep = self.sliding_window - 1  # what later frames attend to
+        for i, (_, st) in enumerate(rows):
+            c, m = cached[i], new[i]
+            pairs = zip(past.keys, past.new_keys, past.values, past.new_values, strict=True)
+            kept = [
+                (torch.cat([k[i, :, :c], nk[i, :, :m]], 1), torch.cat([v[i, :, :c], nv[i, :, :m]], 1))
+                for k, nk, v, nv in pairs
+            ]
+            st.keys = [k[:, -keep:] for k, _ in kept]
+            st.values = [v[:, -keep:] for _, v in kept]
+            st.hidden = h[i, :m] if st.hidden is None else torch.cat([st.hidden, h[i, :m]])
+            st.frames += m
+
+    def _gather(self, rows: list[tuple[Code2WavWindow, _Stream]], cached: list[int]) -> tuple[list, list]:
+        """Per layer, the rows' cached keys and values padded to the longest: [rows, heads, c, head_dim]."""
+        shape = (len(rows), self.heads, max(cached), self.head_dim)
+        keys, values = [], []
+        for layer in range(len(self.layers)):
+            k = torch.zeros(shape, device=self.device, dtype=self.dtype)
+            v = torch.zeros_like(k)
+            for i, (_, st) in enumerate(rows):
+                if cached[i]:
+                    k[i, :, : cached[i]] = st.keys[layer]
+                    v[i, :, : cached[i]] = st.values[layer]
+            keys.append(k)
+            values.append(v)
+        return keys, values
+
+    def _mask(self, first: torch.Tensor, q_pos: torch.Tensor, cached: list[int], new: list[int]) -> torch.Tensor:
+        """[rows, 1, new, cached + new] bool: a query sees the valid keys of its row at most
+        `sliding_window - 1` frames back (transformers' sliding window: q - k < window)."""
+        dev = self.device
+        c, n = max(cached), max(new)
+        n_cached = torch.tensor(cached, device=dev)[:, None]
+        slot = torch.arange(c, device=dev)[None]
+        k_pos = torch.cat([first[:, None] - n_cached + slot, q_pos], dim=1)
+        k_valid = torch.cat([slot < n_cached, q_pos - first[:, None] < torch.tensor(new, device=dev)[:, None]], dim=1)
+        dist = q_pos[:, :, None] - k_pos[:, None, :]
+        mask = k_valid[:, None, :] & (dist >= 0) & (dist < self.sliding_window)
+        mask[:, :, c:] |= torch.eye(n, dtype=torch.bool, device=dev)  # padded queries keep themselves
+        return mask[:, None]
+
+    # ---- the convolutions, over windows with their left context ---------------------------------
+    def _convolutions(self, windows: list[Code2WavWindow], streams: list[_Stream]) -> list[torch.Tensor]:
+        spans = []
+        for w, st in zip(windows, streams, strict=True):
+            start = max(0, w.start - CONV_LEFT_FRAMES)
+            if start < st.hidden_start or st.hidden is None:
+                raise RuntimeError(f"request {w.request_id}: frames before {st.hidden_start} are gone")
+            spans.append((start, w.end))
+        out: list[torch.Tensor | None] = [None] * len(windows)
+        groups: dict[int, list[int]] = {}
+        for i, (a, e) in enumerate(spans):
+            groups.setdefault(e - a, []).append(i)
+        for idx in groups.values():
+            hidden = torch.stack([self._span(streams[i], *spans[i]) for i in idx]).permute(0, 2, 1)
+            wav = self._upsample_decode(hidden)
+            for j, i in enumerate(idx):
+                skip = (windows[i].start - spans[i][0]) * self.frame_samples
+                out[i] = wav[j, skip:].to(device="cpu", dtype=torch.float32)
+        for w, st in zip(windows, streams, strict=True):  # later windows start at or after this one
+            drop = max(0, w.start - CONV_LEFT_FRAMES) - st.hidden_start
+            if drop > 0 and st.hidden is not None:
+                st.hidden = st.hidden[drop:]
+                st.hidden_start += drop
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _span(st: _Stream, start: int, end: int) -> torch.Tensor:
+        assert st.hidden is not None
+        return st.hidden[start - st.hidden_start : end - st.hidden_start]
+
+    def _upsample_decode(self, hidden: torch.Tensor) -> torch.Tensor:
+        """transformers' `Qwen3OmniMoeCode2Wav.forward` after the transformer: [B, hidden, T] -> [B, samples]."""
+        for blocks in self.hf.upsample:
+            for block in blocks:
+                hidden = block(hidden)
+        for block in self.hf.decoder:
+            hidden = block(hidden)
+        return hidden.clamp(min=-1, max=1)[:, 0]
