@@ -32,6 +32,10 @@ Why here, and why it works with CUDA graphs and torch.compile on (vLLM's GPU def
   the request's first captured rows, and to replace a downstream (talker) request's prompt
   positions by the thinker's (image/video prompts have 3D positions). Decode positions follow
   from `mrope_position_delta`, which the override sets too.
+- Models that keep per-request state on the device across steps (e.g. a talker whose next
+  input needs its previous step's hidden state) define `omni_prepare_step(StepBatch)`: the
+  mixin calls it before every forward with the step's requests and token layout, so the
+  model can write its own static index buffers (read by captured graphs) outside the graph.
 - Everything runs in the stage process (UniProcExecutor), so the stage loop, scheduler and
   runner share `StepIO` directly: no serialization of hidden states inside vLLM.
 """
@@ -112,6 +116,22 @@ class HookedRequest:
         return self.step_embeds is None or k < 0 or self.step_embeds.ready(k)
 
 
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """One forward's layout, for a model's `omni_prepare_step` (called before the forward,
+    outside any captured graph). Request i computes tokens [query_start_loc[i],
+    query_start_loc[i + 1]) of the flat batch, at positions num_computed[i] onwards."""
+
+    req_ids: list[str]
+    query_start_loc: list[int]
+    num_computed: list[int]
+    prompt_lens: list[int]
+    num_input_tokens: int  # the forward's (padded) token count
+    input_ids: torch.Tensor  # the runner's persistent buffer of this step's token ids (device)
+    live: frozenset[str]  # every request the runner holds (scheduled this step or not)
+    sampling: list[Any]  # each request's vLLM SamplingParams
+
+
 class StepIO:
     """Shared by the engine (writer of extras, reader of captures), the scheduler (reads
     readiness) and the model runner (reads extras, writes captures). All of them run on the
@@ -171,6 +191,7 @@ class OmniRunnerMixin:
 
     omni_io: StepIO
     _omni_copy_stream: Any
+    _omni_prepare: Any  # the model's `omni_prepare_step`, or None
 
     def _model_forward(
         self,
@@ -188,6 +209,8 @@ class OmniRunnerMixin:
         starts = batch.num_computed_tokens_cpu[:num_reqs].tolist()
         if io.takes_step_embeds and num_reqs:
             self._omni_add_step_embeds(req_ids, qsl, starts, inputs_embeds)
+        if self._omni_prepare is not None and num_reqs:
+            self._omni_prepare_step(req_ids, qsl, starts, input_ids, inputs_embeds)
         out = super()._model_forward(  # type: ignore[misc]
             input_ids=input_ids,
             positions=positions,
@@ -199,6 +222,30 @@ class OmniRunnerMixin:
             hidden, aux = out if io.capture_layers else (out, [])
             self._omni_capture(req_ids, qsl, starts, hidden, aux)
         return out
+
+    def _omni_prepare_step(
+        self,
+        req_ids: list[str],
+        qsl: list[int],
+        starts: list[int],
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+    ) -> None:
+        runner: Any = self
+        n = (inputs_embeds if inputs_embeds is not None else input_ids).shape[0]  # type: ignore[union-attr]
+        states = runner.requests
+        self._omni_prepare(
+            StepBatch(
+                req_ids=req_ids,
+                query_start_loc=qsl,
+                num_computed=starts,
+                prompt_lens=[states[rid].num_prompt_tokens for rid in req_ids],
+                num_input_tokens=n,
+                input_ids=runner.input_ids.gpu[:n],
+                live=frozenset(states),
+                sampling=[states[rid].sampling_params for rid in req_ids],
+            )
+        )
 
     def _init_mrope_positions(self, req_state: Any) -> None:
         """vLLM 0.25.0's V1 runner calls this for every new (and every resumed) request of an
@@ -309,6 +356,7 @@ def install_runner_hooks(worker: Any, io: StepIO) -> None:
         runner.use_aux_hidden_state_outputs = True  # the runner and its dummy runs unpack (hidden, aux)
     runner.__class__ = type(f"Omni{base.__name__}", (OmniRunnerMixin, base), {})
     runner.omni_io = io
+    runner._omni_prepare = getattr(model, "omni_prepare_step", None)
     runner._omni_copy_stream = torch.cuda.Stream() if torch.cuda.is_available() and io.capturing else None
 
 

@@ -4,7 +4,7 @@ processor returns the stage's input as a `StageInput`, the engine boundary's typ
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import torch
@@ -24,6 +24,8 @@ class UpstreamResult(msgspec.Struct):
     output_token_ids: list[int] = []
     # Last-layer hidden states of the tokens it computed, in position order (prompt first).
     hidden: RowStream = msgspec.field(default_factory=RowStream)
+    # The intermediate layers it streams (`hidden_states.layers`, HF numbering), same rows.
+    layers: dict[int, RowStream] = {}
     # M-RoPE models: the positions [3, prompt_len] of its prompt and the offset of every later
     # position (text after images runs ahead of or behind the token index).
     mrope_positions: torch.Tensor | None = None
@@ -40,11 +42,22 @@ class UpstreamResult(msgspec.Struct):
         streaming consumer asks for the few new rows of each step, never for all again."""
         return self.hidden.slice(start, end)
 
+    def layer_states(self, layer: int, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Rows [start, end) of intermediate `layer` (ProcessorError if upstream does not stream it)."""
+        stream = self.layers.get(layer)
+        if stream is None:
+            raise ProcessorError(
+                f"stage {self.stage_id} streams no hidden layer {layer} "
+                f"(its `hidden_states.layers`: {sorted(self.layers)})"
+            )
+        return stream.slice(start, end)
+
 
 class RequestContext(msgspec.Struct, frozen=True):
     """Per-request options a processor may use (from the client's Submit)."""
 
     speaker: str | None = None
+    params: dict[str, Any] | None = None  # the client's model parameters (Submit.params)
 
 
 class ProcessorError(ValueError):

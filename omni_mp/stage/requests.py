@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import msgspec
 import torch
 
-from omni_mp.engines.rows import RowGap
+from omni_mp.engines.rows import RowGap, RowStream
 from omni_mp.processors import ProcessorError, RequestContext, UpstreamResult
-from omni_mp.wire.messages import HiddenRows, MRopePositions, SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg, StageOutputChunk
 
 
 @dataclass
@@ -49,6 +49,8 @@ class StageRequestState:
             try:
                 # The chunk's tensors are views of the received buffer: keep a copy of our own.
                 up.hidden.append(h.last.clone(), h.start)
+                for lr in h.layers:
+                    up.layers.setdefault(lr.layer, RowStream()).append(lr.rows.clone(), h.start)
             except RowGap as err:
                 raise ProcessorError(f"{where}: {err}") from None
             if h.mrope is not None:
@@ -76,7 +78,8 @@ def _private_copy(chunk: StageOutputChunk) -> StageOutputChunk:
     if h is not None:
         mrope = h.mrope and MRopePositions(h.mrope.positions.clone(), h.mrope.delta)
         last = None if h.last is None else h.last.clone()
-        h = HiddenRows(start=h.start, last=last, mrope=mrope)  # consumers read the last layer only
+        layers = [LayerRows(lr.layer, lr.rows.clone()) for lr in h.layers]
+        h = HiddenRows(start=h.start, last=last, layers=layers, mrope=mrope)
     return msgspec.structs.replace(chunk, additional_information=info, hidden=h)
 
 
@@ -86,6 +89,7 @@ def _nbytes(chunk: StageOutputChunk) -> int:
     h = chunk.hidden
     if h is not None:
         tensors += [t for t in (h.last, h.mrope and h.mrope.positions) if t is not None]
+        tensors += [lr.rows for lr in h.layers]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

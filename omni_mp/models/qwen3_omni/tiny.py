@@ -84,7 +84,7 @@ class TinySpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 TINY_SPECS: dict[str, TinySpec] = {"tiny-qwen3-omni": TinySpec()}
 # Bump when _build_tiny changes without a spec change: the cache is keyed by the spec.
-TINY_BUILD = 1
+TINY_BUILD = 2
 
 _ROLE_CORPUS = [f"<|im_start|>{role}\nhello there, {role}.<|im_end|>\n" for role in ROLES]
 
@@ -93,7 +93,15 @@ def _mrope(head_dim: int) -> dict[str, Any]:
     """Interleaved M-RoPE sections summing to head_dim / 2 in the released proportions 24:20:20."""
     half = head_dim // 2
     hw = half * 20 // 64
-    return {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [half - 2 * hw, hw, hw], "interleaved": True}
+    sections = [half - 2 * hw, hw, hw]
+    # transformers always interleaves; vLLM reads `mrope_interleaved` (the released config has both)
+    return {
+        "rope_type": "default",
+        "rope_theta": 1e6,
+        "mrope_section": sections,
+        "interleaved": True,
+        "mrope_interleaved": True,
+    }
 
 
 def _codec_ids(codebook: int) -> dict[str, Any]:
@@ -356,7 +364,13 @@ def released_config() -> Any:
     from transformers import Qwen3OmniMoeConfig
 
     ids = RELEASED_TOKEN_IDS
-    mrope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20], "interleaved": True}
+    mrope = {
+        "rope_type": "default",
+        "rope_theta": 1e6,
+        "mrope_section": [24, 20, 20],
+        "interleaved": True,
+        "mrope_interleaved": True,
+    }
     media_ids = {k: ids[k] for k in ("audio_token_id", "image_token_id", "video_token_id")}
     thinker = {
         "text_config": {

@@ -1,0 +1,424 @@
+"""Qwen3-Omni-30B-A3B at the released sizes (random weights): omni_mp's thinker -> talker (with its
+code predictor) -> streaming code2wav on one H200, against the published numbers (issue 22).
+
+The pipeline is stage_configs/qwen3_omni.yaml's, on a checkpoint dir written here:
+  config.json   `released_config()` (omni_mp.models.qwen3_omni.tiny): every size of the released
+                Qwen3-Omni-30B-A3B-Instruct written explicitly (thinker 48 layers x 128 experts,
+                hidden 2048; talker 20 layers x 128 experts, hidden 1024; code predictor 5 layers;
+                code2wav 8 layers + decoder), never transformers' defaults;
+  code2wav.*    random fp32 tensors (safetensors): the code2wav stage loads real tensors;
+  no thinker or talker weights: vLLM builds them with `load_format: dummy` (random), and the
+  thinker starts with `skip_tokenizer_init` and every media limit 0 (no towers are built;
+  prompts go in as token ids).
+  stage 0 thinker   vLLM's Qwen3-Omni thinker (model_part qwen3_omni_thinker), streaming layer
+                    `accept_hidden_layer` (24) rows to the talker;
+  stage 1 talker    our vLLM talker (model_part qwen3_omni_talker, processor qwen3_omni_talker),
+                    its 15-step code predictor inside each step;
+  stage 2 code2wav  the streaming window decoder (diffusion model_type qwen3_omni_code2wav,
+                    processor qwen3_omni_code2wav).
+Fixed lengths: every request has a distinct random user turn of --prompt-len ids in the chat
+format (the talker reads the user and assistant turns), the thinker writes exactly
+--thinker-tokens tokens (`ignore_eos`), the talker exactly --talker-frames frames (every codec
+control id suppressed, so it never stops early and code2wav gets only codes; 12.5 frames = 1 s).
+
+Per concurrency level (--concurrency, default 1 8 32 64; one warm-up round at the highest
+first): first audio p50/p90 (submit to the first audio chunk at the client), RTF (per
+request: submit to its last audio over the audio's length, mean), audio seconds per second,
+thinker tokens/s; and the per-stage timeline (OMNI_MP_PROFILE_DIR: each stage's engine steps,
+step time and how busy it was in the level's last round; the thinker -> talker transport per
+step). Phases, each in a fresh process: `stream`, and `nostream` (`wait_for_upstream: true` on
+talker and code2wav: what streaming gains). Outputs in --out: qwen3_omni_gpu.json, .md, .png.
+
+One H200 (kind nvidia-h200), all three stages on GPU 0 with memory budgets 0.70 / 0.14 / 0.10
+of it (thinker ~57 GiB of bf16 weights without towers + KV; talker + code predictor ~6.2 GiB
++ KV; code2wav 0.8 GiB fp32 + its batch's activations):
+  ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
+        VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
+  $ENV && python3 benchmarks/qwen3_omni_gpu.py --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
+Locally, to re-render from fetched phase files: python benchmarks/qwen3_omni_gpu.py --phases '' --out DIR
+CPU smoke of the whole path on the tiny checkpoint (the same stage configs, fp32, eager):
+  PYTHONPATH=$PWD python benchmarks/qwen3_omni_gpu.py --smoke --out /tmp/q3_smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.omni_gpu import _round, device_name, stage_step_summary, transport_summary  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+PHASES = ["stream", "nostream"]
+T_START = time.perf_counter()
+RENDER_MARGIN_S = 15
+SHARES = (0.70, 0.14, 0.10)  # thinker / talker / code2wav of GPU 0
+FRAMES_PER_S = 12.5
+# Published numbers (issue 22): vllm-omni nightly, 3 H100s, 2500 tokens in, 900 out.
+PUBLISHED = {
+    "vllm-omni, 3x H100 (first audio mean, RTF)": {8: (0.325, 0.169), 16: (0.603, 0.209), 32: (1.024, 0.279)},
+    "vllm-omni, 2x H100 (RTF)": {1: (None, 0.118), 8: (None, 0.200), 32: (None, 0.420)},
+}
+QWEN_REPORT_FIRST_PACKET_S = 0.234  # Qwen's report, one request
+
+
+def say(msg: str) -> None:
+    print(f"[qwen3_omni_gpu] {msg}", flush=True)
+
+
+def model_dir(args: argparse.Namespace) -> Path:
+    """The checkpoint dir: released shapes (config + code2wav tensors), or for --smoke a view of
+    the tiny checkpoint (same layout, real small weights)."""
+    out = args.work_dir / ("qwen3_omni-smoke" if args.smoke else "qwen3_omni-released")
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if args.smoke:
+        from omni_mp.models.registry import resolve_model
+
+        src = Path(resolve_model("tiny-qwen3-omni"))
+        for f in src.iterdir():
+            if f.name != "config.json":
+                (tmp / f.name).symlink_to(f)
+        config = json.loads((src / "config.json").read_text())
+    else:
+        config = write_released_dir(tmp)
+    # vLLM 0.25.0 builds the vision tower even when its limit is 0 (then drops it) and reads
+    # these two fields the released config.json has.
+    vision = config["thinker_config"]["vision_config"]
+    vision.setdefault("image_size", 768)
+    vision.setdefault("apply_vit_abs_pos_embed", True)
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    tmp.rename(out)
+    return out
+
+
+def write_released_dir(out: Path) -> dict[str, Any]:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+    from omni_mp.models.qwen3_omni.tiny import RELEASED_TOKEN_IDS, released_config
+
+    config = released_config()
+    config.save_pretrained(out)
+    GenerationConfig(eos_token_id=RELEASED_TOKEN_IDS["im_end_token_id"]).save_pretrained(out)
+    torch.manual_seed(0)
+    code2wav = Qwen3OmniMoeCode2Wav._from_config(config.code2wav_config, dtype=torch.float32).eval()
+    tensors = {f"code2wav.{k}": v.detach().contiguous() for k, v in code2wav.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return json.loads((out / "config.json").read_text())
+
+
+def chat_prompts(config: dict[str, Any], n: int, length: int, seed: int) -> list[list[int]]:
+    """Distinct random user turns in the chat format the talker reads: <|im_start|>user\\n ...
+    <|im_end|>\\n<|im_start|>assistant\\n, `length` ids in all (random text ids in between)."""
+    newline = 198 if config["thinker_config"]["text_config"]["vocab_size"] > 150_000 else 10
+    head = [config["im_start_token_id"], config["user_token_id"], newline]
+    tail = [config["im_end_token_id"], newline, config["im_start_token_id"], config["assistant_token_id"], newline]
+    special = {config[k] for k in config if k.endswith("_token_id") and isinstance(config[k], int)}
+    special |= {config["thinker_config"][k] for k in ("audio_token_id", "image_token_id", "video_token_id")}
+    top = min(special) if min(special) > 1000 else config["thinker_config"]["text_config"]["vocab_size"] // 2
+    rng = random.Random(seed)
+    body = max(1, length - len(head) - len(tail))
+    out = []
+    for _ in range(n):
+        ids = []
+        while len(ids) < body:
+            t = rng.randrange(11, top)
+            if t not in special:
+                ids.append(t)
+        out.append(head + ids + tail)
+    return out
+
+
+def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
+    """stage_configs/qwen3_omni.yaml's three stages at the benchmark's lengths."""
+    model = str(model_dir(args))
+    config = json.loads((Path(model) / "config.json").read_text())
+    conc = max(args.concurrency)
+    if args.smoke:
+        devs: list[list[int]] = [[], [], []]
+        common: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
+    else:
+        devs = [[0], [0], [0]]
+        common = {"dtype": "bfloat16"}
+    common.update({"seed": 0, "max_num_seqs": conc, "load_format": "dummy"})
+    layer = int(config["talker_config"]["accept_hidden_layer"])
+    talker_vocab = int(config["talker_config"]["text_config"]["vocab_size"])
+    codebook = int(config["talker_config"]["code_predictor_config"]["vocab_size"])
+    thinker = {
+        "id": 0, "model": model, "model_part": "qwen3_omni_thinker", "devices": devs[0],
+        "hidden_states": {"layers": [layer]},
+        "engine_args": {
+            **common, "skip_tokenizer_init": True, "limit_mm_per_prompt": {"audio": 0, "image": 0, "video": 0},
+            "max_model_len": args.prompt_len + args.thinker_tokens + 64,
+        },
+        "sampling": {"temperature": 0.0, "ignore_eos": True, "max_tokens": args.thinker_tokens},
+    }  # fmt: skip
+    talker = {
+        "id": 1, "model": model, "model_part": "qwen3_omni_talker", "devices": devs[1], "inputs": [0],
+        "processor": "qwen3_omni_talker", "hidden_states": {},
+        "engine_args": {**common, "max_model_len": args.prompt_len + args.talker_frames + 64},
+        "sampling": {
+            # its last sampled code is never fed back, so it has no frame: one more step
+            "temperature": 0.0, "ignore_eos": True, "max_tokens": args.talker_frames + 1,
+            # every codec control id (codec eos included): exactly --talker-frames frames of codes
+            "suppress_token_ids": list(range(codebook, talker_vocab)),
+        },
+    }  # fmt: skip
+    code2wav = {
+        "id": 2, "model": model, "kind": "diffusion", "devices": devs[2], "inputs": [1],
+        "processor": "qwen3_omni_code2wav", "final_output": True, "engine_args": {"max_model_len": 4096},
+        "diffusion": {
+            "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, 64),
+            "streaming": {"first_chunk": 16, "chunk": 192, "left_context": 0, "right_context": 16, "crossfade_ms": 0.0},
+        },
+    }  # fmt: skip
+    stages = [thinker, talker, code2wav]
+    if not stream:
+        talker["wait_for_upstream"] = code2wav["wait_for_upstream"] = True
+    if not args.smoke:
+        from omni_mp.control.memory_budget import GiB, query_devices
+
+        devices = query_devices()
+        if not devices or 0 not in devices:
+            raise SystemExit("no GPU 0 to size the memory budgets")
+        for s, share in zip(stages, SHARES, strict=True):
+            s["memory"] = {"gpu_gib": round(devices[0].total_bytes * share / GiB, 1)}
+    return {"name": "qwen3_omni_bench", "timeouts": {"stage_startup_s": 900}, "stages": stages}
+
+
+def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
+    from omni_mp.config import parse_config
+    from omni_mp.control.embedded import embedded_pipeline
+    from omni_mp.stage.timeline import PROFILE_DIR_ENV
+
+    name = "stream" if stream else "nostream"
+    cfg = parse_config(pipeline(args, stream))
+    config = json.loads((Path(model_dir(args)) / "config.json").read_text())
+    profile_dir = Path(tempfile.mkdtemp(prefix="qwen3_omni_gpu-profile-"))
+    os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
+    out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name()}
+    out["layer"] = int(config["talker_config"]["accept_hidden_layer"])
+    out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
+    t0 = time.perf_counter()
+    t_last = time.time()
+    with embedded_pipeline(cfg, progress=say) as coord:
+        out["cold_start_s"] = time.perf_counter() - t0
+        say(f"{name}: pipeline ready in {out['cold_start_s']:.1f}s")
+        batch = chat_prompts(config, max(args.concurrency), args.prompt_len, 1)
+        warm = asyncio.run(_round(coord.client_endpoint, batch))
+        out["warmup_wall_s"] = warm["wall_s"]
+        say(f"warm-up round of {max(args.concurrency)} requests: {warm['wall_s']:.1f}s")
+        windows: dict[int, tuple[float, float]] = {}
+        for c in args.concurrency:
+            t_last = time.time()
+            best = asyncio.run(_round(coord.client_endpoint, chat_prompts(config, c, args.prompt_len, 1000 * c)))
+            windows[c] = (t_last, time.time())
+            out[str(c)] = best
+            say(
+                f"{name} c={c}: first audio p50 {best['first_audio_p50_s'] * 1000:.0f} ms, "
+                f"p90 {best['first_audio_p90_s'] * 1000:.0f} ms, RTF {best['rtf_mean']:.3f}, "
+                f"{best['audio_s_per_s']:.2f} audio s/s, {best['thinker_tok_s']:.0f} thinker tok/s, "
+                f"{best['audio_s_per_request']:.2f} s audio/request"
+            )
+    out["transport"] = transport_summary(profile_dir, t_last)
+    out["stage_steps"] = stage_step_summary(profile_dir, windows)
+    shutil.copytree(profile_dir, args.out / f"profile-{name}", dirs_exist_ok=True)
+    return out
+
+
+def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> str:
+    st, ns = results.get("stream", {}), results.get("nostream", {})
+    audio_s = args.talker_frames / FRAMES_PER_S
+    lines = [
+        f"{device}; Qwen3-Omni-30B-A3B {'tiny checkpoint (smoke, CPU)' if args.smoke else 'at the released sizes'}, "
+        f"random weights (vLLM load_format dummy); {'CPU' if args.smoke else 'all three stages on GPU 0'}; "
+        f"{args.prompt_len}-id prompts, {args.thinker_tokens} thinker tokens, {args.talker_frames} talker frames "
+        f"({audio_s:.1f} s of audio) per request, fixed lengths (thinker EOS ignored; codec control ids suppressed)",
+    ]
+    if st.get("budgets_gib"):
+        lines.append(f"GPU memory budgets, thinker / talker / code2wav: {' / '.join(map(str, st['budgets_gib']))} GiB")
+    lines += [
+        "",
+        "| concurrency | first audio p50 / p90 (stream) | no stream p50 | RTF (stream) | audio s/s | thinker tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1000:.0f} ms"
+
+    for c in args.concurrency:
+        a, b = st.get(str(c), {}), ns.get(str(c), {})
+        p = f"{ms(a.get('first_audio_p50_s'))} / {ms(a.get('first_audio_p90_s'))}" if a else "-"
+        lines.append(
+            f"| {c} | {p} | {ms(b.get('first_audio_p50_s'))} | {a.get('rtf_mean', float('nan')):.3f} "
+            f"| {a.get('audio_s_per_s', float('nan')):.2f} | {a.get('thinker_tok_s', float('nan')):.0f} |"
+        )
+    lines.append(
+        "\nPublished (issue 22; other hardware and lengths: 2500 tokens in, 900 out): "
+        f"Qwen's report {QWEN_REPORT_FIRST_PACKET_S * 1000:.0f} ms first packet at 1 request; "
+        + "; ".join(f"{name}: " + ", ".join(_published(d)) for name, d in PUBLISHED.items())
+        + ". Targets on one H200: first audio <= 250 ms at 1 and <= 2x that at 32; RTF <= 0.15 at 1, <= 0.30 at 32."
+    )
+    tr = st.get("transport", {})
+    if "thinker" in tr:
+        t = tr["thinker"]
+        lines.append(
+            f"\nthinker -> talker per thinker step (c={max(args.concurrency)}): build + send p50 "
+            f"{t['build_send_us_p50']:.0f} us, {t['wire_bytes_p50'] / 1024:.1f} KiB on the wire p50 "
+            f"({t['rows_per_step_mean']:.1f} rows of the last layer and layer {st.get('layer')} per step); "
+            f"thinker step p50 {t['step_ms_p50']:.2f} ms"
+        )
+    if st.get("stage_steps"):
+        names = {"0": "thinker", "1": "talker", "2": "code2wav"}
+        lines.append("\nper-stage timeline (last round of each level): steps, step p50 / mean ms, busy share")
+        lines.append("| concurrency | " + " | ".join(names.values()) + " |")
+        lines.append("|---|---|---|---|")
+        for c, level in st["stage_steps"].items():
+            cells = [
+                f"{v['steps']} steps, {v['step_ms_p50']:.1f} / {v['step_ms_mean']:.1f} ms, busy {100 * v['busy']:.0f}%"
+                if (v := level.get(sid))
+                else "-"
+                for sid in names
+            ]
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    if "cold_start_s" in st:
+        lines.append(f"\ncold start to Ready (stages start in parallel): {st['cold_start_s']:.1f} s")
+    failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
+    lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
+    return "\n".join(lines)
+
+
+def _published(levels: dict[int, tuple[float | None, float]]) -> list[str]:
+    return [f"c={c} " + " / ".join(f"{v:g}" for v in vals if v is not None) for c, vals in levels.items()]
+
+
+def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for phase, label in (("stream", "omni_mp, streaming"), ("nostream", "omni_mp, no streaming")):
+        xs = [c for c in args.concurrency if str(c) in results.get(phase, {})]
+        if xs:
+            ax.plot(xs, [results[phase][str(c)]["first_audio_p50_s"] for c in xs], marker="o", label=label)
+            ax2.plot(xs, [results[phase][str(c)]["rtf_mean"] for c in xs], marker="o", label=label)
+    pub = PUBLISHED["vllm-omni, 3x H100 (first audio mean, RTF)"]
+    ax.plot(list(pub), [v[0] for v in pub.values()], marker="s", ls="--", label="vllm-omni, 3x H100 (published)")
+    ax2.plot(list(pub), [v[1] for v in pub.values()], marker="s", ls="--", label="vllm-omni, 3x H100 (published)")
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("concurrent requests")
+        a.legend(fontsize=8)
+    ax.set_ylabel("time to first audio, p50 (s)")
+    ax2.set_ylabel("real-time factor (lower is better)")
+    fig.suptitle(f"Qwen3-Omni-30B-A3B {'(smoke)' if args.smoke else 'released sizes'}, {device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | None) -> None:
+    result = args.out / f"{phase}.json"
+    timeout = args.phase_timeout_s
+    if deadline is not None:
+        timeout = min(timeout, deadline - time.perf_counter() - RENDER_MARGIN_S)
+        if timeout < 30:
+            result.write_text(json.dumps({"error": "skipped: --deadline-s reached"}))
+            return
+    say(f"phase {phase} (limit {timeout:.0f}s) ...")
+    t0 = time.perf_counter()
+    try:
+        code: int | str = subprocess.run(
+            [sys.executable, __file__, "--phase", phase, *sys.argv[1:]], cwd=REPO, timeout=timeout
+        ).returncode
+    except subprocess.TimeoutExpired:
+        code = f"timeout after {timeout:.0f}s"
+    if code != 0 or not result.exists():
+        result.write_text(json.dumps({"error": f"exit code {code}"}))
+        say(f"phase {phase} failed: exit code {code}")
+        return
+    data = json.loads(result.read_text())
+    data["phase_s"] = time.perf_counter() - t0
+    result.write_text(json.dumps(data))
+    say(f"phase {phase} done in {data['phase_s']:.0f}s")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="CPU, the tiny checkpoint, small lengths")
+    p.add_argument("--phases", default="stream", help=f"comma-separated, of {PHASES}; '' only renders the report")
+    p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--concurrency", type=int, nargs="+", default=None)
+    p.add_argument("--prompt-len", type=int, default=None)
+    p.add_argument("--thinker-tokens", type=int, default=None)
+    p.add_argument("--talker-frames", type=int, default=None)
+    p.add_argument("--deadline-s", type=float, default=None, help="stop starting phases past this (whole run)")
+    p.add_argument("--phase-timeout-s", type=float, default=1800)
+    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3_omni_gpu")
+    p.add_argument("--out", type=Path, default=REPO / "outputs" / "qwen3_omni_gpu")
+    args = p.parse_args(argv)
+    # GPU defaults: the published benchmark's 2500-token prompts; replies shortened from 900 to
+    # fit a 10-minute device call at 64 requests (RTF and first audio do not depend on length).
+    small = {"concurrency": [1, 4], "prompt_len": 48, "thinker_tokens": 12, "talker_frames": 16}
+    full = {"concurrency": [1, 8, 32, 64], "prompt_len": 2500, "thinker_tokens": 200, "talker_frames": 200}
+    for k, v in (small if args.smoke else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.phase:
+        data = run_pipeline(args, args.phase == "stream")
+        (args.out / f"{args.phase}.json").write_text(json.dumps(data))
+        return 0
+    phases = list(filter(None, args.phases.split(",")))
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        raise SystemExit(f"unknown phases {unknown}; known: {PHASES}")
+    if phases:
+        t0 = time.perf_counter()
+        path = model_dir(args)
+        say(f"model dir {path} ready in {time.perf_counter() - t0:.1f}s")
+    deadline = T_START + args.deadline_s if args.deadline_s else None
+    for phase in phases:
+        run_phase_process(args, phase, deadline)
+    results = {f.stem: json.loads(f.read_text()) for f in sorted(args.out.glob("*.json")) if f.stem in PHASES}
+    device = " / ".join(sorted({r["device"] for r in results.values() if r.get("device")})) or "unknown device"
+    text = report(results, args, device)
+    doc = {"device": device, "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
+    (args.out / "qwen3_omni_gpu.json").write_text(json.dumps(doc, indent=1, default=str))
+    if not plot(results, args, args.out / "qwen3_omni_gpu.png", device):
+        text += "\n\n(no qwen3_omni_gpu.png: matplotlib is missing on this host)"
+    (args.out / "qwen3_omni_gpu.md").write_text(text + "\n")
+    print("\n" + text, flush=True)
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Qwen3-Omni's prompt format (`prompt_format: qwen3_omni`): the text of one user turn with its
+media placeholders, as the checkpoint's chat template renders it
+(omni_mp.models.qwen3_omni.chat_template), and what its processor takes as media.
+
+- Audio at 16 kHz (WhisperFeatureExtractor's rate). Qwen3-Omni's processor does not cut audio
+  to a window (`truncation: False`; its audio encoder runs long inputs in chunks of
+  `n_window`), so the only bound is the stage's `media.max_audio_s`. vLLM's processor pads an
+  audio to a multiple of the feature extractor's hop (160 samples) before computing features;
+  transformers' does not, so audio whose length is not such a multiple gets one more feature
+  frame in vLLM than in transformers (oracle tests use whole hops).
+- No system turn unless one is asked for: the template renders none by default.
+- The talker reads the prompt's user turn and its assistant generation prompt
+  (omni_mp.models.qwen3_omni.exports.ThinkerTurns): both come from here.
+"""
+
+from __future__ import annotations
+
+from omni_mp.models.qwen3_omni.chat_template import AUDIO_SLOT, IMAGE_SLOT
+
+
+def omni_prompt_text(text: str, n_audio: int = 0, n_image: int = 0, system: str | None = None) -> str:
+    """The thinker prompt for one user turn (its audios, then its images, then `text`) and the
+    assistant's generation prompt; `system`: an optional system turn before it."""
+    head = "" if system is None else f"<|im_start|>system\n{system}<|im_end|>\n"
+    media = AUDIO_SLOT * n_audio + IMAGE_SLOT * n_image
+    return f"{head}<|im_start|>user\n{media}{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+class Qwen3OmniPromptFormat:
+    """`prompt_format: qwen3_omni` (omni_mp.models.family.PromptFormat)."""
+
+    audio_rate = 16_000
+
+    def max_audio_s(self, model_dir: str) -> float | None:
+        return None  # no window: see the module docstring
+
+    def render(self, text: str, n_audio: int, n_image: int) -> str:
+        return omni_prompt_text(text, n_audio=n_audio, n_image=n_image)
+
+
+PROMPT_FORMAT = Qwen3OmniPromptFormat()

@@ -1,0 +1,68 @@
+"""How the memory planner (omni_mp.control.memory_budget) sizes a stage on a Qwen3-Omni
+checkpoint (config.json `model_type: qwen3_omni_moe`): the part a stage runs (`thinker.*`,
+`talker.*` with its code predictor, `code2wav.*`), the thinker towers vLLM leaves out, each
+part's Hugging Face class (a parameter count without weights), its decoder's config, and
+code2wav's activations."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omni_mp.config import StageConfig
+
+# model_part -> the checkpoint part it runs (a stage with no model_part runs the thinker).
+PARTS = {"qwen3_omni_thinker": "thinker", "qwen3_omni_talker": "talker"}
+
+
+class Qwen3OmniSizing:
+    def part(self, stage: StageConfig) -> str:
+        if stage.kind == "diffusion":
+            return "code2wav"
+        return PARTS.get(stage.model_part or "", "thinker")
+
+    def skipped(self, stage: StageConfig, part: str) -> set[str]:
+        """Thinker towers vLLM does not build: those whose modalities all have limit 0."""
+        if part != "thinker":
+            return set()
+        limits = stage.engine_args.get("limit_mm_per_prompt") or {}
+        skipped = set()
+        if limits.get("audio") == 0:
+            skipped.add("audio_tower.")
+        if limits.get("image") == 0 and limits.get("video") == 0:
+            skipped.add("visual.")
+        return skipped
+
+    def meta_model(self, config: Any, part: str) -> tuple[type, Any]:
+        from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m
+
+        return {
+            "thinker": (m.Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
+            "talker": (m.Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
+            "code2wav": (m.Qwen3OmniMoeCode2Wav, config.code2wav_config),
+        }[part]
+
+    def text_config(self, config: dict[str, Any], part: str) -> dict[str, Any]:
+        return config["thinker_config" if part == "thinker" else "talker_config"]["text_config"]
+
+    def diffusion_activations(self, stage: StageConfig, config: dict[str, Any]) -> int:
+        """`max_batch` windows decoded at once, fp32: per frame (16 codes), the decoder's widest
+        stage (channels halve as each upsampling stage multiplies the length) with its
+        temporaries (SnakeBeta and residual sums keep ~8 live copies)."""
+        c2w = config.get("code2wav_config", {})
+        groups = int(c2w.get("num_quantizers", 16))
+        d = stage.diffusion
+        s = d.streaming
+        codes = max(s.first_chunk, s.chunk) + s.left_context + s.right_context if d.stream else d.max_input_len
+        frames = -(-codes // groups) + 11  # + the convolutions' left context (code2wav.CONV_LEFT_FRAMES)
+        channels, length, widest = int(c2w.get("decoder_dim", 1536)), 1, 0
+        for rate in c2w.get("upsampling_ratios", [2, 2]):
+            length *= rate
+            widest = max(widest, int(c2w.get("hidden_size", 1024)) * length)
+        for rate in c2w.get("upsample_rates", [8, 5, 4, 3]):
+            channels, length = channels // 2, length * rate
+            widest = max(widest, channels * length)
+        return d.max_batch * frames * widest * 4 * 8
+
+
+SIZING = Qwen3OmniSizing()

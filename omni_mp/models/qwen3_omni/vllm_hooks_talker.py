@@ -1,0 +1,394 @@
+"""The Qwen3-Omni talker with its code predictor as a vLLM 0.25.0 model, registered by our code
+(vLLM has none).
+
+What transformers' `Qwen3OmniMoeTalkerForConditionalGeneration` computes per step (5.17.0):
+the decoder (vLLM's `Qwen3MoeModel`: M-RoPE attention with q/k norms, 128 experts top-k plus a
+sigmoid-gated shared expert, which vLLM's `Qwen3MoeSparseMoeBlock` builds from
+`shared_expert_intermediate_size`) reads one input row per position; `codec_head` of its last
+hidden state h_t gives code group 0 of frame t (sampled by vLLM). The input of the next
+position is `codec_embedding(c0) + sum_{g=1..15} cp_embedding[g-1](c_g) + text row`, where
+c1..c15 come from the code predictor: a 5-layer dense decoder run on a fresh sequence
+[h_t, codec_embedding(c0)] for 15 greedy AR steps (lm_head[g-1] gives c_g, which is fed back
+through cp_embedding[g-1]).
+
+How the step is split between vLLM and this model:
+- vLLM samples c0 after the forward, so the code predictor of frame t runs at the start of the
+  NEXT forward, where c0 is that position's input token: per request, batched over the
+  step's decode rows. The runner has already written `codec_embedding(c0)` plus the
+  processor's text row (omni_mp.engines.vllm_hooks' step embeddings) into `inputs_embeds`;
+  the forward adds the 15 residual embeddings there, then runs the decoder.
+- h_t of every request lives in a device buffer `h_store[max_num_seqs + 1, hidden]`, one slot
+  per running request (the last is a scratch slot), written at the end of each forward at
+  the last token of each request's chunk and read by the next forward's code predictor.
+  Which row reads or writes which slot is in static index buffers that `omni_prepare_step`
+  (called by the runner hooks before every forward, outside any graph) fills from the
+  host; so the whole forward, code predictor included, has fixed shapes, no host syncs and
+  no data-dependent shapes: the runner's CUDA graphs capture it (FULL graphs of decode
+  batches replay it whole). Its code predictor KV is a fresh 16-position tensor per call.
+- Output rows are `[hidden + 16]` float32: the hidden state (what `codec_head` reads) and the
+  16 codes of the frame completed at that position (omni_mp.models.qwen3_omni.codes).
+- Preemption: vLLM recomputes a resumed request's positions from their token ids; this
+  model re-adds the text rows (step embeddings) but not the code predictor's residual
+  embeddings of frames already emitted, so a resumed talker continues on a slightly
+  different context (its frames stay well-formed; size the KV cache to avoid preemption).
+- Code predictor decoding follows the request's talker sampling, as generate mirrors
+  `talker_do_sample` onto it: greedy when the talker's temperature is 0, else sampled with
+  generate's code predictor settings (top-k 50, top-p 0.8, temperature 1), from the device's
+  default generator (per-request seeds apply to group 0 only). Group 0 is vLLM's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.models.interfaces import SupportsMRoPE
+from vllm.model_executor.models.qwen3_moe import Qwen3MoeModel
+from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
+from vllm.sequence import IntermediateTensors
+
+from omni_mp.engines.vllm_hooks import StepBatch
+from omni_mp.models.family import EngineModel
+from omni_mp.models.qwen3_omni.codes import NO_CODE, NUM_CODE_GROUPS, ROW_DTYPE
+from omni_mp.models.qwen3_omni.talker_view import TALKER_ARCH, talker_view_dir
+
+CP_STEPS = NUM_CODE_GROUPS - 1  # code predictor AR steps per frame
+CP_POSITIONS = NUM_CODE_GROUPS  # [h, c0, c1..c14]: c15 is never fed back
+CP_TOP_K, CP_TOP_P = 50, 0.8  # generate's code predictor sampling (temperature 1)
+
+
+def sample_top_k_top_p(logits: torch.Tensor) -> torch.Tensor:
+    """[R, V] -> [R] codes drawn with top-k CP_TOP_K then top-p CP_TOP_P (the smallest set
+    of most likely codes whose probability reaches CP_TOP_P), fixed shapes, no host sync."""
+    vals, idx = logits.float().topk(min(CP_TOP_K, logits.shape[-1]), dim=-1)  # descending
+    probs = vals.softmax(dim=-1)
+    keep = probs.cumsum(dim=-1) - probs < CP_TOP_P  # the top code always stays
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    # probs / Exp(1) noise, argmax: a draw from probs (renormalizing does not move the argmax).
+    choice = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1, keepdim=True)
+    return idx.gather(-1, choice)[:, 0]
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
+
+
+class CodePredictorLayer(nn.Module):
+    """One Qwen3 dense decoder layer (q/k norms, GQA, gated SiLU MLP) over a fixed-shape batch
+    of short sequences; its KV lives in the caller's tensors."""
+
+    def __init__(self, cfg: Any, prefix: str) -> None:
+        super().__init__()
+        hidden = int(_get(cfg, "hidden_size"))
+        self.heads = int(_get(cfg, "num_attention_heads"))
+        self.kv_heads = int(_get(cfg, "num_key_value_heads"))
+        self.head_dim = int(_get(cfg, "head_dim") or hidden // self.heads)
+        eps = float(_get(cfg, "rms_norm_eps", 1e-6))
+        inter = int(_get(cfg, "intermediate_size"))
+        d = self.head_dim
+        self.self_attn = nn.Module()
+        attn = self.self_attn
+        attn.q_proj = ReplicatedLinear(hidden, self.heads * d, bias=False, prefix=f"{prefix}.self_attn.q_proj")
+        attn.k_proj = ReplicatedLinear(hidden, self.kv_heads * d, bias=False, prefix=f"{prefix}.self_attn.k_proj")
+        attn.v_proj = ReplicatedLinear(hidden, self.kv_heads * d, bias=False, prefix=f"{prefix}.self_attn.v_proj")
+        attn.o_proj = ReplicatedLinear(self.heads * d, hidden, bias=False, prefix=f"{prefix}.self_attn.o_proj")
+        attn.q_norm = RMSNorm(d, eps=eps)
+        attn.k_norm = RMSNorm(d, eps=eps)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = ReplicatedLinear(hidden, inter, bias=False, prefix=f"{prefix}.mlp.gate_proj")
+        self.mlp.up_proj = ReplicatedLinear(hidden, inter, bias=False, prefix=f"{prefix}.mlp.up_proj")
+        self.mlp.down_proj = ReplicatedLinear(inter, hidden, bias=False, prefix=f"{prefix}.mlp.down_proj")
+        self.act = SiluAndMul()
+        self.input_layernorm = RMSNorm(hidden, eps=eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps=eps)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope: Any, k_cache: torch.Tensor, v_cache: torch.Tensor, t0: int
+    ) -> torch.Tensor:
+        """x [R, T, hidden] at positions t0..t0+T-1 (the same for every row); `k_cache`/`v_cache`
+        [R, kv_heads, CP_POSITIONS, head_dim] hold positions < t0 and get these."""
+        r, t, hidden = x.shape
+        d, attn = self.head_dim, self.self_attn
+        h = self.input_layernorm(x.reshape(r * t, hidden))
+        q = attn.q_norm(attn.q_proj(h)[0].view(r * t, self.heads, d)).view(r * t, self.heads * d)
+        k = attn.k_norm(attn.k_proj(h)[0].view(r * t, self.kv_heads, d)).view(r * t, self.kv_heads * d)
+        v = attn.v_proj(h)[0]
+        q, k = rope(positions.repeat(r), q, k)
+        k_cache[:, :, t0 : t0 + t] = k.view(r, t, self.kv_heads, d).transpose(1, 2)
+        v_cache[:, :, t0 : t0 + t] = v.view(r, t, self.kv_heads, d).transpose(1, 2)
+        keys, values = k_cache[:, :, : t0 + t], v_cache[:, :, : t0 + t]
+        if self.kv_heads != self.heads:
+            rep = self.heads // self.kv_heads
+            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+        qh = q.view(r, t, self.heads, d).transpose(1, 2)
+        # Causal within the new positions; every earlier position is visible.
+        mask = None
+        if t > 1:
+            mask = torch.ones(t, t0 + t, dtype=torch.bool, device=x.device).tril(diagonal=t0)
+        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask)
+        out = attn.o_proj(out.transpose(1, 2).reshape(r * t, self.heads * d))[0]
+        x = x + out.view(r, t, hidden)
+        h = self.post_attention_layernorm(x.reshape(r * t, hidden))
+        gate_up = torch.cat([self.mlp.gate_proj(h)[0], self.mlp.up_proj(h)[0]], dim=-1)
+        return x + self.mlp.down_proj(self.act(gate_up))[0].view(r, t, hidden)
+
+
+class CodePredictorModel(nn.Module):
+    def __init__(self, cfg: Any, prefix: str) -> None:
+        super().__init__()
+        hidden = int(_get(cfg, "hidden_size"))
+        vocab = int(_get(cfg, "vocab_size"))
+        n_layers = int(_get(cfg, "num_hidden_layers"))
+        self.layers = nn.ModuleList([CodePredictorLayer(cfg, f"{prefix}.layers.{i}") for i in range(n_layers)])
+        self.norm = RMSNorm(hidden, eps=float(_get(cfg, "rms_norm_eps", 1e-6)))
+        self.codec_embedding = nn.ModuleList([nn.Embedding(vocab, hidden) for _ in range(CP_STEPS)])
+
+
+class CodePredictor(nn.Module):
+    """transformers' `Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration`, run as
+    15 greedy AR steps over a fixed-shape batch (module names follow it)."""
+
+    def __init__(self, cfg: Any, prefix: str) -> None:
+        super().__init__()
+        hidden = int(_get(cfg, "hidden_size"))
+        vocab = int(_get(cfg, "vocab_size"))
+        if int(_get(cfg, "num_code_groups", NUM_CODE_GROUPS)) != NUM_CODE_GROUPS:
+            raise ValueError(f"code predictor: num_code_groups must be {NUM_CODE_GROUPS}")
+        self.model = CodePredictorModel(cfg, f"{prefix}.model")
+        self.lm_head = nn.ModuleList([nn.Linear(hidden, vocab, bias=False) for _ in range(CP_STEPS)])
+        layer = self.model.layers[0]
+        self.rope = get_rope(
+            layer.head_dim,
+            max_position=CP_POSITIONS,
+            rope_parameters=dict(_get(cfg, "rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0}),
+        )
+
+    def forward(
+        self, h_prev: torch.Tensor, e0: torch.Tensor, sample: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h_prev, e0 [R, hidden], sample [R] bool (rows drawn rather than greedy) ->
+        (codes 1..15 [R, 15] int64, sum of their embeddings [R, hidden])."""
+        r, hidden = h_prev.shape
+        layers = self.model.layers
+        shape = (r, layers[0].kv_heads, CP_POSITIONS, layers[0].head_dim)
+        k_caches = [h_prev.new_empty(shape) for _ in layers]
+        v_caches = [h_prev.new_empty(shape) for _ in layers]
+        positions = torch.arange(CP_POSITIONS, device=h_prev.device)
+        x = torch.stack([h_prev, e0], dim=1)
+        t0 = 0
+        codes: list[torch.Tensor] = []
+        total = torch.zeros_like(h_prev)
+        for g in range(CP_STEPS):
+            t = x.shape[1]
+            for i, layer in enumerate(layers):
+                x = layer(x, positions[t0 : t0 + t], self.rope, k_caches[i], v_caches[i], t0)
+            t0 += t
+            last = self.model.norm(x[:, -1])
+            logits = self.lm_head[g](last)
+            code = torch.where(sample, sample_top_k_top_p(logits), logits.argmax(dim=-1))
+            codes.append(code)
+            emb = self.model.codec_embedding[g](code)
+            total = total + emb
+            x = emb[:, None]
+        return torch.stack(codes, dim=1), total
+
+
+@support_torch_compile(
+    dynamic_arg_dims={
+        "input_ids": 0,
+        "positions": -1,  # [3, n] with M-RoPE (Qwen3MoeModel's own decorator marks dim 0)
+        "intermediate_tensors": 0,
+        "inputs_embeds": 0,
+    }
+)
+class TalkerDecoder(Qwen3MoeModel):
+    """vLLM's Qwen3-MoE decoder (the talker's: shared experts from the config), compiled
+    with M-RoPE positions."""
+
+
+class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
+    """vLLM's view of `Qwen3OmniMoeTalkerForConditionalGeneration` (module names follow it)."""
+
+    hf_to_vllm_mapper = WeightsMapper(
+        orig_to_new_prefix={
+            "talker.model.codec_embedding.": "model.embed_tokens.",
+            "talker.code_predictor.": "code_predictor.",
+            "talker.codec_head.": "codec_head.",
+            "talker.model.": "model.",
+            "talker.text_projection.": None,  # the processor's (omni_mp.models.qwen3_omni.processor)
+            "talker.hidden_projection.": None,
+            "thinker.": None,
+            "code2wav.": None,
+        }
+    )
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.hidden_size = int(config.hidden_size)
+        if int(getattr(config, "num_code_groups", NUM_CODE_GROUPS)) != NUM_CODE_GROUPS:
+            raise ValueError(f"talker: num_code_groups must be {NUM_CODE_GROUPS}")
+        cp_cfg = config.code_predictor_config
+        if int(_get(cp_cfg, "hidden_size")) != self.hidden_size:
+            raise ValueError("talker: the code predictor's hidden_size must equal the talker's")
+        self.model = TalkerDecoder(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.codec_head = ParallelLMHead(config.vocab_size, self.hidden_size, prefix=maybe_prefix(prefix, "codec_head"))
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+        self.code_predictor = CodePredictor(cp_cfg, maybe_prefix(prefix, "code_predictor"))
+        # Per-request state and the static index buffers (module docstring).
+        sched = vllm_config.scheduler_config
+        self.max_slots = int(sched.max_num_seqs)
+        max_tokens = int(sched.max_num_batched_tokens) + 64  # padded batches run a little over
+        self.scratch = self.max_slots
+        dtype = vllm_config.model_config.dtype
+        self.register_buffer(
+            "h_store", torch.zeros(self.max_slots + 1, self.hidden_size, dtype=dtype), persistent=False
+        )
+        self.register_buffer("cp_tok", torch.zeros(max_tokens, dtype=torch.long), persistent=False)
+        self.register_buffer("cp_slot", torch.full((max_tokens,), self.scratch, dtype=torch.long), persistent=False)
+        self.register_buffer("cp_valid", torch.zeros(max_tokens, dtype=dtype), persistent=False)
+        self.register_buffer("cp_code0", torch.zeros(max_tokens, dtype=torch.long), persistent=False)
+        self.register_buffer("cp_sample", torch.zeros(max_tokens, dtype=torch.bool), persistent=False)
+        self.register_buffer("dst_slot", torch.full((max_tokens,), self.scratch, dtype=torch.long), persistent=False)
+        self._slots: dict[str, int] = {}
+        self._last_pos: dict[str, int] = {}  # request -> position whose hidden state its slot holds
+        self._free = list(range(self.max_slots - 1, -1, -1))
+        self._num_cp: int | None = None  # rows of this step's code predictor batch (None: a dummy run)
+        self.python_forwards = 0  # forwards run in Python (a replayed CUDA graph runs none): checks
+
+    # ---- per-step layout (host side, before the forward) -----------------------------------
+    def omni_prepare_step(self, batch: StepBatch) -> None:
+        """Fill the static index buffers for the coming forward (see the module docstring)."""
+        for rid in [r for r in self._slots if r not in batch.live]:
+            self._free.append(self._slots.pop(rid))
+            self._last_pos.pop(rid, None)
+        n = batch.num_input_tokens
+        cp_tok: list[int] = []
+        cp_slot: list[int] = []
+        cp_valid: list[float] = []
+        cp_sample: list[bool] = []
+        dst = [self.scratch] * n
+        qsl = batch.query_start_loc
+        for i, rid in enumerate(batch.req_ids):
+            a, b = qsl[i], qsl[i + 1]
+            if b <= a:
+                continue
+            slot = self._slots.get(rid)
+            if slot is None:
+                if not self._free:
+                    raise RuntimeError(f"talker: more than {self.max_slots} running requests")
+                slot = self._slots[rid] = self._free.pop()
+            start = batch.num_computed[i]
+            if start >= batch.prompt_lens[i]:
+                # The chunk's first token is generated: it completes a frame from the previous
+                # position's hidden state, if this slot holds exactly that one. (A request
+                # resumed after preemption recomputes several generated positions at once:
+                # rows but the first get no code predictor row, so they keep NO_CODE.)
+                ok = self._last_pos.get(rid) == start - 1
+                cp_tok.append(a)
+                cp_slot.append(slot if ok else self.scratch)
+                cp_valid.append(1.0 if ok else 0.0)
+                cp_sample.append(float(getattr(batch.sampling[i], "temperature", 0.0) or 0.0) > 0.0)
+            dst[b - 1] = slot
+            self._last_pos[rid] = start + (b - a) - 1
+        m = len(cp_tok)  # <= requests <= max_slots
+        # Batches a FULL graph may replay (n <= max_num_seqs) run the code predictor on n rows,
+        # the shape captured; larger ones (prefill chunks, always eager outside the compiled
+        # decoder) on their m rows.
+        rows = n if n <= self.max_slots else m
+        pad = rows - m
+        dev = self.cp_tok.device
+        self._put(self.cp_tok, cp_tok + [0] * pad, dev)
+        self._put(self.cp_slot, cp_slot + [self.scratch] * pad, dev)
+        self._put(self.cp_valid, cp_valid + [0.0] * pad, dev)
+        self._put(self.cp_sample, cp_sample + [False] * pad, dev)
+        self._put(self.dst_slot, dst, dev)
+        if rows:
+            self.cp_code0[:rows].copy_(batch.input_ids.index_select(0, self.cp_tok[:rows]))
+        self._num_cp = rows
+
+    @staticmethod
+    def _put(buf: torch.Tensor, values: list[Any], device: torch.device) -> None:
+        if not values:
+            return
+        host = torch.tensor(values, dtype=buf.dtype, pin_memory=device.type == "cuda")
+        buf[: len(values)].copy_(host, non_blocking=True)
+
+    # ---- the model ----------------------------------------------------------------------------
+    def embed_input_ids(self, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        self.python_forwards += 1
+        x = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        n = x.shape[0]
+        if n <= self.max_slots:
+            rows = n  # what omni_prepare_step laid out, and the shape a captured graph holds
+        else:  # a dummy run (no prepare: scratch slots) or an eager prefill-sized batch
+            rows = self.max_slots if self._num_cp is None else self._num_cp
+        self._num_cp = None
+        tok, valid = self.cp_tok[:rows], self.cp_valid[:rows]
+        codes = torch.full((n, NUM_CODE_GROUPS), float(NO_CODE), dtype=ROW_DTYPE, device=x.device)
+        if rows:
+            code0 = self.cp_code0[:rows]
+            h_prev = self.h_store[self.cp_slot[:rows]]
+            rest, emb = self.code_predictor(h_prev, self.model.embed_input_ids(code0), self.cp_sample[:rows])
+            # In place, into the runner's persistent inputs_embeds buffer: the compiled decoder's
+            # piecewise CUDA graphs read their input at the address they were captured with.
+            x.index_add_(0, tok, (emb * valid[:, None]).to(x.dtype))
+            frame = torch.cat([code0[:, None], rest], dim=1).to(ROW_DTYPE) - NO_CODE
+            codes.index_add_(0, tok, frame * valid[:, None].to(ROW_DTYPE))
+        hidden = self.model(None, positions, intermediate_tensors, x)
+        self.h_store.index_copy_(0, self.dst_slot[:n], hidden)
+        return torch.cat([hidden.to(ROW_DTYPE), codes], dim=1)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        h = hidden_states[:, : self.hidden_size].to(self.codec_head.weight.dtype)
+        return self.logits_processor(self.codec_head, h)
+
+    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
+        """Text positions (arange on all three axes, delta 0); a prompt with media gets its
+        positions from the processor (StageInput.positions) through `vllm_hooks`."""
+        if mm_features:
+            raise ValueError("the talker takes no multimodal inputs (its processor passes positions)")
+        n = len(input_tokens)
+        return torch.arange(n, dtype=torch.int64).expand(3, n).clone(), 0
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Only `talker.*` keys of a full checkpoint but its projections (the processor's)."""
+        return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
+
+
+def register_talker() -> None:
+    """Make `TALKER_ARCH` resolvable by vLLM (idempotent; before vLLM builds the engine config)."""
+    from vllm import ModelRegistry
+
+    if TALKER_ARCH not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(TALKER_ARCH, OmniMpQwen3OmniTalker)
+
+
+def talker_engine_model(model_dir: str, engine_args: dict[str, Any]) -> EngineModel:
+    """`model_part: qwen3_omni_talker`: our vLLM model of the talker, loaded from a view of the
+    checkpoint whose config is the talker's; codec ids are not text, so vLLM starts no tokenizer."""
+    register_talker()
+    view = talker_view_dir(model_dir, require_weights=engine_args.get("load_format") != "dummy")
+    return EngineModel(str(view), {**engine_args, "skip_tokenizer_init": True})
