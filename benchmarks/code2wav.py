@@ -62,6 +62,20 @@ def run_engine(eng: DiffusionEngine, reqs: list[torch.Tensor], stream: bool) -> 
     return time.perf_counter() - t0
 
 
+def check_stream(eng: DiffusionEngine, hf: torch.nn.Module, codes: torch.Tensor, device: torch.device) -> str:
+    """The engine's streamed audio of one request against transformers' one shot, on this device."""
+    eng.submit("check", _ids(codes), stream=True)
+    chunks = []
+    while eng.batcher.num_unfinished():
+        outs, _ = eng.step()
+        chunks += [torch.as_tensor(o.info["audio"]) for o in outs if o.info is not None]
+    got = torch.cat(chunks)
+    with torch.no_grad():
+        want = hf(codes[None].to(device))[0, 0].float().cpu()
+    err = (got - want).abs().max().item() if got.shape == want.shape else float("nan")
+    return f"streamed vs transformers one shot: max abs error {err:.2e} (audio rms {want.pow(2).mean().sqrt():.3f})"
+
+
 def run_hf(model: torch.nn.Module, reqs: list[torch.Tensor], device: torch.device, batched: bool) -> float:
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -152,6 +166,7 @@ def main() -> None:
         f"# streaming: first chunk {args.first_chunk} frame(s), then {args.chunk}; max {args.max_batch} windows a step"
     )
 
+    print(f"# {check_stream(eng, hf, _frames(frames, codebook, 98), device)}")
     warm = [_frames(frames, codebook, 99)]
     run_engine(eng, warm, stream=True)
     run_engine(eng, warm, stream=False)
