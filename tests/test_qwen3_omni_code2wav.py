@@ -219,3 +219,22 @@ def test_bad_input_fails_only_that_request(engine: DiffusionEngine, oracle) -> N
     assert reasons["good"] == "stop" and set(reasons) == {"good", "bad3"}
     torch.testing.assert_close(torch.cat(audio["good"]), one_shot(oracle, codes), atol=STREAM_ATOL, rtol=0)
     assert not worker_streams(engine)
+
+
+def test_two_windows_of_one_request_in_one_call_run_in_order(engine: DiffusionEngine, oracle) -> None:
+    """With `max_chunks_in_flight` > 1 a step may hold consecutive windows of one request: the
+    decoder runs them in successive rounds (the second needs the first's keys and values)."""
+    from omni_mp.engines.diffusion.model import Window
+
+    model = engine.model  # the worker's model (the worker runs in this process)
+    codes = frames_of(14, 21)
+    ids = torch.tensor(ids_of(codes))
+    spans = [(0, 1, 2), (1, 7, 8), (7, 14, 14)]  # emitted [s, e), window end (one frame of right context)
+    windows = [model.condition(Window("two", ids[s * GROUPS : w * GROUPS], s * GROUPS, None)) for s, _, w in spans]
+    other = model.condition(Window("other", ids[: 2 * GROUPS], 0, None))
+    outs = model.decode_windows([windows[0], other, windows[1]]) + model.decode_windows([windows[2]])
+    got = torch.cat([outs[0][:FRAME], outs[2][: 6 * FRAME], outs[3]])
+    torch.testing.assert_close(got, one_shot(oracle, codes), atol=STREAM_ATOL, rtol=0)
+    torch.testing.assert_close(outs[1][:FRAME], one_shot(oracle, codes[:, :2])[:FRAME], atol=STREAM_ATOL, rtol=0)
+    model.release("two")
+    model.release("other")
