@@ -48,7 +48,7 @@ RELEASED_CODE2WAV = {
 
 
 class Code2WavTinySpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    base: str = "tiny-qwen3-omni"  # the built-in whose config.json is used
+    base: str = "tiny-qwen3-omni"  # the tiny Qwen3-Omni (omni_mp.models.qwen3_omni.tiny) whose config.json is used
     seed: int = 0
     rms: float = TARGET_RMS
 
@@ -103,9 +103,9 @@ def _write_weights(out_dir: Path, seed: int, rms: float, device: str = "cpu") ->
 
 
 def _build(spec: Code2WavTinySpec, out_dir: Path) -> None:
-    from omni_mp.models.qwen3_omni.tiny import build_named as build_tiny_named  # in-family: no registry cycle
+    from omni_mp.models.qwen3_omni.tiny import build_named as build_base
 
-    shutil.copy(build_tiny_named(spec.base) / "config.json", out_dir / "config.json")
+    shutil.copy(build_base(spec.base) / "config.json", out_dir / "config.json")
     _write_weights(out_dir, spec.seed, spec.rms)
 
 
@@ -125,11 +125,9 @@ def write_released_code2wav(out_dir: Path, *, seed: int = 0, device: str = "cpu"
     return out_dir
 
 
-NAME = "tiny-qwen3-omni-code2wav"  # its built-in model name
+TINY_CODE2WAV_SPECS: dict[str, Code2WavTinySpec] = {"tiny-qwen3-omni-code2wav": Code2WavTinySpec()}
 
 
 def build_named(name: str) -> Path:
-    if name != NAME:
-        raise KeyError(name)
-    spec = Code2WavTinySpec()
+    spec = TINY_CODE2WAV_SPECS[name]
     return build_cached("qwen3_omni-code2wav", spec, lambda out: _build(spec, out))
