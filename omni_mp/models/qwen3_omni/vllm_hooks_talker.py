@@ -250,7 +250,9 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         # Per-request state and the static index buffers (module docstring).
         sched = vllm_config.scheduler_config
         self.max_slots = int(sched.max_num_seqs)
-        max_tokens = int(sched.max_num_batched_tokens) + 64  # padded batches run a little over
+        # A forward's (padded) token count: at most the scheduler's budget or a graph size.
+        graph_max = int(getattr(vllm_config.compilation_config, "max_cudagraph_capture_size", None) or 0)
+        max_tokens = max(int(sched.max_num_batched_tokens), graph_max) + 64
         self.scratch = self.max_slots
         dtype = vllm_config.model_config.dtype
         self.register_buffer(
