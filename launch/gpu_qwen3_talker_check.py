@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,19 @@ def verdict(t: Talk) -> dict[str, Any]:
     return {"frames": int(want.shape[0]), "got_frames": int(got.shape[0]), "agree": bool(same)}
 
 
+def run_one(label: str, device: str) -> dict[str, Any]:
+    """One mode in this process: its engine, its verdicts."""
+    print(f"[check] oracle: transformers generate on the CPU for {len(REQUESTS)} requests", flush=True)
+    for case, text, speaker in REQUESTS:
+        oracle(case, text, speaker)
+    talks, info = run_mode(label == "eager", device)
+    rows = []
+    for (case, _text, speaker), t in zip(REQUESTS, talks, strict=True):
+        v = verdict(t)
+        rows.append({"request": t.rid, "case": case, "speaker": speaker, **v})
+    return {"info": info, "requests": rows}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -112,24 +127,30 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("qwen3_talker_check.json"))
     args = p.parse_args()
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
-    print(f"[check] oracle: transformers generate on the CPU for {len(REQUESTS)} requests", flush=True)
-    for case, text, speaker in REQUESTS:
-        oracle(case, text, speaker)
+    modes = args.modes.split(",")
     report: dict[str, Any] = {"device": name, "modes": {}}
+    if len(modes) == 1:
+        report["modes"][modes[0]] = run_one(modes[0], args.device)
+    else:  # each mode in a process of its own: a fresh vLLM engine and CUDA context each
+        for label in modes:
+            print(f"[check] {label} on {name}", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "mode.json"
+                cmd = [sys.executable, __file__, "--device", args.device, "--modes", label, "--out", str(out)]
+                done = subprocess.run(cmd, check=False)
+                if done.returncode not in (0, 1) or not out.exists():
+                    print(f"[check] {label}: failed (exit {done.returncode})")
+                    return 2
+                report["modes"][label] = json.loads(out.read_text())["modes"][label]
     ok = True
-    for label in args.modes.split(","):
-        print(f"[check] {label} on {name}", flush=True)
-        talks, info = run_mode(label == "eager", args.device)
-        rows = []
-        for (case, _text, speaker), t in zip(REQUESTS, talks, strict=True):
-            v = verdict(t)
-            ok &= v["agree"]
-            rows.append({"request": t.rid, "case": case, "speaker": speaker, **v})
-            print(f"  {t.rid} {case:5s} {speaker:7s} frames {v['frames']:3d}: {'AGREE' if v['agree'] else 'DIFFER'}")
-        print(f"  {info}", flush=True)
-        report["modes"][label] = {"info": info, "requests": rows}
+    for label, result in report["modes"].items():
+        print(f"[check] {label} on {name}: {result['info']}")
+        for row in result["requests"]:
+            ok &= row["agree"]
+            verdict_s = "AGREE" if row["agree"] else "DIFFER"
+            print(f"  {row['request']} {row['case']:5s} {row['speaker']:7s} frames {row['frames']:3d}: {verdict_s}")
     args.out.write_text(json.dumps(report, indent=2))
-    print(f"[check] {'AGREE' if ok else 'DIFFER'} (report: {args.out})")
+    print(f"[check] {'AGREE' if ok else 'DIFFER'} (report: {args.out})", flush=True)
     return 0 if ok else 1
 
 

@@ -187,3 +187,23 @@ def test_sampled_request_beside_a_greedy_one(engine: Any) -> None:
     assert torch.equal(codes[:, 0], torch.tensor(sampled.tokens[: codes.shape[0]]))
     assert int(codes[0, 0]) == int(run.codes[0, 0])
     assert not torch.equal(codes[0, 1:], run.codes[0, 1:])
+
+
+def test_processor_refuses_bad_thinker_output() -> None:
+    """Bad upstream data fails the request with a message naming what is wrong."""
+    from omni_mp.processors.base import ProcessorError
+
+    run = oracle("text")
+    proc = processor()
+    no_assistant = upstream(run)
+    no_assistant.prompt_token_ids = run.prompt_ids[:-3]  # the generation prompt cut off
+    with pytest.raises(ProcessorError, match="no '<\\|im_start\\|>assistant' turn"):
+        proc.prompt({0: no_assistant}, RequestContext())
+    bad_ids = upstream(run)
+    bad_ids.output_token_ids = [10**6, *run.reply_ids[1:]]
+    with pytest.raises(ProcessorError, match="outside the vocabulary"):
+        proc.prompt({0: bad_ids}, RequestContext())
+    media = upstream(oracle("image"))
+    media.layers = {}
+    with pytest.raises(ProcessorError, match=f"no layer-{proc.layer} rows"):
+        proc.prompt({0: media}, RequestContext())

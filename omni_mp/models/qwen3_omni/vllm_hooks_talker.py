@@ -250,7 +250,9 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         # Per-request state and the static index buffers (module docstring).
         sched = vllm_config.scheduler_config
         self.max_slots = int(sched.max_num_seqs)
-        max_tokens = int(sched.max_num_batched_tokens) + 64  # padded batches run a little over
+        # A forward's (padded) token count: at most the scheduler's budget or a graph size.
+        graph_max = int(getattr(vllm_config.compilation_config, "max_cudagraph_capture_size", None) or 0)
+        max_tokens = max(int(sched.max_num_batched_tokens), graph_max) + 64
         self.scratch = self.max_slots
         dtype = vllm_config.model_config.dtype
         self.register_buffer(
@@ -265,15 +267,19 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         self._slots: dict[str, int] = {}
         self._last_pos: dict[str, int] = {}  # request -> position whose hidden state its slot holds
         self._free = list(range(self.max_slots - 1, -1, -1))
+        self._used: dict[str, int] = {}  # request -> the last step that scheduled it
+        self._step = 0
         self._num_cp: int | None = None  # rows of this step's code predictor batch (None: a dummy run)
         self.python_forwards = 0  # forwards run in Python (a replayed CUDA graph runs none): checks
 
     # ---- per-step layout (host side, before the forward) -----------------------------------
     def omni_prepare_step(self, batch: StepBatch) -> None:
         """Fill the static index buffers for the coming forward (see the module docstring)."""
+        self._step += 1
         for rid in [r for r in self._slots if r not in batch.live]:
             self._free.append(self._slots.pop(rid))
             self._last_pos.pop(rid, None)
+            self._used.pop(rid, None)
         n = batch.num_input_tokens
         cp_tok: list[int] = []
         cp_slot: list[int] = []
@@ -287,9 +293,8 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
                 continue
             slot = self._slots.get(rid)
             if slot is None:
-                if not self._free:
-                    raise RuntimeError(f"talker: more than {self.max_slots} running requests")
-                slot = self._slots[rid] = self._free.pop()
+                slot = self._slots[rid] = self._free.pop() if self._free else self._evict(batch.req_ids)
+            self._used[rid] = self._step
             start = batch.num_computed[i]
             if start >= batch.prompt_lens[i]:
                 # The chunk's first token is generated: it completes a frame from the previous
@@ -318,6 +323,17 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         if rows:
             self.cp_code0[:rows].copy_(batch.input_ids.index_select(0, self.cp_tok[:rows]))
         self._num_cp = rows
+
+    def _evict(self, scheduled: list[str]) -> int:
+        """A slot for a new request when every slot is held: the runner keeps the states of
+        preempted requests, so more requests than max_num_seqs may be live. The least recently
+        scheduled request not in this step loses its slot; if it decodes again without a
+        recompute, its frame gets NO_CODE (code2wav fails that request alone)."""
+        now = set(scheduled)
+        victim = min((r for r in self._slots if r not in now), key=lambda r: self._used.get(r, -1))
+        self._last_pos.pop(victim, None)
+        self._used.pop(victim, None)
+        return self._slots.pop(victim)
 
     @staticmethod
     def _put(buf: torch.Tensor, values: list[Any], device: torch.device) -> None:
