@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from omni_mp.engines.base import Extension
+from omni_mp.engines.rows import RowStream
+from omni_mp.models.qwen3_omni.codes import NO_CODE, codes_of_rows
+from omni_mp.models.registry import resolve_model
+from omni_mp.processors.base import RequestContext, UpstreamResult
+from omni_mp.wire.messages import SamplingParamsMsg
+from tests.launcher import start_request
+from tests.synthetic_media import pattern, tone
 
 
 @functools.cache
@@ -107,3 +117,114 @@ def run_omni(
         codes=codes,
         talker_tokens=tk.sequences[0].tolist(),
     )
+
+
+CKPT = "tiny-qwen3-omni"
+TEXTS = ["Hello world! How are you today?", "tell me a story about a robot", "The quick brown fox"]
+CASES = {
+    "text": {},
+    "image": {"image": pattern(64)},
+    "audio": {"audio": tone(1.0)},
+}
+
+
+@functools.cache
+def model_dir() -> str:
+    return resolve_model(CKPT)
+
+
+@functools.cache
+def oracle(case: str, text: str = TEXTS[0], speaker: str = "Ethan") -> OmniRun:
+    return run_omni(model_dir(), text, speaker=speaker, **CASES[case])
+
+
+@functools.cache
+def processor() -> Any:
+    from omni_mp.models.qwen3_omni.processor import _BoundTalkerInputs
+
+    return _BoundTalkerInputs(Path(model_dir()), dummy=False)
+
+
+def upstream(run: OmniRun, n_reply: int | None = None) -> UpstreamResult:
+    """The thinker stage's stream as the talker stage holds it after `n_reply` reply tokens
+    (None: finished)."""
+    layer = processor().layer
+    n = len(run.reply_ids) if n_reply is None else n_reply
+    up = UpstreamResult(
+        stage_id=0, prompt_token_ids=run.prompt_ids, output_token_ids=run.reply_ids[:n], finished=n_reply is None
+    )
+    rows = RowStream()
+    rows.append(run.layer_rows[: len(run.prompt_ids) + max(0, n - 1)])
+    up.layers = {layer: rows}
+    up.mrope_positions, up.mrope_delta = run.mrope
+    return up
+
+
+class Talk:
+    """One talker request fed as the stage loop feeds it: the prompt once the processor has
+    one, then the per-step rows as the thinker's reply grows (`thinker_step` tokens at a time)."""
+
+    def __init__(
+        self, engine: Any, rid: str, run: OmniRun, speaker: str, streamed: bool, temperature: float = 0.0
+    ) -> None:
+        self.engine, self.rid, self.run, self.speaker = engine, rid, run, speaker
+        self.temperature = temperature
+        self.n_reply = 0 if streamed else None
+        self.started = False
+        self.rows_sent = 0
+        self.closed = False
+        self.tokens: list[int] = []
+        self.rows: list[torch.Tensor] = []
+        self.prompt_len = 0
+        self.finished = False
+
+    def feed(self) -> None:
+        """Advance the thinker by one token (streamed) and hand the talker what is new."""
+        if self.n_reply is not None and self.n_reply < len(self.run.reply_ids):
+            self.n_reply += 1
+            if self.n_reply == len(self.run.reply_ids):
+                self.n_reply = None
+        up = {0: upstream(self.run, self.n_reply)}
+        proc = processor()
+        if not self.started:
+            inp = proc.prompt(up, RequestContext(speaker=self.speaker))
+            if inp is None:
+                return
+            self.prompt_len = inp.prompt_embeds.shape[0]
+            sampling = SamplingParamsMsg(
+                max_tokens=80, stop_token_ids=inp.stop_token_ids, temperature=self.temperature, seed=7
+            )
+            start_request(
+                self.engine,
+                self.rid,
+                sampling,
+                prompt_embeds=inp.prompt_embeds,
+                prompt_token_ids=inp.prompt_token_ids,
+                positions=inp.positions,
+                step_embeds=True,
+                step_fill=inp.step_fill,
+                suppress_token_ids=inp.suppress_token_ids,
+            )
+            self.started = True
+        if not self.closed:
+            rows, closed = proc.step_embeds(up, self.rows_sent)
+            if rows is not None:
+                self.rows_sent += rows.shape[0]
+            if rows is not None or closed:
+                self.engine.extend(self.rid, Extension(step_rows=rows, closed=closed))
+            self.closed = closed
+
+    def take(self, out: Any) -> None:
+        self.tokens += out.new_token_ids
+        if out.hidden is not None:
+            self.rows.append(out.hidden.last)
+        self.finished = self.finished or out.finished
+
+    def check(self) -> None:
+        rows = torch.cat(self.rows)
+        codes = codes_of_rows(rows)
+        want = self.run.codes
+        assert self.tokens == self.run.talker_tokens, (self.rid, self.tokens, self.run.talker_tokens)
+        assert rows.shape[0] == self.prompt_len + want.shape[0]
+        assert bool((codes[: self.prompt_len] == NO_CODE).all())
+        assert torch.equal(codes[self.prompt_len :], want), (self.rid, codes[self.prompt_len :], want)

@@ -129,6 +129,7 @@ class StepBatch:
     num_input_tokens: int  # the forward's (padded) token count
     input_ids: torch.Tensor  # the runner's persistent buffer of this step's token ids (device)
     live: frozenset[str]  # every request the runner holds (scheduled this step or not)
+    sampling: list[Any]  # each request's vLLM SamplingParams
 
 
 class StepIO:
@@ -242,6 +243,7 @@ class OmniRunnerMixin:
                 num_input_tokens=n,
                 input_ids=runner.input_ids.gpu[:n],
                 live=frozenset(states),
+                sampling=[states[rid].sampling_params for rid in req_ids],
             )
         )
 

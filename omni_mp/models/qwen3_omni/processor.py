@@ -100,8 +100,11 @@ class _BoundTalkerInputs(Qwen3OmniTalkerInputs):
         self.speaker_ids = {str(k).lower(): int(v) for k, v in (talker.get("speaker_id") or {}).items()}
         if not self.speaker_ids:
             raise ValueError(f"{model_dir}: talker_config has no speaker_id")
+        # The voices a request may pick: the config's names (lower-case in the released config;
+        # the stage loop checks a request's name against these; the processor matches it
+        # lower-cased, as generate does).
         self.speakers = frozenset(self.speaker_ids)
-        self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else min(self.speakers)
+        self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speaker_ids else min(self.speaker_ids)
         if dummy:
             # Random weights (benchmarks at real sizes): tables of the real shapes, fixed seed.
             gen = torch.Generator().manual_seed(0)

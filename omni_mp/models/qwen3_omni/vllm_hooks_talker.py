@@ -27,8 +27,14 @@ How the step is split between vLLM and this model:
   batches replay it whole). Its code predictor KV is a fresh 16-position tensor per call.
 - Output rows are `[hidden + 16]` float32: the hidden state (what `codec_head` reads) and the
   16 codes of the frame completed at that position (omni_mp.models.qwen3_omni.codes).
-- Code predictor decoding is greedy (transformers' `talker_do_sample=False`); group 0 is
-  vLLM's (any sampling parameters).
+- Preemption: vLLM recomputes a resumed request's positions from their token ids; this
+  model re-adds the text rows (step embeddings) but not the code predictor's residual
+  embeddings of frames already emitted, so a resumed talker continues on a slightly
+  different context (its frames stay well-formed; size the KV cache to avoid preemption).
+- Code predictor decoding follows the request's talker sampling, as generate mirrors
+  `talker_do_sample` onto it: greedy when the talker's temperature is 0, else sampled with
+  generate's code predictor settings (top-k 50, top-p 0.8, temperature 1), from the device's
+  default generator (per-request seeds apply to group 0 only). Group 0 is vLLM's.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -58,6 +65,19 @@ from omni_mp.models.qwen3_omni.talker_view import TALKER_ARCH, talker_view_dir
 
 CP_STEPS = NUM_CODE_GROUPS - 1  # code predictor AR steps per frame
 CP_POSITIONS = NUM_CODE_GROUPS  # [h, c0, c1..c14]: c15 is never fed back
+CP_TOP_K, CP_TOP_P = 50, 0.8  # generate's code predictor sampling (temperature 1)
+
+
+def sample_top_k_top_p(logits: torch.Tensor) -> torch.Tensor:
+    """[R, V] -> [R] codes drawn with top-k CP_TOP_K then top-p CP_TOP_P (the smallest set
+    of most likely codes whose probability reaches CP_TOP_P), fixed shapes, no host sync."""
+    vals, idx = logits.float().topk(min(CP_TOP_K, logits.shape[-1]), dim=-1)  # descending
+    probs = vals.softmax(dim=-1)
+    keep = probs.cumsum(dim=-1) - probs < CP_TOP_P  # the top code always stays
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    # probs / Exp(1) noise, argmax: a draw from probs (renormalizing does not move the argmax).
+    choice = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1, keepdim=True)
+    return idx.gather(-1, choice)[:, 0]
 
 
 def _get(cfg: Any, key: str, default: Any = None) -> Any:
@@ -154,8 +174,11 @@ class CodePredictor(nn.Module):
             rope_parameters=dict(_get(cfg, "rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0}),
         )
 
-    def forward(self, h_prev: torch.Tensor, e0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h_prev, e0 [R, hidden] -> (codes 1..15 [R, 15] int64, sum of their embeddings [R, hidden])."""
+    def forward(
+        self, h_prev: torch.Tensor, e0: torch.Tensor, sample: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h_prev, e0 [R, hidden], sample [R] bool (rows drawn rather than greedy) ->
+        (codes 1..15 [R, 15] int64, sum of their embeddings [R, hidden])."""
         r, hidden = h_prev.shape
         layers = self.model.layers
         shape = (r, layers[0].kv_heads, CP_POSITIONS, layers[0].head_dim)
@@ -172,12 +195,26 @@ class CodePredictor(nn.Module):
                 x = layer(x, positions[t0 : t0 + t], self.rope, k_caches[i], v_caches[i], t0)
             t0 += t
             last = self.model.norm(x[:, -1])
-            code = self.lm_head[g](last).argmax(dim=-1)
+            logits = self.lm_head[g](last)
+            code = torch.where(sample, sample_top_k_top_p(logits), logits.argmax(dim=-1))
             codes.append(code)
             emb = self.model.codec_embedding[g](code)
             total = total + emb
             x = emb[:, None]
         return torch.stack(codes, dim=1), total
+
+
+@support_torch_compile(
+    dynamic_arg_dims={
+        "input_ids": 0,
+        "positions": -1,  # [3, n] with M-RoPE (Qwen3MoeModel's own decorator marks dim 0)
+        "intermediate_tensors": 0,
+        "inputs_embeds": 0,
+    }
+)
+class TalkerDecoder(Qwen3MoeModel):
+    """vLLM's Qwen3-MoE decoder (the talker's: shared experts from the config), compiled
+    with M-RoPE positions."""
 
 
 class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
@@ -206,7 +243,7 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         cp_cfg = config.code_predictor_config
         if int(_get(cp_cfg, "hidden_size")) != self.hidden_size:
             raise ValueError("talker: the code predictor's hidden_size must equal the talker's")
-        self.model = Qwen3MoeModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.model = TalkerDecoder(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.codec_head = ParallelLMHead(config.vocab_size, self.hidden_size, prefix=maybe_prefix(prefix, "codec_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
         self.code_predictor = CodePredictor(cp_cfg, maybe_prefix(prefix, "code_predictor"))
@@ -223,11 +260,13 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         self.register_buffer("cp_slot", torch.full((max_tokens,), self.scratch, dtype=torch.long), persistent=False)
         self.register_buffer("cp_valid", torch.zeros(max_tokens, dtype=dtype), persistent=False)
         self.register_buffer("cp_code0", torch.zeros(max_tokens, dtype=torch.long), persistent=False)
+        self.register_buffer("cp_sample", torch.zeros(max_tokens, dtype=torch.bool), persistent=False)
         self.register_buffer("dst_slot", torch.full((max_tokens,), self.scratch, dtype=torch.long), persistent=False)
         self._slots: dict[str, int] = {}
         self._last_pos: dict[str, int] = {}  # request -> position whose hidden state its slot holds
         self._free = list(range(self.max_slots - 1, -1, -1))
         self._num_cp: int | None = None  # rows of this step's code predictor batch (None: a dummy run)
+        self.python_forwards = 0  # forwards run in Python (a replayed CUDA graph runs none): checks
 
     # ---- per-step layout (host side, before the forward) -----------------------------------
     def omni_prepare_step(self, batch: StepBatch) -> None:
@@ -239,6 +278,7 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         cp_tok: list[int] = []
         cp_slot: list[int] = []
         cp_valid: list[float] = []
+        cp_sample: list[bool] = []
         dst = [self.scratch] * n
         qsl = batch.query_start_loc
         for i, rid in enumerate(batch.req_ids):
@@ -250,27 +290,30 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
                 if not self._free:
                     raise RuntimeError(f"talker: more than {self.max_slots} running requests")
                 slot = self._slots[rid] = self._free.pop()
-            start, prompt_len = batch.num_computed[i], batch.prompt_lens[i]
-            for j in range(b - a):
-                pos = start + j
-                if pos < prompt_len:
-                    continue
-                # A generated position completes a frame from the previous position's hidden
-                # state: valid only if this slot holds exactly that one (a request resumed
-                # after preemption recomputes several positions at once: NO_CODE there).
-                ok = j == 0 and self._last_pos.get(rid) == pos - 1
-                cp_tok.append(a + j)
+            start = batch.num_computed[i]
+            if start >= batch.prompt_lens[i]:
+                # The chunk's first token is generated: it completes a frame from the previous
+                # position's hidden state, if this slot holds exactly that one. (A request
+                # resumed after preemption recomputes several generated positions at once:
+                # rows but the first get no code predictor row, so they keep NO_CODE.)
+                ok = self._last_pos.get(rid) == start - 1
+                cp_tok.append(a)
                 cp_slot.append(slot if ok else self.scratch)
                 cp_valid.append(1.0 if ok else 0.0)
+                cp_sample.append(float(getattr(batch.sampling[i], "temperature", 0.0) or 0.0) > 0.0)
             dst[b - 1] = slot
             self._last_pos[rid] = start + (b - a) - 1
-        m = len(cp_tok)
-        rows = n if n <= self.max_slots else m  # decode-sized batches: every row (graph shape)
+        m = len(cp_tok)  # <= requests <= max_slots
+        # Batches a FULL graph may replay (n <= max_num_seqs) run the code predictor on n rows,
+        # the shape captured; larger ones (prefill chunks, always eager outside the compiled
+        # decoder) on their m rows.
+        rows = n if n <= self.max_slots else m
         pad = rows - m
         dev = self.cp_tok.device
         self._put(self.cp_tok, cp_tok + [0] * pad, dev)
         self._put(self.cp_slot, cp_slot + [self.scratch] * pad, dev)
         self._put(self.cp_valid, cp_valid + [0.0] * pad, dev)
+        self._put(self.cp_sample, cp_sample + [False] * pad, dev)
         self._put(self.dst_slot, dst, dev)
         if rows:
             self.cp_code0[:rows].copy_(batch.input_ids.index_select(0, self.cp_tok[:rows]))
@@ -295,17 +338,23 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
+        self.python_forwards += 1
         x = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         n = x.shape[0]
-        rows = n if self._num_cp is None or n <= self.max_slots else self._num_cp
-        self._num_cp = None  # dummy runs (no prepare) take the graph path: every row, scratch slots
+        if n <= self.max_slots:
+            rows = n  # what omni_prepare_step laid out, and the shape a captured graph holds
+        else:  # a dummy run (no prepare: scratch slots) or an eager prefill-sized batch
+            rows = self.max_slots if self._num_cp is None else self._num_cp
+        self._num_cp = None
         tok, valid = self.cp_tok[:rows], self.cp_valid[:rows]
         codes = torch.full((n, NUM_CODE_GROUPS), float(NO_CODE), dtype=ROW_DTYPE, device=x.device)
         if rows:
             code0 = self.cp_code0[:rows]
             h_prev = self.h_store[self.cp_slot[:rows]]
-            rest, emb = self.code_predictor(h_prev, self.model.embed_input_ids(code0))
-            x = x.index_add(0, tok, emb * valid[:, None])
+            rest, emb = self.code_predictor(h_prev, self.model.embed_input_ids(code0), self.cp_sample[:rows])
+            # In place, into the runner's persistent inputs_embeds buffer: the compiled decoder's
+            # piecewise CUDA graphs read their input at the address they were captured with.
+            x.index_add_(0, tok, (emb * valid[:, None]).to(x.dtype))
             frame = torch.cat([code0[:, None], rest], dim=1).to(ROW_DTYPE) - NO_CODE
             codes.index_add_(0, tok, frame * valid[:, None].to(ROW_DTYPE))
         hidden = self.model(None, positions, intermediate_tensors, x)
