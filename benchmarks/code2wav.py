@@ -108,7 +108,9 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="one GPU, code2wav at the released sizes")
     ap.add_argument("--dir", default="/tmp/omni_mp-code2wav-released", help="--gpu: where the released-size dir goes")
     ap.add_argument("--frames", type=int, default=0, help="frames per request (default: 150 on GPU, 25 on CPU)")
-    ap.add_argument("--batches", default="")
+    ap.add_argument(
+        "--batches", default="", help="default: 1,8,32 on GPU (64 one-shot requests of 150 frames need ~40 GB)"
+    )
     ap.add_argument("--concurrency", default="")
     ap.add_argument("--max-batch", type=int, default=64, help="windows per engine step")
     ap.add_argument("--first-chunk", type=int, default=1, help="frames")
@@ -118,7 +120,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda:0" if args.gpu else "cpu")
     frames = args.frames or (150 if args.gpu else 25)
-    batches = [int(x) for x in (args.batches or ("1,8,32,64" if args.gpu else "1,4")).split(",")]
+    batches = [int(x) for x in (args.batches or ("1,8,32" if args.gpu else "1,4")).split(",")]
     concurrency = [int(x) for x in (args.concurrency or ("1,8,32,64" if args.gpu else "1,4")).split(",")]
     if args.gpu:
         from omni_mp.models.qwen3_omni.tiny_code2wav import write_released_code2wav

@@ -1,18 +1,21 @@
 """Qwen2.5-Omni at 7B shapes (random weights): omni_mp's thinker -> talker -> token2wav against
 transformers (issue 12).
 
-The pipeline is stage_configs/qwen2_5_omni.yaml's, on a config-only checkpoint dir at
-transformers' default `Qwen2_5OmniConfig` sizes (omni_mp/models/qwen2_5_omni/shapes.py):
+The pipeline is stage_configs/qwen2_5_omni.yaml's, on a config-only checkpoint dir
+(omni_mp/models/qwen2_5_omni/shapes.py) at the released Qwen2.5-Omni-7B sizes: transformers'
+default thinker and token2wav, and the released talker (hidden 896, 24 layers, 12 attention heads,
+4 KV heads, head_dim 128, intermediate 18944, vocab 8448, embedding 3584). `--talker default`
+keeps transformers' default talker config instead (thinker-sized: hidden 3584, 28 layers).
   stage 0 thinker   vLLM's Qwen2.5-Omni thinker, `load_format: dummy`, hidden states streamed;
   stage 1 talker    `model_part: talker` (our vLLM talker from a view of the dir), processor
                     qwen2_5_omni_talker, `load_format: dummy`;
-  stage 2 token2wav `kind: diffusion`, processor codec_tokens, the dir's random fp32 tensors.
-Fixed lengths: every request has a distinct random prompt of --prompt-len ids, the thinker
-writes exactly --thinker-tokens tokens (`ignore_eos`), the talker exactly --talker-codes codes
-(`suppress_token_ids` = every talker id >= 8192: its control ids, so it never stops on pad/end
-and token2wav gets only real codec ids; 50 codes = 1 s of audio). NOTE: transformers' default
-talker config is thinker-sized (hidden 3584, 28 layers; the released checkpoint's is 896 / 24):
-kept, as the issue asks for transformers' default config, and said in the report.
+  stage 2 token2wav `kind: diffusion`, processor codec_tokens, the dir's random fp32 tensors
+                    (CUDA graphs per batch/length bucket unless --token2wav-graphs off).
+Fixed lengths: every request has a distinct random prompt of --prompt-len ids (checked), the
+thinker writes exactly --thinker-tokens tokens (`ignore_eos`), the talker exactly --talker-codes
+codes (`suppress_token_ids` = every talker id >= 8192: its control ids, so it never stops on
+pad/end and token2wav gets only real codec ids; 50 codes = 1 s of audio). Every request's audio
+length and thinker token count are checked against those (a round that differs fails).
 
 Phases, each in a fresh subprocess (GPU memory returned between them, each with an empty vLLM
 compile cache unless --compile-cache shared); each writes `<out>/<phase>.json`, and the report
@@ -78,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ["hf", "stream", "nostream", "cold0", "cold1", "cold2", "t2w_tf32"]
@@ -108,9 +112,19 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def model_dir(args: argparse.Namespace) -> Path:
-    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, build_omni_shapes
+    """The one model dir of every system here (vllm-omni too: benchmarks/peer_vllm_omni.py): the
+    shapes dir plus tokenizer and processor files (benchmarks/omni_bench_dir.py)."""
+    from omni_bench_dir import with_processor
 
-    return build_omni_shapes(OmniShapesSpec(scale=28 if args.smoke else 1), cache_dir=args.work_dir)
+    from omni_mp.models.qwen2_5_omni.shapes import build_omni_shapes
+
+    return with_processor(build_omni_shapes(shapes_spec(args), cache_dir=args.work_dir))
+
+
+def shapes_spec(args: argparse.Namespace) -> Any:
+    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec
+
+    return OmniShapesSpec(scale=28 if args.smoke else 1, talker=args.talker)
 
 
 # ---- transformers -----------------------------------------------------------------------------
@@ -118,7 +132,7 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5OmniForConditionalGeneration
 
-    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, omni_shapes_config
+    from omni_mp.models.qwen2_5_omni.shapes import omni_shapes_config
 
     class RealCodecsOnly(LogitsProcessor):
         """Random weights may pick any of the 8448 talker ids; token2wav embeds only the real
@@ -130,7 +144,7 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
 
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = omni_shapes_config(OmniShapesSpec(scale=28 if args.smoke else 1))
+    config = omni_shapes_config(shapes_spec(args))
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.device(device):
@@ -162,7 +176,10 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
         wavs = wav if isinstance(wav, list) else [wav]
-        return wall, sum(w.numel() for w in wavs) / SAMPLE_RATE
+        audio_s = sum(w.numel() for w in wavs) / SAMPLE_RATE
+        if abs(audio_s - len(batch) * t * SAMPLES_PER_CODE / SAMPLE_RATE) > 1e-6:  # the same audio on every system
+            raise RuntimeError(f"transformers made {audio_s:.3f} s of audio for {len(batch)} x {t} codes")
+        return wall, audio_s
 
     out: dict[str, Any] = {"build_s": build_s, "device": device_name()}
     generate(prompts(1, args.prompt_len, 7))  # warm-up
@@ -286,6 +303,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "sampling": {"seed": 0},
         "diffusion": {
             "default_speaker": "Chelsie", "max_batch": min(conc, 64), "float32_matmul": args.token2wav_matmul,
+            "cuda_graphs": args.token2wav_graphs == "on",
         },
     }  # fmt: skip
     stages = [thinker, talker, token2wav]
@@ -326,13 +344,26 @@ async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:
     }
 
 
-async def _round(endpoint: str, batch: list[list[int]]) -> dict[str, Any]:
+def check_round(batch: list[list[int]], reqs: list[dict[str, Any]], thinker_tokens: int, audio_s: float) -> None:
+    """Fixed lengths, distinct prompts: what makes rounds (and systems) comparable."""
+    if len({tuple(p) for p in batch}) != len(batch):
+        raise RuntimeError("prompts of a round are not distinct")
+    bad = [r for r in reqs if abs(r["audio_s"] - audio_s) > 1e-6 or r["thinker_tokens"] != thinker_tokens]
+    if bad:
+        raise RuntimeError(
+            f"{len(bad)} of {len(reqs)} requests differ from the fixed lengths ({thinker_tokens} thinker tokens, "
+            f"{audio_s:.3f} s of audio), e.g. {bad[0]['thinker_tokens']} tokens, {bad[0]['audio_s']:.3f} s"
+        )
+
+
+async def _round(endpoint: str, batch: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     from omni_mp.client import AsyncOmniClient
 
     async with AsyncOmniClient(endpoint) as client:
         t0 = time.perf_counter()
         reqs = await asyncio.gather(*(_request(client, p, t0) for p in batch))
         wall = time.perf_counter() - t0
+    check_round(batch, reqs, args.thinker_tokens, args.talker_codes * SAMPLES_PER_CODE / SAMPLE_RATE)
     firsts = [r["first_s"] for r in reqs]
     audio = sum(r["audio_s"] for r in reqs)
     return {
@@ -370,7 +401,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         say(f"{'stream' if stream else 'nostream'}: pipeline ready in {out['cold_start_s']:.1f}s")
         # One warm-up round at the highest concurrency (allocator growth, every batch size's
         # first run), then --rounds measured rounds per level, the best kept.
-        warm = asyncio.run(_round(coord.client_endpoint, prompts(max(args.concurrency), args.prompt_len, 1)))
+        warm = asyncio.run(_round(coord.client_endpoint, prompts(max(args.concurrency), args.prompt_len, 1), args))
         out["warmup_wall_s"] = warm["wall_s"]
         say(f"warm-up round of {max(args.concurrency)} requests: {warm['wall_s']:.1f}s")
         windows: dict[int, tuple[float, float]] = {}
@@ -379,7 +410,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
             for r in range(args.rounds):
                 t_last = time.time()
                 batch = prompts(c, args.prompt_len, 1000 * c + r)
-                runs.append(asyncio.run(_round(coord.client_endpoint, batch)))
+                runs.append(asyncio.run(_round(coord.client_endpoint, batch, args)))
                 windows[c] = (t_last, time.time())
             best = min(runs, key=lambda x: x["wall_s"])
             out[str(c)] = best
@@ -545,10 +576,10 @@ def hf_latency(hf: dict[str, Any], c: int) -> tuple[float | None, float | None]:
 def sizes_line(args: argparse.Namespace) -> str:
     from transformers.utils import logging as hf_logging
 
-    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, omni_shapes_config
+    from omni_mp.models.qwen2_5_omni.shapes import omni_shapes_config
 
     hf_logging.set_verbosity_error()  # transformers' notes on the talker's thinker-vocab ids
-    c = omni_shapes_config(OmniShapesSpec(scale=28 if args.smoke else 1))
+    c = omni_shapes_config(shapes_spec(args))
     t, k = c.thinker_config.text_config, c.talker_config
     return (
         f"thinker hidden {t.hidden_size}, {t.num_hidden_layers} layers; talker hidden {k.hidden_size}, "
@@ -566,11 +597,15 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"{args.prompt_len}-id prompts, {args.thinker_tokens} thinker tokens, "
         f"{args.talker_codes} codes ({args.talker_codes / 50:.2f} s of audio) per request, fixed lengths "
         "(thinker EOS ignored; talker control ids suppressed)",
-        f"Sizes: {sizes_line(args)}. The talker is transformers' default Qwen2_5OmniConfig talker, which is "
-        "thinker-sized (the released 7B checkpoint's talker is much smaller: hidden 896, 24 layers), "
-        "so the talker costs about what the thinker does, in both omni_mp and transformers.",
+        f"Sizes: {sizes_line(args)}. "
+        + (
+            "The talker is the released 7B checkpoint's (hidden 896, 24 layers, 12 heads, 4 KV heads, head_dim 128)."
+            if args.talker == "released"
+            else "The talker is transformers' default Qwen2_5OmniConfig talker, which is thinker-sized (the "
+            "released 7B checkpoint's is much smaller: hidden 896, 24 layers), so it costs about what the thinker does."
+        ),
         f"token2wav float32 matmuls: {args.token2wav_matmul} "
-        f"({'exact fp32' if args.token2wav_matmul == 'highest' else 'TF32'})",
+        f"({'exact fp32' if args.token2wav_matmul == 'highest' else 'TF32'}); CUDA graphs: {args.token2wav_graphs}",
     ]
     t2w = results.get("t2w_tf32", {})
     if "rel_l2" in t2w:
@@ -673,6 +708,9 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             "GPUs, token2wav fp32), no streaming (first audio = end of generate); 'queued' = one request at a time "
             "(the median request waits for half the others), 'batched' = one generate() over the batch"
         )
+    from peer_vllm_omni import peer_table  # vllm-omni's runs in --out, if any (issue 20)
+
+    lines += peer_table(args.out, args.concurrency, st)
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
     return "\n".join(lines)
@@ -694,6 +732,14 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
         if xs:
             ax.plot(xs, [results[phase][str(c)]["first_audio_p50_s"] for c in xs], marker="o", label=label)
             ax2.plot(xs, [results[phase][str(c)]["audio_s_per_s"] for c in xs], marker="o", label=label)
+    from peer_vllm_omni import peer_docs  # vllm-omni's runs in --out, if any (issue 20)
+
+    for config, peer in peer_docs(args.out).items():
+        xs = [c for c in cs if str(c) in peer]
+        if xs:
+            label = f"vllm-omni, {config}"
+            ax.plot(xs, [peer[str(c)]["first_audio_p50_s"] for c in xs], marker="^", ls="-.", label=label)
+            ax2.plot(xs, [peer[str(c)]["audio_s_per_s"] for c in xs], marker="^", ls="-.", label=label)
     hf = results.get("hf", {})
     if "single" in hf:
         ax.plot(cs, [hf_latency(hf, c)[0] for c in cs], marker="s", ls="--", label="transformers, one at a time")
@@ -771,6 +817,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="highest",
         help="token2wav's float32 matmuls: exact (highest, as transformers) or TF32 (high)",
     )
+    p.add_argument(
+        "--talker",
+        choices=["released", "default"],
+        default="released",
+        help="released: the 7B checkpoint's talker sizes; default: transformers' default (thinker-sized) talker",
+    )
+    p.add_argument(
+        "--token2wav-graphs",
+        choices=["on", "off"],
+        default="on",
+        help="token2wav's DiT and BigVGAN as CUDA graphs per batch/length bucket (on a GPU), or eager",
+    )
     p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
     p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")
     p.add_argument("--budgets-gib", help="thinker,talker,token2wav GPU budgets (default: SHARES of the device)")
@@ -805,6 +863,9 @@ def main() -> int:
     args = parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # No vLLM plugin in omni_mp's engines (vLLM reads VLLM_PLUGINS as a comma list of names to
+    # load; "" names none): vllm-omni's, should it be importable here, patches vLLM classes.
+    os.environ["VLLM_PLUGINS"] = ""
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase:  # a child: run one phase, write its result
         if args.phase == "hf":

@@ -31,19 +31,22 @@ import itertools
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import zmq
 import zmq.asyncio
 
-from omni_mp.client_args import check_names, check_prompt, check_seconds, stage_sampling
+from omni_mp.client_args import check_names, check_prompt, check_seconds, request_params, stage_sampling
 from omni_mp.client_link import DEFAULT_CONNECT_TIMEOUT_S, HandshakeError, LinkWatch
+from omni_mp.image_io import rgb_array
 from omni_mp.keys import CurveIdentity
 from omni_mp.media_files import AudioLike, ImageLike, multi_modal_input
 from omni_mp.wire.codec import NUMPY_ARRAYS, ArrayCodec, Limits, PayloadError, decode, encode, torch_arrays
 from omni_mp.wire.messages import (
     AUDIO_KEY,
+    IMAGE_KEY,
+    IMAGE_STEP_KEY,
     SAMPLE_RATE_KEY,
     Abort,
     ErrorEvent,
@@ -66,6 +69,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "AsyncOmniClient",
     "HandshakeError",
+    "ImageChunk",
     "InvalidRequest",
     "OmniClient",
     "RequestError",
@@ -93,6 +97,36 @@ def _chunk_audio(ev: StageOutputChunk | Finished) -> tuple[Any, int] | None:
     if not isinstance(rate, int) or rate <= 0:
         raise ValueError(f"{SAMPLE_RATE_KEY}: expected a positive int, got {rate!r}")
     return (samples, rate) if shape[0] else None
+
+
+class ImageChunk(NamedTuple):
+    """An image of an image stage: a preview decoded after `step` denoising steps, or the
+    final image (`step` None). `pixels`: numpy uint8 [height, width, 3], RGB."""
+
+    pixels: np.ndarray
+    step: int | None
+
+
+def _chunk_image(ev: StageOutputChunk) -> ImageChunk | None:
+    """The image a chunk carries (a preview or the final one), None if it has none;
+    ValueError if its image entries are malformed."""
+    info = ev.additional_information
+    if not info or IMAGE_KEY not in info:
+        return None
+    step = info.get(IMAGE_STEP_KEY)
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise ValueError(f"{IMAGE_STEP_KEY}: expected a non-negative int, got {step!r}")
+    return ImageChunk(rgb_array(info[IMAGE_KEY], IMAGE_KEY), step)
+
+
+def final_image(done: Finished) -> np.ndarray:
+    """The image of a finished request: numpy uint8 [height, width, 3] from the first final
+    stage that made one; ValueError if none did (a pipeline whose final stages make no images)."""
+    for out in done.outputs:
+        if out.image is not None:
+            return rgb_array(out.image, f"outputs[stage {out.stage_id}].image")
+    stages = [o.stage_id for o in done.outputs]
+    raise ValueError(f"request {done.request_id!r}: no final stage returned an image (final stages {stages})")
 
 
 class RequestError(RuntimeError):
@@ -233,6 +267,7 @@ class AsyncOmniClient:
         audios: Sequence[AudioLike] = (),
         images: Sequence[ImageLike] = (),
         speaker: str | None = None,
+        params: Mapping[str, Any] | None = None,
         sampling: dict[int, SamplingParamsMsg | dict[str, Any]] | None = None,
         deadline_s: float | None = None,
         request_id: str | None = None,
@@ -244,7 +279,9 @@ class AsyncOmniClient:
 
         `audios` (WAV files or (samples, sample_rate)) and `images` (image files or uint8
         [H, W, 3]) go with a text `prompt` to an entry stage that takes media; `speaker` picks
-        the voice of stages that speak.
+        the voice of stages that speak; `params` are model parameters that every stage of the
+        request gets (an image's `height`, `width`, `num_inference_steps`, `seed`, ...: names
+        and values as the model family takes them, e.g. omni_mp.models.qwen_image.ImageParams).
 
         `timeout_s` bounds each wait for the next event on the client side (abort +
         TimeoutError), for a coordinator that is gone; `deadline_s` is enforced by the
@@ -272,6 +309,7 @@ class AsyncOmniClient:
                 # replies of the other requests in flight on this client.
                 multi_modal=(await asyncio.to_thread(multi_modal_input, audios, images)) if audios or images else None,
                 speaker=speaker,
+                params=request_params(params),
                 sampling=stage_sampling(sampling),
                 deadline_s=deadline_s,
                 stream=_stream,
@@ -312,6 +350,20 @@ class AsyncOmniClient:
             if isinstance(ev, Finished):
                 return ev
         raise AssertionError("stream ended without a Finished event")  # stream() raises or returns Finished
+
+    async def generate_image(self, prompt: str | None = None, **kwargs: Any) -> np.ndarray:
+        """The request's image (numpy uint8 [height, width, 3]); `generate`'s arguments."""
+        return final_image(await self.generate(prompt, **kwargs))
+
+    async def stream_images(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[ImageChunk]:
+        """Previews as the stage decodes them (`step` set), then the final image (`step` None)."""
+        async for ev in self.stream(prompt, **kwargs):
+            if isinstance(ev, Finished):
+                yield ImageChunk(final_image(ev), None)
+                return
+            got = _chunk_image(ev)
+            if got is not None and got.step is not None:
+                yield got
 
     async def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
         await self._send(Abort(request_id=request_id, reason=reason))
@@ -415,6 +467,25 @@ class OmniClient:
             for ev in events:
                 got = _chunk_audio(ev)
                 if got is not None:
+                    yield got
+        finally:
+            events.close()  # early exit: aborts the request
+
+    def generate_image(self, prompt: str | None = None, **kwargs: Any) -> np.ndarray:
+        """The request's image (numpy uint8 [height, width, 3]); `generate`'s arguments."""
+        return final_image(self.generate(prompt, **kwargs))
+
+    def stream_images(self, prompt: str | None = None, **kwargs: Any) -> Iterator[ImageChunk]:
+        """Previews as the stage decodes them (`step` set), then the final image (`step` None);
+        closing the iterator early aborts the request."""
+        events = self.stream(prompt, **kwargs)
+        try:
+            for ev in events:
+                if isinstance(ev, Finished):
+                    yield ImageChunk(final_image(ev), None)
+                    return
+                got = _chunk_image(ev)
+                if got is not None and got.step is not None:
                     yield got
         finally:
             events.close()  # early exit: aborts the request

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from omni_mp.wire.messages import SamplingParamsMsg, StageSampling
+from omni_mp.wire.messages import RequestParams, SamplingParamsMsg, StageSampling
 from omni_mp.wire.tensor_codec import array_codec
 
 
@@ -84,4 +84,29 @@ def stage_sampling(sampling: Mapping[int, SamplingParamsMsg | Mapping[str, Any]]
         except msgspec.ValidationError as err:
             raise ValueError(f"`sampling[{stage_id}]`: {err}") from None
         out.append(StageSampling(stage_id=stage_id, params=checked))
+    return out
+
+
+def request_params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """`params` (model parameters, e.g. an image's size and steps) as Submit carries them (the
+    wire type `RequestParams`: names to str, int, float, bool or None), finite numbers only;
+    ValueError naming a bad entry. What the names mean is the model family's to check (a
+    stage refuses unknown ones)."""
+    if params is None:
+        return None
+    if not isinstance(params, Mapping):
+        raise ValueError(f"`params` must be a mapping of names to values, got {type(params).__name__}")
+    plain = {k: v.item() if isinstance(v, np.generic) else v for k, v in params.items()}
+    try:
+        out = msgspec.convert(plain, RequestParams)
+    except msgspec.ValidationError as err:
+        for name, value in plain.items():  # name the entry, where one is at fault
+            try:
+                msgspec.convert({name: value}, RequestParams)
+            except msgspec.ValidationError as one:
+                raise ValueError(f"`params[{name!r}]`: {one}") from None
+        raise ValueError(f"`params`: {err}") from None
+    bad = next((k for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:
+        raise ValueError(f"`params[{bad!r}]`: must be finite, got {out[bad]!r}")
     return out

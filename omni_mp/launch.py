@@ -1,8 +1,11 @@
 """`python -m omni_mp.launch` / `omni-mp`: run prompts through a pipeline, or serve it.
 
 With `--prompt`/`--prompts-file`: start the pipeline, submit every prompt concurrently, show
-a progress bar, write one JSON file per request to `--output-dir`, print a per-request
-summary (stage timings, tokens) and exit (status 1 if any request failed).
+a progress bar, write one JSON file per request to `--output-dir` (and a WAV per audio output,
+a PNG per image), print a per-request summary (stage timings, tokens) and exit (status 1 if
+any request failed). Image pipelines take `--size`, `--steps`, `--seed` (request i gets
+seed + i; drawn when not given, and written to the JSON record), `--negative-prompt`,
+`--cfg-scale`.
 Without prompts: bind the client endpoint (`--bind`), print it, serve until SIGINT/SIGTERM.
 `omni-mp keys DIR [--client NAME ...]`: create a CURVE key directory (see omni_mp.keys).
 
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from omni_mp.audio_io import write_wav
+from omni_mp.image_io import draw_seed, parse_size, write_png
 from omni_mp.wire.messages import Finished
 
 if TYPE_CHECKING:
@@ -50,6 +54,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--audio", action="append", default=[], type=Path, help="a WAV file to send with every prompt")
     p.add_argument("--image", action="append", default=[], type=Path, help="an image file to send with every prompt")
     p.add_argument("--speaker", help="the voice of stages that speak (default: the model's)")
+    img = p.add_argument_group("images (pipelines whose final stage makes images)")
+    img.add_argument("--size", help="WIDTHxHEIGHT of each image (default: the model's)")
+    img.add_argument("--steps", type=int, help="denoising steps (num_inference_steps; default: the model's)")
+    img.add_argument("--seed", type=int, help="noise seed of the first request; request i gets seed + i")
+    img.add_argument("--negative-prompt", help="negative prompt (true classifier-free guidance)")
+    img.add_argument("--cfg-scale", type=float, help="true CFG scale (true_cfg_scale), used with --negative-prompt")
     p.add_argument("--http", metavar="HOST:PORT", help="also serve the OpenAI-compatible HTTP API (omni_mp.http)")
     p.add_argument("--api-key", help="--http: require `Authorization: Bearer KEY` (default: env OMNI_MP_API_KEY)")
     p.add_argument("--log-dir", type=Path, help="keep stage logs here (default: a temp dir, removed at exit)")
@@ -106,6 +116,34 @@ def _check_media(cfg: PipelineConfig, audios: list[Path], images: list[Path]) ->
         check_media_sizes(stage.id, stage_media_limits(stage), sizes, pixels)  # counts, seconds, pixels
 
 
+IMAGE_FLAGS = {"size": "--size", "steps": "--steps", "seed": "--seed", "negative_prompt": "--negative-prompt",
+               "cfg_scale": "--cfg-scale"}  # fmt: skip
+
+
+def _image_params(cfg: PipelineConfig, args: argparse.Namespace) -> dict[str, object] | None:
+    """The image params every request gets (its seed added per request); None for a pipeline
+    that makes no images. ValueError naming a flag it cannot take."""
+    from omni_mp.models.registry import makes_images
+
+    given = [flag for name, flag in IMAGE_FLAGS.items() if getattr(args, name) is not None]
+    if not any(s.kind == "diffusion" and makes_images(s.diffusion.model_type) for s in cfg.final_stages):
+        if given:
+            raise ValueError(f"{', '.join(given)}: pipeline {cfg.name!r} makes no images")
+        return None
+    params: dict[str, object] = {}
+    if args.size is not None:
+        params["width"], params["height"] = parse_size(args.size)
+    if args.steps is not None:
+        params["num_inference_steps"] = args.steps
+    if args.negative_prompt is not None:
+        params["negative_prompt"] = args.negative_prompt
+    if args.cfg_scale is not None:
+        params["true_cfg_scale"] = args.cfg_scale
+    if args.seed is None:
+        args.seed = draw_seed()
+    return params
+
+
 def _say(msg: str) -> None:
     print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
 
@@ -122,7 +160,7 @@ def _say_what_the_demo_is(cfg: PipelineConfig, output_dir: Path | None) -> None:
             "the text is gibberish and the audio is noise; point `model:` at a real checkpoint for real answers"
         )
     if output_dir is not None:
-        _say(f"results go to {output_dir.resolve()}/ (one JSON per request, one WAV per audio output)")
+        _say(f"results go to {output_dir.resolve()}/ (one JSON per request, a WAV per audio output, a PNG per image)")
 
 
 def _write_audio(res: Finished, out_dir: Path | None, stem: str) -> tuple[Finished, dict[str, str]]:
@@ -142,21 +180,55 @@ def _write_audio(res: Finished, out_dir: Path | None, stem: str) -> tuple[Finish
     return msgspec.structs.replace(res, outputs=outputs), files
 
 
+def _write_image(
+    res: Finished, out_dir: Path | None, stem: str, seed: int | None
+) -> tuple[Finished, dict[str, object]]:
+    """Write the request's image as `<stem>.png` (a second image stage's as
+    `<stem>.stage<id>.png`); returns the result without the pixels and what the JSON record
+    says of each image (file, width, height, seed)."""
+    outputs, records = [], {}
+    for out in res.outputs:
+        if out.image is not None:
+            height, width = int(out.image.shape[0]), int(out.image.shape[1])
+            name = f"{stem}.png" if not records else f"{stem}.stage{out.stage_id}.png"
+            record: dict[str, object] = {"width": width, "height": height, "seed": seed}
+            where = ""
+            if out_dir is not None:
+                write_png(out_dir / name, out.image)
+                record["file"] = name
+                where = f" -> {out_dir / name}"
+            records[str(out.stage_id)] = record
+            print(f"{stem}: stage {out.stage_id}: {width}x{height} image, seed {seed}{where}")
+            out = msgspec.structs.replace(out, image=None)
+        outputs.append(out)
+    return msgspec.structs.replace(res, outputs=outputs), records
+
+
 def _summary(res: Finished) -> str:
     """One line per request: per stage its tokens (codes) and timings from submission, the
     audio's length and time to first audio, and the text."""
     ms = lambda t: f"{1000 * (t - res.t_submit):.0f}ms"  # noqa: E731
     audio = {o.stage_id: o.audio.numel() / o.sample_rate for o in res.outputs if o.audio is not None and o.sample_rate}
+    image = {o.stage_id: f"{o.image.shape[1]}x{o.image.shape[0]} image" for o in res.outputs if o.image is not None}
     parts = []
     for d in res.stage_timings:
         first = ms(d.t_first_token) if d.t_first_token is not None else "-"
-        what = f"{audio[d.stage_id]:.2f}s audio" if d.stage_id in audio else f"{d.num_output_tokens} tok"
+        what = (
+            f"{audio[d.stage_id]:.2f}s audio" if d.stage_id in audio
+            else image.get(d.stage_id, f"{d.num_output_tokens} tok")
+        )  # fmt: skip
         parts.append(f"stage {d.stage_id}: {d.num_prompt_tokens} in, {what}, first {first}, done {ms(d.t_finished)}")
     text = next((o.text for o in res.outputs if o.text is not None), None)
     return f"{ms(res.t_finished)} [{' | '.join(parts)}] -> {text!r}"
 
 
-def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, server: threading.Thread) -> int | None:
+def _run_prompts(
+    client: object,
+    prompts: list[str],
+    args: argparse.Namespace,
+    server: threading.Thread,
+    image_params: dict[str, object] | None,
+) -> int | None:
     """Run the prompts; None if the coordinator thread died before they all ended."""
     from tqdm import tqdm
 
@@ -175,6 +247,7 @@ def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, s
                 audios=args.audio,
                 images=args.image,
                 speaker=args.speaker,
+                params=None if image_params is None else {**image_params, "seed": args.seed + i},
             ): i
             for i, p in enumerate(prompts)
         }
@@ -204,7 +277,11 @@ def _run_prompts(client: object, prompts: list[str], args: argparse.Namespace, s
         else:
             line = _summary(res)  # type: ignore[arg-type]
             res, wavs = _write_audio(res, args.output_dir, f"req{i}")  # type: ignore[arg-type]
+            seed = None if image_params is None else args.seed + i
+            res, images = _write_image(res, args.output_dir, f"req{i}", seed)
             record = {"prompt": prompt, **msgspec.to_builtins(res), **({"audio_files": wavs} if wavs else {})}
+            if images:
+                record["images"] = images
             print(f"req{i}: {line}")
         if args.output_dir is not None:
             (args.output_dir / f"req{i}.json").write_text(json.dumps(record, indent=2))
@@ -226,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         check_models(cfg)
         prompts = _prompts(args)
         _check_media(cfg, args.audio, args.image)
+        image_params = _image_params(cfg, args)
         cfg = validate(cfg)  # engine_args against vLLM's EngineArgs
     except (ConfigError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -288,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             keys = None if cfg.security.keys is None else client_identity(cfg.security.keys, INTERNAL)
             with OmniClient(coord.client_endpoint, limits=cfg.limits, keys=keys) as client:
-                code = _run_prompts(client, prompts, args, server)
+                code = _run_prompts(client, prompts, args, server, image_params)
     finally:
         _say("shutting down the pipeline")
         if http is not None:

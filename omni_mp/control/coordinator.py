@@ -40,6 +40,7 @@ from omni_mp.control.requests import Inflight, Rejected, RequestTable, check_sub
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.control.wiring import Wiring
+from omni_mp.image import IMAGE_KEY, FinalImage
 from omni_mp.keys import CLIENT_DOMAIN, STAGE_DOMAIN, SecureContext, pipeline_identity
 from omni_mp.media_limits import resolve_media_limits
 from omni_mp.wire.codec import PayloadError
@@ -305,11 +306,14 @@ class Coordinator:
             return
         res = req.results.setdefault(chunk.stage_id, StageResult(stage_id=chunk.stage_id))
         res.token_ids.extend(chunk.token_ids)
-        if chunk.additional_information and AUDIO_KEY in chunk.additional_information:
+        info = chunk.additional_information
+        if info and (AUDIO_KEY in info or IMAGE_KEY in info):
+            max_bytes = self.cfg.limits.max_tensor_bytes
             try:
-                req.audio.setdefault(chunk.stage_id, AudioParts(self.cfg.limits.max_tensor_bytes)).add(
-                    chunk.additional_information
-                )
+                if AUDIO_KEY in info:
+                    req.audio.setdefault(chunk.stage_id, AudioParts(max_bytes)).add(info)
+                if IMAGE_KEY in info:
+                    req.image.setdefault(chunk.stage_id, FinalImage(max_bytes)).add(info)
             except ValueError as err:
                 self._finish_with_error(req.internal_id, "invalid_output", str(err), chunk.stage_id)
                 return
@@ -350,6 +354,8 @@ class Coordinator:
                 res.num_prompt_tokens = d.num_prompt_tokens
             if sid in req.audio:
                 res.audio, res.sample_rate = req.audio[sid].joined(), req.audio[sid].sample_rate
+            if sid in req.image:
+                res.image = req.image[sid].pixels
             results.append(res)
         finished = Finished(
             request_id=req.request_id,
@@ -483,6 +489,7 @@ class Coordinator:
                     prompt_embeds=msg.prompt_embeds if entry else None,
                     multi_modal=msg.multi_modal if entry else None,
                     speaker=msg.speaker,
+                    params=msg.params,
                     sampling_params=sampling.get(stage.id, stage.sampling),
                     deadline_s=left,
                 )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from omni_mp.audio import AudioParts
 from omni_mp.config import PipelineConfig
+from omni_mp.image import FinalImage
 from omni_mp.media_limits import MediaError, check_media_sizes
 from omni_mp.wire.messages import MultiModalInput, SamplingParamsMsg, StageDone, StageResult, Submit
 
@@ -28,6 +29,7 @@ class Inflight:
     results: dict[int, StageResult] = field(default_factory=dict)
     done: dict[int, StageDone] = field(default_factory=dict)
     audio: dict[int, AudioParts] = field(default_factory=dict)  # final stages' audio chunks
+    image: dict[int, FinalImage] = field(default_factory=dict)  # final stages' final images
 
 
 class Rejected(Exception):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -51,6 +51,22 @@ class PreparedAR:
     request: Any  # vLLM's EngineCoreRequest
     prompt: PromptIds
     hooked: HookedRequest | None
+    companions: list[PreparedAR] = field(default_factory=list)  # StageInput.companions, prepared
+
+
+COMPANION_SEP = "#"  # vLLM ids of companion sequences: "<request id>#<k>" (never a client id)
+
+
+@dataclass
+class _Group:
+    """A request and its companion sequences (prefill only): their outputs are held until all
+    have finished, then go out as the request's one output, rows in member order."""
+
+    members: list[str]
+    hidden: dict[str, list[HiddenRows]]
+    done: set[str] = field(default_factory=set)
+    token_ids: list[int] = field(default_factory=list)
+    reason: str | None = None
 
 
 class AREngine:
@@ -104,6 +120,8 @@ class AREngine:
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
         self.uses_mrope: bool = bool(vllm_config.model_config.uses_mrope)
         self.dtype: torch.dtype = vllm_config.model_config.dtype
+        self._groups: dict[str, _Group] = {}  # requests with companion sequences
+        self._member_of: dict[str, str] = {}  # a group member's vLLM id -> its request id
 
     @property
     def tokenizer(self) -> Any | None:
@@ -213,13 +231,78 @@ class AREngine:
                 fill = stage_input.step_fill
                 fill = torch.zeros(self.inputs_embeds_size) if fill is None else fill
                 hooked.step_embeds = RowStream(fill=self._check_embeds("step embeddings", fill[None])[0])
-        return PreparedAR(request_id, req, PromptIds(prompt_len, ids), hooked)
+        companions = []
+        if stage_input.companions:
+            # Each companion is a sequence of its own whose hidden rows follow the prompt's:
+            # only for prefill (one token each), where rows and sequences cannot interleave.
+            if sampling.max_tokens != 1 or not self.io.capturing or stage_input.step_embeds:
+                raise EngineInputError(
+                    "companion prompts: only on a stage that emits hidden states, with max_tokens 1 (prefill only)"
+                )
+            companions = [
+                self.prepare(f"{request_id}{COMPANION_SEP}{k}", sampling, c, speaker)
+                for k, c in enumerate(stage_input.companions, start=1)
+            ]
+        return PreparedAR(request_id, req, PromptIds(prompt_len, ids), hooked, companions)
+
+    def check_params(self, params: dict[str, Any] | None) -> None:
+        return None  # an AR stage's model parameters are its prompt format's (checked when prepared)
 
     def add(self, prepared: PreparedAR) -> PromptIds:  # type: ignore[override]
-        if prepared.hooked is not None:
-            self.io.requests[prepared.request_id] = prepared.hooked
-        self.driver.add(prepared.request)
+        for p in [prepared, *prepared.companions]:
+            if p.hooked is not None:
+                self.io.requests[p.request_id] = p.hooked
+            self.driver.add(p.request)
+        if prepared.companions:
+            members = [prepared.request_id, *(c.request_id for c in prepared.companions)]
+            self._groups[prepared.request_id] = _Group(members, {m: [] for m in members})
+            self._member_of.update((m, prepared.request_id) for m in members)
         return prepared.prompt
+
+    def _end_group(self, request_id: str) -> list[str]:
+        """Forget a request's group; returns the vLLM ids of its sequences."""
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return [request_id]
+        for m in group.members:
+            self._member_of.pop(m, None)
+        return group.members
+
+    def _merge_groups(self, outputs: list[StepOutput]) -> list[StepOutput]:
+        """Outputs of grouped sequences are held until the whole group has finished, then
+        become one output of the request: the prompt's tokens, and every member's rows."""
+        merged: list[StepOutput] = []
+        for out in outputs:
+            rid = self._member_of.get(out.request_id)
+            if rid is None:
+                merged.append(out)
+                continue
+            group = self._groups[rid]
+            if out.hidden is not None:
+                group.hidden[out.request_id].append(out.hidden)
+            if out.request_id == rid:
+                group.token_ids.extend(out.new_token_ids)
+                group.reason = out.finish_reason if out.finished else group.reason
+            if out.finished:
+                group.done.add(out.request_id)
+            if len(group.done) < len(group.members):
+                continue
+            self._end_group(rid)
+            rows = [h for m in group.members for h in group.hidden[m] if h.last is not None]
+            first = group.hidden[rid][0] if group.hidden[rid] else None
+            hidden = None
+            if rows:
+                hidden = HiddenRows(
+                    start=0,
+                    last=_cat([h.last for h in rows]),  # type: ignore[misc]
+                    layers=[
+                        LayerRows(lr.layer, _cat([h.layers[i].rows for h in rows]))
+                        for i, lr in enumerate(rows[0].layers)
+                    ],
+                    mrope=first.mrope if first is not None else None,
+                )
+            merged.append(StepOutput(rid, group.token_ids, True, group.reason, hidden=hidden))
+        return merged
 
     def _check_positions(self, positions: tuple[torch.Tensor, int], prompt_len: int) -> tuple[torch.Tensor, int]:
         if not self.uses_mrope:
@@ -251,12 +334,16 @@ class AREngine:
     def take_failed(self) -> dict[str, str]:
         """Requests the runner could not serve as asked, with the reason (each reported once)."""
         failed, self.io.failed = self.io.failed, {}
-        return failed
+        by_request: dict[str, str] = {}
+        for vid, reason in failed.items():  # a companion's failure is its request's (the loop aborts it)
+            by_request.setdefault(self._member_of.get(vid, vid), reason)
+        return by_request
 
     def abort(self, request_ids: list[str]) -> None:
-        self.driver.abort(request_ids)
-        for rid in request_ids:
-            self.io.release(rid)
+        ids = [vid for rid in request_ids for vid in self._end_group(rid)]
+        self.driver.abort(ids)
+        for vid in ids:
+            self.io.release(vid)
 
     def can_step(self) -> bool:
         return self.driver.can_step()
@@ -287,7 +374,7 @@ class AREngine:
             result.append(StepOutput(rid, new_ids, rid in finished, reason, hidden=hidden))
         for rid in finished:
             self.io.release(rid)
-        return result, executed
+        return (self._merge_groups(result) if self._groups else result), executed
 
     def _hidden_rows(
         self, rid: str, req: HookedRequest, captured: list[CapturedRows], limit: int | None

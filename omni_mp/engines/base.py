@@ -38,6 +38,11 @@ class StageInput(msgspec.Struct):
     step_embeds: bool = False
     step_fill: torch.Tensor | None = None
     stop_token_ids: list[int] = []  # added to the request's sampling parameters
+    # Prompts of the same request run beside this one, each as its own sequence (AR: prefill
+    # only; their hidden rows follow this prompt's rows in the request's one row stream; e.g.
+    # an image's negative prompt). A diffusion model may take them as extra conditioning.
+    companions: list[StageInput] = []
+    params: dict[str, Any] | None = None  # the client's model parameters (Submit.params)
     suppress_token_ids: list[int] = []  # never sampled
 
 
@@ -104,6 +109,11 @@ class StageEngine(Protocol):
 
     def extend(self, request_id: str, extension: Extension) -> None:
         """More input for a started request (engine thread). Raises EngineInputError."""
+        ...
+
+    def check_params(self, params: dict[str, Any] | None) -> None:
+        """Refuse a request's model parameters this stage cannot serve (at registration,
+        before any stage works on it). Raises EngineInputError."""
         ...
 
     def abort(self, request_ids: list[str]) -> None: ...

@@ -42,7 +42,7 @@ def load_model(model_dir: str, cfg: DiffusionStageConfig, device: torch.device) 
     """The DiffusionModel named by `cfg.model_type` (a model family's, from the registry)."""
     from omni_mp.models.registry import diffusion_model
 
-    return diffusion_model(cfg.model_type, model_dir, device)
+    return diffusion_model(cfg.model_type, model_dir, device, cfg.model_options)
 
 
 def _base_classes() -> tuple[type, type]:
@@ -146,7 +146,14 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
         assert self.device is not None
         model = load_model(self.model_config.model, cfg, self.device)
         crossfade = check_streaming(cfg.streaming, model.window_align, model.samples_per_input, model.sample_rate)
-        self.model_runner = DiffusionRunner(model, crossfade)  # type: ignore[assignment]
+        graphs = None
+        if cfg.cuda_graphs and self.device.type == "cuda":
+            from omni_mp.engines.diffusion.graphs import GraphSet
+
+            graphs = GraphSet(cfg.max_graphs)
+        self.model_runner = DiffusionRunner(  # type: ignore[assignment]
+            model, crossfade, graphs, cfg.graph_batch_sizes, cfg.graph_max_frames
+        )
 
     def get_model(self) -> Any:
         return self.model_runner.model  # type: ignore[union-attr]

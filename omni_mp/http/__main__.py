@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     keys = None if cfg.security.keys is None else client_identity(cfg.security.keys, INTERNAL)
     app = create_app(
-        settings, view, load_tokenizer(view.text_stage.model),
+        settings, view, None if view.text_stage is None else load_tokenizer(view.text_stage.model),
         lambda: AsyncOmniClient(args.endpoint, limits=cfg.limits, keys=keys),
     )  # fmt: skip
     print(f"omni_mp http serving {cfg.name!r} on http://{args.listen}", flush=True)

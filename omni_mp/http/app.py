@@ -20,11 +20,19 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omni_mp.client import AsyncOmniClient
+from omni_mp.client import AsyncOmniClient, RequestError
 from omni_mp.http.audio_out import SAMPLE_RATE, b64, streaming_wav_header, wav_bytes
 from omni_mp.http.chat import AudioDelta, ChatEnd, ChatJob, TextDelta, check_voice, parse_chat, run_chat
-from omni_mp.http.errors import ApiError, bad_request, from_validation, too_large
+from omni_mp.http.errors import ApiError, bad_request, from_request_error, from_validation, too_large
 from omni_mp.http.events import ChatEvent, as_api_errors, primed, tracked
+from omni_mp.http.images import (
+    image_events,
+    image_size,
+    parse_images,
+    png_b64,
+    run_images,
+    stream_image,
+)
 from omni_mp.http.media import MediaSizes
 from omni_mp.http.metrics import Metrics
 from omni_mp.http.pipeline import PipelineView, voices_of
@@ -33,6 +41,9 @@ from omni_mp.http.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     Choice,
+    ImageData,
+    ImageGenerationRequest,
+    ImagesResponse,
     MessageAudio,
     Model,
     ModelList,
@@ -221,6 +232,39 @@ def _routes(app: FastAPI, srv: Server) -> None:
         return AbortingStream(_speech_bytes(fmt, events), media_type=SPEECH_FORMATS[fmt])
 
 
+def _image_routes(app: FastAPI, srv: Server, auth: list[Any]) -> None:
+    @app.post("/v1/images/generations", dependencies=auth)
+    async def images(request: Request) -> Response:
+        t0 = time.monotonic()
+        code = "client_disconnected"
+        try:
+            req = _decode(await _body(request, srv.settings.max_body_bytes), ImageGenerationRequest)
+            job = parse_images(req, srv.view)
+            rid, created = f"http-{uuid.uuid4().hex}", int(time.time())
+            if job.stream:
+                first = await srv.guarded(request, primed(stream_image(srv.omni, job, rid)))
+                if first is None:
+                    return Response(status_code=CLIENT_GONE)
+                code = "ok"  # (started: a failure from here on ends the stream with an error event)
+                return AbortingStream(image_events(first, job.seed, created), media_type="text/event-stream")
+            made = await srv.guarded(request, run_images(srv.omni, job, rid))
+            if made is None:
+                return Response(status_code=CLIENT_GONE)
+            data = [ImageData(b64_json=await png_b64(pixels), seed=seed) for pixels, seed in made]
+            code = "ok"
+            return _json(ImagesResponse(created=created, data=data, size=image_size(made[0][0])))
+        except RequestError as err:
+            api = from_request_error(err)
+            code = api.code
+            raise api from None
+        except ApiError as err:
+            code = err.code
+            raise
+        finally:
+            srv.metrics.outcome("images", code)
+            srv.metrics.latency.labels(endpoint="images").observe(time.monotonic() - t0)
+
+
 def playground_page(model: str, voices: list[str]) -> bytes:
     """static/playground.html with the pipeline's name and voices in its config block."""
     config = msgspec.json.encode({"model": model, "voices": voices}).replace(b"</", b"<\\/")
@@ -228,7 +272,7 @@ def playground_page(model: str, voices: list[str]) -> bytes:
 
 
 def _speech_job(req: SpeechRequest, view: PipelineView) -> ChatJob:
-    if view.audio_stage is None:
+    if view.audio_stage is None or view.text_stage is None:
         raise bad_request(f"pipeline {view.cfg.name!r} cannot speak", "model", "unsupported_value")
     fmt = req.response_format or "wav"
     if fmt not in SPEECH_FORMATS:
@@ -287,4 +331,5 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
     app.state.server = srv
     _error_handlers(app)
     _routes(app, srv)
+    _image_routes(app, srv, [Depends(srv.require_key)])
     return app

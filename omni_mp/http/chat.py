@@ -95,7 +95,7 @@ def _audio_choice(req: ChatCompletionRequest, view: PipelineView, job: ChatJob) 
     if not job.audio_out:
         if req.audio is not None:
             raise bad_request("`audio` is given but modalities do not include 'audio'", "audio")
-        job.final_stages = [view.text_stage.id]  # a text answer: no stage after the text stage runs
+        job.final_stages = [view.text_stage.id]  # type: ignore[union-attr]  # a text answer: no stage after the text stage runs
         return
     if view.audio_stage is None:
         raise bad_request(f"pipeline {view.cfg.name!r} cannot speak", "modalities", "unsupported_value")
@@ -114,6 +114,12 @@ def check_voice(voice: str, view: PipelineView, param: str) -> None:
 
 def parse_chat(req: ChatCompletionRequest, view: PipelineView, sizes: MediaSizes) -> ChatJob:
     """Validate what the schema cannot, decode the media, map sampling onto the stages."""
+    if view.text_stage is None:
+        raise bad_request(
+            f"pipeline {view.cfg.name!r} does not chat (it makes images: POST /v1/images/generations)",
+            "model",
+            "unsupported_value",
+        )
     if req.n is not None and req.n != 1:
         raise bad_request("only n=1 is supported", "n", "unsupported_value")
     if req.stream_options is not None and not req.stream:
@@ -143,6 +149,7 @@ async def run_chat(
 ) -> AsyncIterator[TextDelta | AudioDelta | ChatEnd]:
     """The request's text and audio as they are produced, then one ChatEnd. Leaving early
     (a stop string, or the caller closing this generator) aborts it in every stage."""
+    assert view.text_stage is not None  # (parse_chat refused the request otherwise)
     detok = Detokenizer(tokenizer, job.stop)
     prompt_tokens, reason, timings = 0, "stop", []
     events = client.stream(

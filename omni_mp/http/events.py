@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 from omni_mp.client import RequestError
 from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta
@@ -13,6 +14,7 @@ from omni_mp.http.errors import ApiError, from_request_error
 from omni_mp.http.metrics import Metrics
 
 ChatEvent = TextDelta | AudioDelta | ChatEnd
+T = TypeVar("T")
 
 
 async def as_api_errors(events: AsyncIterator[ChatEvent]) -> AsyncIterator[ChatEvent]:
@@ -53,11 +55,11 @@ async def tracked(
             metrics.rtf.labels(endpoint=endpoint).observe(wall / audio_s)
 
 
-async def primed(events: AsyncIterator[ChatEvent]) -> AsyncIterator[ChatEvent]:
+async def primed(events: AsyncIterator[T]) -> AsyncIterator[T]:
     """`events` with its first item already received (raising here, before any response)."""
     first = await events.__anext__()
 
-    async def rest() -> AsyncIterator[ChatEvent]:
+    async def rest() -> AsyncIterator[T]:
         try:
             yield first
             async for ev in events:

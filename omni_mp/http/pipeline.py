@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from omni_mp.config import MediaLimits, PipelineConfig, StageConfig
+from omni_mp.models.registry import makes_images
 from omni_mp.wire.messages import SamplingParamsMsg, StatusReply
 
 
@@ -41,17 +42,21 @@ class Sampling:
 @dataclass
 class PipelineView:
     cfg: PipelineConfig
-    text_stage: StageConfig
+    text_stage: StageConfig | None  # None: no chat (an image pipeline)
     audio_stage: StageConfig | None
+    image_stage: StageConfig | None = None
     voices: list[str] = field(default_factory=list)  # from the stages once they serve (voices_of)
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> PipelineView:
         finals = cfg.final_stages
         text = [s for s in finals if s.kind == "ar" and s.model_part is None]
-        if not text:
-            raise ValueError(f"pipeline {cfg.name!r}: no final AR stage answers in text")
-        return cls(cfg, text[0], next((s for s in finals if s.kind == "diffusion"), None))
+        diffusion = [s for s in finals if s.kind == "diffusion"]
+        images = [s for s in diffusion if makes_images(s.diffusion.model_type)]
+        audio = [s for s in diffusion if s not in images]
+        if not text and not images:
+            raise ValueError(f"pipeline {cfg.name!r}: no final stage answers in text or makes images")
+        return cls(cfg, text[0] if text else None, audio[0] if audio else None, images[0] if images else None)
 
     @functools.cached_property  # reads the checkpoints once
     def media_limits(self) -> MediaLimits:
@@ -66,6 +71,7 @@ class PipelineView:
         """Per-stage overrides: the text stage gets the OpenAI fields; the seed also seeds
         the audio stage's noise, so the same seed gives the same answer and voice."""
         out: dict[int, SamplingParamsMsg] = {}
+        assert self.text_stage is not None
         changes = {k: v for k, v in vars(s).items() if v is not None}
         if changes:
             out[self.text_stage.id] = msgspec.structs.replace(self.text_stage.sampling, **changes)

@@ -88,6 +88,30 @@ class SpeechRequest(_Req):
     instructions: str | None = None
 
 
+class ImageGenerationRequest(_Req):
+    """OpenAI's fields, then the diffusion extras (omni_mp's; `extra_body` in the SDK)."""
+
+    prompt: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
+    model: str | None = None
+    n: Annotated[int, Meta(ge=1, le=10)] | None = None
+    size: Annotated[str, Meta(max_length=32)] | None = None  # "WIDTHxHEIGHT" or "auto"
+    response_format: str | None = None  # b64_json (the default); url is refused: nothing is stored
+    output_format: str | None = None  # png only
+    quality: str | None = None
+    style: str | None = None
+    background: str | None = None
+    moderation: str | None = None
+    output_compression: int | None = None
+    user: str | None = None
+    stream: bool | None = False
+    partial_images: Annotated[int, Meta(ge=0, le=3)] | None = None  # previews streamed before the image
+    # extras
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
+    true_cfg_scale: Annotated[float, Meta(ge=0.0, le=100.0)] | None = None
+    negative_prompt: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+
+
 # ---- responses ---------------------------------------------------------------------------------
 
 
@@ -153,6 +177,35 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChunkChoice]
     usage: Usage | None = None
     object: str = "chat.completion.chunk"
+
+
+class ImageData(msgspec.Struct):
+    b64_json: str  # a PNG file, base64
+    seed: int  # omni_mp's: the noise seed of this image (the same seed and settings give it again)
+    revised_prompt: None = None
+    url: None = None
+
+
+class ImagesResponse(msgspec.Struct):
+    created: int
+    data: list[ImageData]
+    size: str  # WIDTHxHEIGHT
+    output_format: str = "png"
+
+
+class ImageStreamEvent(msgspec.Struct):
+    """`image_generation.partial_image` (a preview) or `image_generation.completed`."""
+
+    type: str
+    b64_json: str
+    created_at: int
+    size: str
+    seed: int
+    partial_image_index: int | None = None
+    step: int | None = None  # omni_mp's: the denoising steps done when the preview was decoded
+    output_format: str = "png"
+    quality: str = "auto"
+    background: str = "opaque"
 
 
 class Model(msgspec.Struct):

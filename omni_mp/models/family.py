@@ -9,7 +9,7 @@ imports no torch, transformers or vLLM code of the family.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,6 +34,9 @@ class Family(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     builtin_models: dict[str, Loader] = {}
     # a checkpoint's config.json `model_type` -> a loader of its CheckpointSizing (GPU memory planning)
     checkpoint_types: dict[str, Loader] = {}
+    # the diffusion model types (of `diffusion_models`) whose stages make images (omni_mp.image)
+    # rather than audio: the HTTP server answers /v1/images/generations with them
+    image_models: frozenset[str] = frozenset()
 
 
 class PromptFormat(Protocol):
@@ -48,6 +51,11 @@ class PromptFormat(Protocol):
 
     def render(self, text: str, n_audio: int, n_image: int) -> str:
         """The prompt for one user turn: `text` with one placeholder per audio and per image."""
+        ...
+
+    def companions(self, params: Mapping[str, Any] | None) -> list[str]:
+        """Prompts run beside the request's prompt for these model parameters (e.g. an
+        image's negative prompt; most formats: none). ValueError on bad parameters."""
         ...
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from omni_mp.models import qwen2_5_omni, qwen3_omni
+from omni_mp.models import qwen2_5_omni, qwen3_omni, qwen_image
 from omni_mp.models.family import CheckpointSizing, EngineModel, Family, Loader, PromptFormat
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ GENERIC = Family(
 # One line per model family: its package (whose `__init__` declares its FAMILY: names only).
 FAMILY_PACKAGES: tuple[ModuleType, ...] = (
     qwen2_5_omni,
+    qwen_image,
     qwen3_omni,
 )  # fmt: skip
 
@@ -87,6 +88,10 @@ def families() -> tuple[Family, ...]:
                 if name in owner:
                     raise RegistryError(f"{_WHAT[kind]} {name!r}: claimed by {owner[name]!r} and {family.name!r}")
                 owner[name] = family.name
+    for family in found:
+        stray = sorted(family.image_models - set(family.diffusion_models))
+        if stray:
+            raise RegistryError(f"family {family.name!r}: image_models {stray} are not among its diffusion_models")
     return found
 
 
@@ -99,6 +104,11 @@ def check(kind: Kind, name: str) -> None:
     """RegistryError (listing the known names) unless some family serves `name` as a `kind`."""
     if name not in names(kind):
         raise RegistryError(f"unknown {_WHAT[kind]} {name!r}; known: {names(kind)}")
+
+
+def makes_images(model_type: str) -> bool:
+    """Whether a diffusion stage of `model_type` makes images (its family says so), not audio."""
+    return any(model_type in family.image_models for family in families())
 
 
 def _load(kind: Kind, name: str) -> Any:
@@ -129,9 +139,12 @@ def engine_model(model_part: str | None, model_dir: str, engine_args: dict[str, 
     return _load("model_parts", model_part)(model_dir, dict(engine_args))
 
 
-def diffusion_model(model_type: str, model_dir: str, device: torch.device) -> DiffusionModel:
-    """The DiffusionModel of `model_type`, loaded from `model_dir` onto `device`."""
-    return _load("diffusion_models", model_type)(model_dir, device)
+def diffusion_model(
+    model_type: str, model_dir: str, device: torch.device, options: dict[str, Any] | None = None
+) -> DiffusionModel:
+    """The DiffusionModel of `model_type`, loaded from `model_dir` onto `device` with its
+    `diffusion.model_options` (keywords of its loader)."""
+    return _load("diffusion_models", model_type)(model_dir, device, **(options or {}))
 
 
 def builtin_model(name: str) -> Path:

@@ -4,7 +4,7 @@ processor returns the stage's input as a `StageInput`, the engine boundary's typ
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import torch
@@ -57,6 +57,7 @@ class RequestContext(msgspec.Struct, frozen=True):
     """Per-request options a processor may use (from the client's Submit)."""
 
     speaker: str | None = None
+    params: dict[str, Any] | None = None  # the client's model parameters (Submit.params)
 
 
 class ProcessorError(ValueError):

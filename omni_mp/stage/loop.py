@@ -129,9 +129,14 @@ class StageLoop:
             sampling=msg.sampling_params or self.stage.sampling,
             deadline=None if msg.deadline_s is None else time.monotonic() + msg.deadline_s,
             inputs=list(self.stage.inputs),
-            ctx=RequestContext(speaker=msg.speaker),
+            ctx=RequestContext(speaker=msg.speaker, params=msg.params),
         )
         self.requests[rid] = state
+        try:  # checked at registration: a bad request fails before any stage works on it
+            self.engine.check_params(msg.params)
+        except EngineInputError as err:
+            self._fail(rid, "invalid_input", f"stage {self.stage.id}: {err}")
+            return
         if msg.speaker is not None and self.speakers is not None and msg.speaker not in self.speakers:
             self._fail(
                 rid,

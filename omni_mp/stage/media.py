@@ -5,6 +5,8 @@ the audio resampled to the rate the model's processor takes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from omni_mp.audio_io import resample
@@ -36,8 +38,11 @@ def check_media(stage: StageConfig, media: MultiModalInput) -> None:
             raise MediaError(f"audios[{i}]: samples must be finite")
 
 
-def build_entry_input(stage: StageConfig, text: str, media: MultiModalInput | None) -> StageInput:
-    """The prompt in the stage's chat format, plus vLLM `multi_modal_data` for its media."""
+def build_entry_input(
+    stage: StageConfig, text: str, media: MultiModalInput | None, params: dict[str, Any] | None = None
+) -> StageInput:
+    """The prompt in the stage's chat format, plus vLLM `multi_modal_data` for its media, and
+    the prompts the format runs beside it for this request's `params` (e.g. a negative prompt)."""
     assert stage.prompt_format is not None
     fmt = prompt_format(stage.prompt_format)
     media = media or MultiModalInput()
@@ -48,5 +53,9 @@ def build_entry_input(stage: StageConfig, text: str, media: MultiModalInput | No
         data["audio"] = [resample(a.samples.numpy(), a.sample_rate, fmt.audio_rate) for a in media.audios]
     if media.images:
         data["image"] = [img.pixels.clone().numpy() for img in media.images]
-    prompt = fmt.render(text, n_audio=len(media.audios), n_image=len(media.images))
-    return StageInput(prompt_text=prompt, multi_modal=data or None)
+    try:
+        prompt = fmt.render(text, n_audio=len(media.audios), n_image=len(media.images))
+        companions = [StageInput(prompt_text=c) for c in fmt.companions(params)]
+    except ValueError as err:
+        raise MediaError(str(err)) from None
+    return StageInput(prompt_text=prompt, multi_modal=data or None, companions=companions, params=params)

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_STAGES",
     "MESSAGE_TYPES",
     "REQUEST_ID_PATTERN",
+    "RequestParams",
     "Abort",
     "AdditionalInformation",
     "AudioInput",
@@ -124,6 +125,10 @@ IMAGE_KEY = "image"
 IMAGE_STEP_KEY = "image_step"
 
 SpeakerName = Annotated[str, Meta(min_length=1, max_length=64)]
+# A request's model parameters (e.g. an image's size and steps): a flat map of scalars that
+# the stages' model family parses into its own params struct (and refuses when invalid).
+ParamValue = Annotated[str, Meta(max_length=65536)] | int | float | bool | None
+RequestParams = Annotated[dict[Annotated[str, Meta(max_length=64)], ParamValue], Meta(max_length=MAX_INFO_ENTRIES)]
 
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]+")
 
@@ -231,6 +236,7 @@ class StageRequest(MessageBase):
     prompt_embeds: PromptEmbeds | None = None
     multi_modal: MultiModalInput | None = None  # entry stages only
     speaker: SpeakerName | None = None  # stages that speak use it; None: their default
+    params: RequestParams | None = None  # the client's model parameters (Submit.params), for every stage
     additional_information: AdditionalInformation | None = None
     sampling_params: SamplingParamsMsg | None = None
     # Seconds left of the request's deadline when sent: relative, so that no two hosts' clocks
@@ -421,6 +427,9 @@ class Submit(MessageBase):
     prompt_embeds: PromptEmbeds | None = None  # for entry stages with `prompt_embeds: true`
     multi_modal: MultiModalInput | None = None  # audio/images for an entry stage that takes them
     speaker: SpeakerName | None = None  # the voice of stages that speak (unknown: an error)
+    # Model parameters the stages' family reads (e.g. omni_mp.models.qwen_image.ImageParams
+    # as builtins); every stage of the request gets them.
+    params: RequestParams | None = None
     sampling: Annotated[list[StageSampling], PerStage] = []
     deadline_s: Annotated[float, Meta(gt=0.0, le=1e7)] | None = None  # NaN and inf refused while decoding
     stream: bool = False
@@ -439,6 +448,7 @@ class StageResult(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     num_prompt_tokens: int = 0
     audio: Tensor | None = None  # float32 [samples] of an audio-producing stage (omni_mp.audio)
     sample_rate: int | None = None
+    image: Tensor | None = None  # uint8 [height, width, 3] RGB of an image-producing stage (omni_mp.image)
 
 
 class Finished(MessageBase):

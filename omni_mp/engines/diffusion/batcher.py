@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -29,10 +30,11 @@ class DiffusionRequest:
     last three)."""
 
     request_id: str
-    params: DiffusionParams  # resolved: seed and speaker set
+    params: DiffusionParams | Any  # resolved: seed and speaker set (a RequestModel's own params)
     ids: list[int]
     closed: bool  # no more ids will come
     stream: bool  # emit chunk by chunk; else one trajectory over all ids once closed
+    inputs: Any = None  # a RequestModel's request inputs (then `ids` is empty)
     arrival: int = 0
     chunks_planned: int = 0
     emitted: int = 0  # ids whose output a planned chunk covers
@@ -121,6 +123,7 @@ class Batcher:
             ids=torch.tensor(req.ids[plan.window_start : plan.window_end], dtype=torch.long),
             start=plan.window_start,
             params=req.params,
+            inputs=req.inputs,
         )
         self.waiting.append(TrajectorySpec(next(self._ids), window, plan))
         return plan

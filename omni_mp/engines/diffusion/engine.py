@@ -20,7 +20,7 @@ import torch
 
 from omni_mp.audio import audio_info
 from omni_mp.engines.base import EngineInputError, Extension, PromptIds, StageInput, StepOutput
-from omni_mp.engines.diffusion.model import DiffusionInputError
+from omni_mp.engines.diffusion.model import DiffusionInputError, RequestModel
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
 from omni_mp.wire.messages import SamplingParamsMsg
 
@@ -29,7 +29,8 @@ from omni_mp.wire.messages import SamplingParamsMsg
 class PreparedDiffusion:
     request_id: str
     ids: list[int]
-    params: DiffusionParams
+    params: DiffusionParams | Any
+    inputs: Any = None  # a RequestModel's request inputs
 
 
 class DiffusionEngine:
@@ -76,8 +77,11 @@ class DiffusionEngine:
         self.batcher = self.driver.batcher
         self.model = self.driver.model()
         self.sample_rate: int = self.model.sample_rate
+        # Requests carry their own inputs and params (an image DiT), not codec ids.
+        self.owned: bool = isinstance(self.model, RequestModel)
         try:  # fail at start-up, not on the first request
-            self.model.check(self.resolve(None), [])
+            if not self.owned:
+                self.model.check(self.resolve(None), [])
         except DiffusionInputError as err:
             self.driver.shutdown()
             raise ValueError(f"diffusion.default_speaker / defaults: {err}") from None
@@ -111,7 +115,13 @@ class DiffusionEngine:
         self, request_id: str, sampling: SamplingParamsMsg, stage_input: StageInput, speaker: str | None = None
     ) -> PreparedDiffusion:
         """The ids known so far, the stage's default parameters, the request's seed
-        (`sampling.seed`) and speaker."""
+        (`sampling.seed`) and speaker. A RequestModel's request: what its `parse` makes of it."""
+        if self.owned:
+            try:
+                params, inputs = self.model.parse(stage_input, sampling.seed)  # type: ignore[attr-defined]
+            except DiffusionInputError as err:
+                raise EngineInputError(str(err)) from None
+            return PreparedDiffusion(request_id, [], params, inputs)
         if stage_input.prompt_embeds is not None or stage_input.step_embeds or stage_input.positions is not None:
             raise EngineInputError("a diffusion stage takes codec ids, not embeddings")
         if stage_input.prompt_text is not None or stage_input.multi_modal:
@@ -121,8 +131,24 @@ class DiffusionEngine:
         return PreparedDiffusion(request_id, ids, params)
 
     def add(self, prepared: PreparedDiffusion) -> PromptIds:  # type: ignore[override]
+        if self.owned:
+            from omni_mp.engines.diffusion.batcher import DiffusionRequest
+
+            if prepared.request_id in self.batcher.requests:
+                raise EngineInputError(f"request id {prepared.request_id!r} is already active")
+            req = DiffusionRequest(prepared.request_id, prepared.params, [], True, False, inputs=prepared.inputs)
+            self.driver.add(req)
+            return PromptIds(0, None)
         self.submit(prepared.request_id, prepared.ids, prepared.params, closed=not self.open_inputs)
         return PromptIds(len(prepared.ids), list(prepared.ids))
+
+    def check_params(self, params: dict[str, Any] | None) -> None:
+        if not self.owned:
+            return  # codec-id models take no per-request model parameters
+        try:
+            self.model.check_params(params)  # type: ignore[attr-defined]
+        except DiffusionInputError as err:
+            raise EngineInputError(str(err)) from None
 
     @property
     def speakers(self) -> frozenset[str] | None:
@@ -185,7 +211,12 @@ class DiffusionEngine:
                 self._failed[out.request_id] = out.stop_reason
                 continue
             reason = None if out.finish_reason is None else str(out.finish_reason)
-            info = None if out.pooling_output is None else audio_info(out.pooling_output, self.sample_rate)
+            if out.pooling_output is None:
+                info = None
+            elif self.owned:
+                info = self.model.output_info(out.pooling_output)  # type: ignore[attr-defined]
+            else:
+                info = audio_info(out.pooling_output, self.sample_rate)
             result.append(StepOutput(out.request_id, [], out.finished, reason, info))
         return result, executed
 

@@ -6,7 +6,9 @@ grid, continuous batching, streaming windows and output joining. A model sees a 
 trajectories, each a state of shape [frames, state_dim] with its own conditioning, time and
 guidance: frames are per input id (`frames_per_input`), so sequence models of different
 lengths share a step (padded; the model masks the padding). An image DiT fits the same
-interface with a fixed number of "frames" (latent patches) per request and no streaming.
+interface with a fixed number of "frames" (latent patches) per request and no streaming:
+such a model also implements `RequestModel` (its requests carry their own inputs and
+parameters, not codec ids; it makes each trajectory's start, grid and output itself).
 
 A model with no solver (a causal codec decoder such as Qwen3-Omni's code2wav) is a
 `WindowDecoder`: the same engine admits, batches, streams and joins its windows, and decodes
@@ -15,13 +17,16 @@ each window straight from its inputs in the step that admits it (no noise, no ti
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from omni_mp.engines.diffusion.params import DiffusionParams
+
+if TYPE_CHECKING:
+    from omni_mp.engines.base import StageInput
 
 
 class DiffusionInputError(ValueError):
@@ -35,7 +40,8 @@ class Window:
     request_id: str
     ids: torch.Tensor  # int64 [n]
     start: int
-    params: DiffusionParams  # resolved (seed and speaker set)
+    params: DiffusionParams | Any  # resolved (seed and speaker set); a RequestModel's own params
+    inputs: Any = None  # a RequestModel's request inputs (what its `parse` made)
 
 
 class DiffusionModel(Protocol):
@@ -65,6 +71,52 @@ class DiffusionModel(Protocol):
 
     def decode(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Final states [frames, state_dim] -> outputs (audio: float32 [samples] on the CPU)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryStart:
+    """How a RequestModel's trajectory starts: its state, time grid and solver."""
+
+    x: torch.Tensor  # [frames, state_dim] on the model's device
+    grid: torch.Tensor  # fp32 time points, any device (a solver step goes from grid[k] to grid[k + 1])
+    guidance: float
+    solver: str  # a key of omni_mp.engines.diffusion.solver.SOLVERS
+    group: Hashable = None  # only trajectories of one group share a model call (e.g. one image size)
+    preview_every: int = 0  # > 0: render the state after every this many steps (not the last) as a preview
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """A RequestModel's output rendered part-way through a trajectory, after `step` steps."""
+
+    out: torch.Tensor
+    step: int
+
+
+@runtime_checkable
+class RequestModel(Protocol):
+    """A diffusion model whose requests carry their own inputs and parameters instead of codec
+    ids (an image DiT: the prompt's hidden rows and the image's size, steps, seed): one
+    trajectory per request over its whole input, no streaming."""
+
+    def check_params(self, params: dict[str, Any] | None) -> None:
+        """Raise DiffusionInputError on parameters this model cannot serve (cheap: before any work)."""
+        ...
+
+    def parse(self, stage_input: StageInput, seed: int | None) -> tuple[Any, Any]:
+        """(resolved params, inputs) of a request; `seed`: the request's sampling seed (None:
+        its params' or a random one). Raises DiffusionInputError."""
+        ...
+
+    def start(self, window: Window) -> TrajectoryStart: ...
+
+    def render(self, conds: Sequence[Any], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Final states -> outputs (`decode`, given each trajectory's conditioning)."""
+        ...
+
+    def output_info(self, out: torch.Tensor | Preview) -> dict[str, Any]:
+        """A rendered output (final, or a Preview) -> the AdditionalInformation of its chunk."""
         ...
 
 

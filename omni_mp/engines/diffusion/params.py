@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -46,6 +46,8 @@ class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     """The `diffusion:` section of a `kind: diffusion` stage."""
 
     model_type: str = "qwen2_5_omni_token2wav"  # a diffusion model type of omni_mp.models.registry
+    # The model's own settings, passed to its loader as keywords (its family checks them).
+    model_options: dict[str, Any] = {}
     defaults: DiffusionParams = DiffusionParams()
     default_speaker: str = "Chelsie"
     stream: bool = True  # emit audio chunk by chunk as upstream codes arrive; False: one shot at the end
@@ -55,3 +57,12 @@ class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     # float32 matmuls on CUDA: "highest" is exact fp32, as transformers runs token2wav; "high"
     # lets them use TF32 tensor cores (a 10-bit mantissa: faster, not bit-comparable).
     float32_matmul: Literal["highest", "high"] = "highest"
+    # On CUDA, for models that support it: each solver step's batch is padded to a bucket
+    # (batch size from graph_batch_sizes, frames to whole attention blocks up to
+    # graph_max_frames) and replayed from a CUDA graph of that bucket, captured on its first
+    # use; the vocoder too. Real rows get the eager pass's result at the padded shape. Ignored
+    # on a CPU. Steps past the largest bucket, and shapes past max_graphs, run eagerly.
+    cuda_graphs: bool = True
+    graph_batch_sizes: tuple[Annotated[int, Meta(ge=1, le=1024)], ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+    graph_max_frames: Annotated[int, Meta(ge=1)] = 512
+    max_graphs: Annotated[int, Meta(ge=1, le=1024)] = 64  # per graphed function (DiT velocity, vocoder)

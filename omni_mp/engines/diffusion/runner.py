@@ -5,6 +5,15 @@ Holds every running trajectory (its state, conditioning and time grid) like an A
 holds KV cache, and per request the noise stream and the output joiner. `execute` runs one
 solver step over the scheduled trajectories (grouped by solver; rows padded to the longest
 state), decodes those that reached t = 1, and joins their output into the request's stream.
+
+Per-step host work is kept off the solver's path: a group's conditioning is collated once and
+its padded state kept while the same trajectories step together (rebuilt when one joins or
+leaves), time pairs go to the device in one copy, and nothing waits for the device. With
+`graphs` (CUDA) and a model that declares `graph_frame_step`, a step's batch is padded to a
+bucket (batch size from `graph_batch_sizes`, frames to a multiple of the model's step, up to
+`graph_max_frames`) and its velocity replayed from a CUDA graph of that bucket (`graphs.py`);
+other steps, and every step on a CPU, run eagerly at their own size.
+
 A `WindowDecoder` (no solver) has no trajectories: its windows are decoded, batched, in the
 step that admits them.
 """
@@ -12,6 +21,7 @@ step that admits them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +29,8 @@ import torch
 
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner
-from omni_mp.engines.diffusion.model import DiffusionModel, WindowDecoder
+from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, bucket, round_up
+from omni_mp.engines.diffusion.model import DiffusionModel, Preview, RequestModel, WindowDecoder
 from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
 
 log = logging.getLogger("omni_mp.diffusion")
@@ -49,38 +60,89 @@ class _Trajectory:
     plan: ChunkPlan
     cond: object
     x: torch.Tensor  # [frames, state_dim] on the model's device
-    grid: torch.Tensor  # time points, on the model's device
+    grid: list[float]  # time points (fp32 values)
     guidance: float
     solver: str
+    group: object = None  # trajectories share a model call only within a group (and solver)
+    preview_every: int = 0  # RequestModel trajectories: render a preview after every this many steps
     k: int = 0  # solver steps taken
 
 
+@dataclass
+class _Group:
+    """Trajectories of one solver stepping together: their collated conditioning and padded
+    state, kept while the same trajectories step together."""
+
+    key: tuple[int, ...]  # trajectory ids, in row order
+    batch: Any
+    x: torch.Tensor  # [rows, frames, state_dim], padded (to a graph bucket when graphed)
+    graphed: bool
+
+
 class DiffusionRunner:
-    def __init__(self, model: DiffusionModel | WindowDecoder, crossfade: int) -> None:
+    def __init__(
+        self,
+        model: DiffusionModel | WindowDecoder,
+        crossfade: int,
+        graphs: GraphSet | None = None,
+        graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        graph_max_frames: int = 512,
+    ) -> None:
+        """`graphs`: CUDA graphs for models that declare `graph_frame_step` (None: eager)."""
         self.model: Any = model
         self.decoder = isinstance(model, WindowDecoder)
         self.crossfade = crossfade
         self.trajectories: dict[int, _Trajectory] = {}
         self.noise: dict[str, NoiseStream] = {}
         self.joiners: dict[str, Joiner] = {}
+        self.groups: dict[tuple[str, object], _Group] = {}  # by (solver, model group)
+        self.frame_step: int | None = getattr(model, "graph_frame_step", None) if graphs is not None else None
+        self.graphs = graphs if self.frame_step else None
+        self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
+        self.graph_max_frames = graph_max_frames
+        self.owned = isinstance(model, RequestModel)  # the model starts trajectories and shapes outputs
+        self._velocity = None if self.decoder else model.velocity
+        if self.graphs is not None and not self.decoder:
+            self._velocity = self.graphs.wrap(model.velocity, "velocity")
+            use_graphs = getattr(model, "use_graphs", None)
+            if use_graphs is not None:  # the model graphs its own parts (a vocoder)
+                use_graphs(self.graphs, self.graph_batch_sizes)
+
+    def graph_shape(self, rows: int, frames: int) -> tuple[int, int] | None:
+        """The bucket a step of `rows` x `frames` is padded to, or None: it runs eagerly."""
+        if self.graphs is None or self.frame_step is None:
+            return None
+        b, f = bucket(rows, self.graph_batch_sizes), round_up(frames, self.frame_step)
+        return None if b is None or f > self.graph_max_frames else (b, f)
 
     def _start(self, spec: TrajectorySpec) -> None:
         w, m = spec.window, self.model
+        if self.owned:
+            s = m.start(w)  # type: ignore[attr-defined]
+            cond = m.condition(w)
+            self.groups.clear()  # a group is valid only while its trajectories live (ids may be reused)
+            grid = s.grid.float().cpu().tolist()  # fp32 values; each step's times go in one copy
+            self.trajectories[spec.traj_id] = _Trajectory(
+                w.request_id, spec.plan, cond, s.x, grid, s.guidance, s.solver, s.group, s.preview_every
+            )
+            return
         assert w.params.seed is not None
         noise = self.noise.setdefault(w.request_id, NoiseStream(w.params.seed, m.state_dim))
         fpi = m.frames_per_input
         x0 = noise.take(w.start * fpi, (w.start + w.ids.numel()) * fpi)
+        self.groups.clear()  # a group is valid only while its trajectories live (ids may be reused)
         self.trajectories[spec.traj_id] = _Trajectory(
             request_id=w.request_id,
             plan=spec.plan,
             cond=m.condition(w),
             x=x0.to(m.device),
-            grid=time_grid(w.params.num_steps, w.params.sway_coefficient).to(m.device),
+            grid=time_grid(w.params.num_steps, w.params.sway_coefficient).tolist(),
             guidance=w.params.guidance_scale,
             solver=w.params.solver,
         )
 
     def _free(self, request_id: str) -> None:
+        self.groups.clear()  # a group is valid only while its trajectories live
         if self.decoder:
             self.model.release(request_id)
         self.noise.pop(request_id, None)
@@ -88,20 +150,45 @@ class DiffusionRunner:
         for tid in [t for t, tr in self.trajectories.items() if tr.request_id == request_id]:
             del self.trajectories[tid]
 
-    def _step(self, trajs: list[_Trajectory]) -> None:
-        """One solver step for trajectories that share a solver, in one padded batch."""
+    def _group(self, key: tuple[int, ...], trajs: list[_Trajectory]) -> _Group:
         m = self.model
         n, s = len(trajs), max(t.x.shape[0] for t in trajs)
-        x = torch.zeros(n, s, m.state_dim, device=m.device)
+        shape = self.graph_shape(n, s)
+        rows, frames = shape or (n, s)
+        x = torch.zeros(rows, frames, m.state_dim, device=m.device)
         for i, t in enumerate(trajs):
             x[i, : t.x.shape[0]] = t.x
-        t0 = torch.stack([t.grid[t.k] for t in trajs])
-        t1 = torch.stack([t.grid[t.k + 1] for t in trajs])
-        batch = m.collate([t.cond for t in trajs], torch.tensor([t.guidance for t in trajs], device=m.device))
-        x = SOLVERS[trajs[0].solver](lambda tt, xx: m.velocity(batch, xx, tt), t0, t1, x)
+        guidance = torch.tensor([t.guidance for t in trajs], dtype=torch.float32)
+        conds = [t.cond for t in trajs]
+        batch = m.collate(conds, guidance) if shape is None else m.collate(conds, guidance, pad_to=shape)  # type: ignore[call-arg]
+        return _Group(key, batch, x, shape is not None)
+
+    def _step(self, group_key: tuple[str, object], tids: list[int]) -> None:
+        """One solver step for trajectories that share a solver and model group, in one padded batch."""
+        m = self.model
+        solver, key = group_key[0], tuple(tids)
+        trajs = [self.trajectories[tid] for tid in tids]
+        g = self.groups.get(group_key)
+        if g is None or g.key != key:
+            g = self.groups[group_key] = self._group(key, trajs)
+        rows = g.x.shape[0]
+        times = torch.zeros(2, rows, dtype=torch.float32)  # padded rows: t = 0 (their output is dropped)
+        times[:, : len(trajs)] = torch.tensor([[t.grid[t.k] for t in trajs], [t.grid[t.k + 1] for t in trajs]])
+        t0, t1 = times.to(m.device)
+        velocity = self._velocity if g.graphed else m.velocity
+        batch = g.batch
+        g.x = SOLVERS[solver](lambda tt, xx: velocity(batch, xx, tt), t0, t1, g.x)
         for i, t in enumerate(trajs):
-            t.x = x[i, : t.x.shape[0]]
+            t.x = g.x[i, : t.x.shape[0]]
             t.k += 1
+
+    def _previews(self, trajs: list[_Trajectory], result: StepResult) -> None:
+        due = [t for t in trajs if t.preview_every and t.k % t.preview_every == 0]
+        if not due:
+            return
+        outs = self.model.render([t.cond for t in due], [t.x for t in due])  # type: ignore[attr-defined]
+        for t, out in zip(due, outs, strict=True):
+            result.outputs[t.request_id] = (Preview(out, t.k), False)  # type: ignore[assignment]
 
     def _emit(self, result: StepResult, tid: int, request_id: str, plan: ChunkPlan, out: torch.Tensor) -> None:
         """Join a finished window's output into its request's stream."""
@@ -142,16 +229,28 @@ class DiffusionRunner:
                 log.exception("request %s: cannot start a trajectory", spec.window.request_id)
                 result.errors[spec.window.request_id] = f"{type(err).__name__}: {err}"
         live = [tid for tid in plan.step_ids if tid in self.trajectories]
-        by_solver: dict[str, list[_Trajectory]] = {}
+        by_key: dict[tuple[str, object], list[int]] = {}
         for tid in live:
             tr = self.trajectories[tid]
-            by_solver.setdefault(tr.solver, []).append(tr)
-        for trajs in by_solver.values():
-            self._step(trajs)
+            by_key.setdefault((tr.solver, tr.group), []).append(tid)
+        for key in [k for k in self.groups if k not in by_key]:
+            del self.groups[key]  # nothing of it runs now: its padded state is not kept
+        for key, tids in by_key.items():
+            self._step(key, tids)
         finished = [tid for tid in live if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
+        if self.owned:
+            self._previews([self.trajectories[t] for t in live if t not in finished], result)
         if finished:
-            outs = self.model.decode([self.trajectories[tid].x for tid in finished])
+            done = [self.trajectories[tid] for tid in finished]
+            if self.owned:
+                outs = self.model.render([t.cond for t in done], [t.x for t in done])  # type: ignore[attr-defined]
+            else:
+                outs = self.model.decode([t.x for t in done])
             for tid, out in zip(finished, outs, strict=True):
                 tr = self.trajectories.pop(tid)
+                if self.owned:  # one trajectory per request: its output is the request's
+                    result.outputs[tr.request_id] = (out, True)
+                    result.done.append(tid)
+                    continue
                 self._emit(result, tid, tr.request_id, tr.plan, out)
         return result

@@ -75,5 +75,8 @@ class OmniPromptFormat:
     def render(self, text: str, n_audio: int, n_image: int) -> str:
         return omni_prompt_text(text, n_audio=n_audio, n_image=n_image)
 
+    def companions(self, params: Any) -> list[str]:
+        return []
+
 
 PROMPT_FORMAT = OmniPromptFormat()

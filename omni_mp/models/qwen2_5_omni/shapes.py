@@ -1,8 +1,11 @@
-"""A Qwen2.5-Omni checkpoint dir at transformers' default `Qwen2_5OmniConfig` sizes (7B shapes),
-for benchmarks at real size with random weights: no hub download, nothing of the real model.
+"""A Qwen2.5-Omni checkpoint dir at the released 7B sizes (random weights), for benchmarks at real
+size: no hub download, nothing of the real model.
 
 What the dir holds:
-- `config.json`: transformers' default `Qwen2_5OmniConfig`, with the thinker's and the talker's
+- `config.json`: transformers' default `Qwen2_5OmniConfig` (7B thinker and token2wav) with the
+  released 7B talker (`talker="released"`, the default: hidden 896, 24 layers, 12 attention
+  heads, 4 KV heads, head_dim 128, intermediate 18944, vocab 8448, embedding 3584; transformers'
+  default talker is thinker-sized: `talker="default"` keeps it), with the thinker's and the talker's
   `rope_parameters` carrying `mrope_section` [16, 24, 24] like the released checkpoint (the
   defaults have none, and vLLM's M-RoPE needs it), untied thinker embeddings (Qwen2-7B's), and
   the thinker EOS set (so its generation_config has one). Thinker and talker weights come from
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -38,8 +41,23 @@ REF_MEL_FRAMES = 300  # reference mel length of each random speaker
 THINKER_EOS = 151645  # <|im_end|>
 
 
+# The released Qwen2.5-Omni-7B checkpoint's talker (its config.json); transformers' default
+# talker config is thinker-sized (hidden 3584, 28 layers, 28 heads).
+RELEASED_TALKER = {
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "head_dim": HEAD_DIM,
+    "intermediate_size": 18944,
+    "vocab_size": 8448,
+    "embedding_size": 3584,
+}
+
+
 class OmniShapesSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    scale: int = 1  # 1: transformers' default sizes; > 1: heads and layers divided by it
+    scale: int = 1  # 1: full sizes; > 1: heads and layers divided by it
+    talker: Literal["released", "default"] = "released"  # released 7B talker or transformers' default
     seed: int = 0
     token2wav_weights: bool = True  # write model.safetensors with random token2wav.* tensors
     layout: int = 2  # bumped when what is written changes: the cache key is the spec
@@ -67,6 +85,15 @@ def _scaled_decoder(d: dict[str, Any], scale: int) -> dict[str, Any]:
     }
 
 
+def _scaled_talker(d: dict[str, Any], spec: OmniShapesSpec) -> dict[str, Any]:
+    """The talker scaled like the thinker; the released talker keeps its narrow width
+    (heads * head_dim > hidden, as in the checkpoint)."""
+    out = _scaled_decoder(d, spec.scale)
+    if spec.talker == "released":
+        out["hidden_size"] = max(64, d["hidden_size"] // spec.scale // 32 * 32)
+    return out
+
+
 def omni_shapes_config(spec: OmniShapesSpec = SHAPES_7B) -> Any:
     """The `Qwen2_5OmniConfig` of `spec` (transformers' defaults at scale 1)."""
     from transformers import Qwen2_5OmniConfig
@@ -84,7 +111,10 @@ def omni_shapes_config(spec: OmniShapesSpec = SHAPES_7B) -> Any:
     # transformers' default thinker config lacks them.
     thinker: dict[str, Any] = {"text_config": text, "vision_start_token_id": 151652, "vision_end_token_id": 151653}
     talker: dict[str, Any] = {"rope_parameters": rope, "head_dim": HEAD_DIM, "embedding_size": width}
-    talker.update(_scaled_decoder(talker_d, spec.scale))
+    if spec.talker == "released":
+        talker_d = {**talker_d, **RELEASED_TALKER}
+        talker.update({k: v for k, v in RELEASED_TALKER.items() if k != "embedding_size"})
+    talker.update(_scaled_talker(talker_d, spec) if spec.scale > 1 else {})
     token2wav: dict[str, Any] = {}
     if spec.scale > 1:
         # Toy encoders (text-only prompts never reach them) and token2wav; the codec vocab keeps

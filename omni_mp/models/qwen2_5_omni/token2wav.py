@@ -12,10 +12,18 @@ The modules are transformers' own; what is ours is the batched forward around th
 - the speaker encoder (ECAPA) depends only on the speaker: it runs once per speaker at load,
   for the conditional (`ref_mel`) and the unconditional (zeros) half of CFG.
 - rows with guidance < 1e-5 get no unconditional half (transformers skips CFG there too).
+- CUDA graphs (`graph_frame_step`, `use_graphs`; the engine's runner holds the machinery):
+  `collate(..., pad_to=(rows, frames))` pads a step to a bucket (padded rows have no frames
+  and attend only to themselves; every row gets an unconditional half, guidance 0 where CFG
+  is off, which leaves the conditional output as it is), and the vocoder runs as
+  `_vocode` (transformers' BigVGAN forward on the device, without its host copy) from one graph
+  per (row bucket, frames); BigVGAN is a convolution stack, so its frames are never padded.
+- no host syncs: codes, lengths and guidance are assembled on the CPU and copied once.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +50,7 @@ class Speaker:
 
 @dataclass(frozen=True, slots=True)
 class Token2WavCond:
-    codes: torch.Tensor  # int64 [n] on the device
+    codes: torch.Tensor  # int64 [n] on the CPU
     speaker: Speaker
     frames: int
 
@@ -50,12 +58,13 @@ class Token2WavCond:
 @dataclass(frozen=True, slots=True)
 class Token2WavBatch:
     code_embed: torch.Tensor  # [R, S, emb_dim]: conditional rows, then unconditional ones
-    ecapa: torch.Tensor  # [R, S, enc_dim]
-    spk: torch.Tensor  # [R, S, enc_emb_dim]
-    block_diff: torch.Tensor  # [R or 1, 1, S, S]
-    position_ids: torch.Tensor  # [R, S]
+    ecapa: torch.Tensor  # [R, enc_dim] (expanded over frames in `velocity`)
+    spk: torch.Tensor  # [R, enc_emb_dim]
+    block_diff: torch.Tensor  # int32 [R or 1, 1, S, S]
+    position_ids: torch.Tensor  # [S]
     cfg_rows: torch.Tensor  # indices (into the B conditional rows) that also have an unconditional row
     guidance: torch.Tensor  # [len(cfg_rows), 1, 1]
+    all_cfg: bool  # cfg_rows is every row (no gather)
 
 
 class Token2WavModel:
@@ -81,6 +90,11 @@ class Token2WavModel:
         self.samples_per_input = frames_to_samples * cfg.repeats
         self.sample_rate = SAMPLE_RATE
         self.speakers = {name: self._speaker(name, entry) for name, entry in speakers.items()}
+        self.graph_frame_step = cfg.block_size  # graph buckets: whole attention blocks
+        # transformers' BigVGAN amplitude floor (-115 dB), made on the device once, as it makes it
+        self._min_level = torch.exp(torch.tensor(-115 / 20.0 * math.log(10), device=device, dtype=torch.float32))
+        self._vocoder_rows: tuple[int, ...] | None = None  # graph row buckets (use_graphs)
+        self._vocode_fn: Any = self._vocode
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> Token2WavModel:
@@ -126,64 +140,116 @@ class Token2WavModel:
     def condition(self, window: Window) -> Token2WavCond:
         assert window.params.speaker is not None
         return Token2WavCond(
-            codes=window.ids.to(self.device),
+            codes=window.ids.to("cpu", torch.long),
             speaker=self.speakers[window.params.speaker],
             frames=window.ids.numel() * self.frames_per_input,
         )
 
     @torch.no_grad()
-    def collate(self, conds: Sequence[Token2WavCond], guidance: torch.Tensor) -> Token2WavBatch:
+    def collate(
+        self, conds: Sequence[Token2WavCond], guidance: torch.Tensor, pad_to: tuple[int, int] | None = None
+    ) -> Token2WavBatch:
+        """`guidance`: float32 [B] on the CPU. `pad_to` (rows, frames): a CUDA graph bucket."""
         n = len(conds)
-        s = max(c.frames for c in conds)
-        cfg_rows = torch.nonzero(guidance >= CFG_MIN).flatten()
-        rows = n + cfg_rows.numel()
-        codes = torch.zeros(n, s // self.frames_per_input, dtype=torch.long, device=self.device)
-        lengths = torch.tensor([c.frames for c in conds], device=self.device)
+        frames = [c.frames for c in conds]
+        if pad_to is None:
+            b, s = n, max(frames)
+            cfg_rows = torch.nonzero(guidance >= CFG_MIN).flatten()
+            g = guidance[cfg_rows]
+        else:  # every row has an unconditional half: the graph's shapes do not depend on guidance
+            b, s = pad_to
+            if b < n or s < max(frames):
+                raise ValueError(f"pad_to {pad_to} is smaller than the batch ({n} rows, {max(frames)} frames)")
+            cfg_rows = torch.arange(b)
+            g = torch.zeros(b)
+            g[:n] = torch.where(guidance >= CFG_MIN, guidance, 0.0)
+        fpi = self.frames_per_input
+        codes = torch.zeros(b, s // fpi, dtype=torch.long)
         for i, c in enumerate(conds):
             codes[i, : c.codes.numel()] = c.codes
-        text_embed = self.dit.text_embed
-        code_embed = text_embed(codes)  # [n, s, emb]; padded frames embed code 0, and are masked
-        uncond = text_embed(codes[cfg_rows], drop_code=True)
-        ecapa = torch.stack([c.speaker.ecapa for c in conds] + [conds[i].speaker.ecapa_uncond for i in cfg_rows])
-        spk = torch.stack([c.speaker.spk for c in conds])
-        spk = torch.cat([spk, torch.zeros_like(spk[cfg_rows])])
+        lengths = torch.tensor(frames + [0] * (b - n))  # padded rows have no frames
         lengths = torch.cat([lengths, lengths[cfg_rows]])
-        pos = torch.arange(s, device=self.device)
+        padded = bool((lengths < s).any())  # on the CPU: no device sync
+        dev = self.device
+        codes = codes.to(dev)
+        cfg_dev = cfg_rows.to(dev)
+        text_embed = self.dit.text_embed
+        code_embed = text_embed(codes)  # [b, s, emb]; padded frames embed code 0, and are masked
+        uncond = text_embed(codes[cfg_dev], drop_code=True)
+        zeros = torch.zeros_like(conds[0].speaker.ecapa)
+        ecapa = torch.stack(
+            [c.speaker.ecapa for c in conds]
+            + [zeros] * (b - n)
+            + [conds[i].speaker.ecapa_uncond if i < n else zeros for i in cfg_rows.tolist()]
+        )
+        spk = torch.stack([c.speaker.spk for c in conds] + [torch.zeros_like(conds[0].speaker.spk)] * (b - n))
+        spk = torch.cat([spk, torch.zeros_like(spk[cfg_dev])])
+        pos = torch.arange(s, device=dev)
         block = pos // self.block_size
-        block_diff = (block[None, :] - block[:, None])[None]  # [1, S, S]: one pattern for every row
-        if bool((lengths < s).any()):
-            keep = (pos[None, None, :] < lengths[:, None, None]) | (pos[:, None] == pos[None, :])[None]
+        block_diff = (block[None, :] - block[:, None]).to(torch.int32)[None]  # [1, S, S]: one pattern for every row
+        if padded:
+            lengths_dev = lengths.to(dev)
+            keep = (pos[None, None, :] < lengths_dev[:, None, None]) | (pos[:, None] == pos[None, :])[None]
             block_diff = torch.where(keep, block_diff, _FAR)  # [R, S, S]
         return Token2WavBatch(
             code_embed=torch.cat([code_embed, uncond]),
-            ecapa=ecapa[:, None].expand(rows, s, -1),
-            spk=spk[:, None].expand(rows, s, -1),
+            ecapa=ecapa,
+            spk=spk,
             # [R or 1, 1, S, S]: the layers' masks broadcast over heads (and rows), so each layer
             # builds a mask of S^2 (x rows when padded) elements, not rows x heads x S^2.
             block_diff=block_diff[:, None],
-            position_ids=pos[None].expand(rows, s),
-            cfg_rows=cfg_rows,
-            guidance=guidance[cfg_rows].to(self.device).view(-1, 1, 1),
+            position_ids=pos,
+            cfg_rows=cfg_dev,
+            guidance=g.to(dev).view(-1, 1, 1),
+            all_cfg=cfg_rows.numel() == b,
         )
 
     @torch.no_grad()
     def velocity(self, batch: Token2WavBatch, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         dit = self.dit
-        n = x.shape[0]
+        n, s = x.shape[0], x.shape[1]
         rows = batch.code_embed.shape[0]
-        x2 = torch.cat([x, x[batch.cfg_rows]]) if rows > n else x
-        t2 = torch.cat([t, t[batch.cfg_rows]]) if rows > n else t
+        if rows == n:
+            x2, t2 = x, t
+        elif batch.all_cfg:
+            x2, t2 = torch.cat([x, x]), torch.cat([t, t])
+        else:
+            x2, t2 = torch.cat([x, x[batch.cfg_rows]]), torch.cat([t, t[batch.cfg_rows]])
         time_embedding = dit.time_embed(t2)
-        h = dit.input_embed.proj(torch.cat((x2, batch.ecapa, batch.code_embed, batch.spk), dim=-1))
-        position_embeddings = dit.rotary_embed(h, batch.position_ids)
+        ecapa = batch.ecapa[:, None].expand(rows, s, -1)
+        spk = batch.spk[:, None].expand(rows, s, -1)
+        h = dit.input_embed.proj(torch.cat((x2, ecapa, batch.code_embed, spk), dim=-1))
+        position_embeddings = dit.rotary_embed(h, batch.position_ids[None].expand(rows, s))
         for layer in dit.transformer_blocks:
             h = layer(h, time_embedding, position_embeddings=position_embeddings, block_diff=batch.block_diff)
         out = dit.proj_out(dit.norm_out(h, time_embedding))
         if rows == n:
             return out
         cond = out[:n]
+        if batch.all_cfg:
+            return cond + (cond - out[n:]) * batch.guidance
         guided = cond[batch.cfg_rows]
         return cond.index_copy(0, batch.cfg_rows, guided + (guided - out[n:]) * batch.guidance)
+
+    # ---- vocoder --------------------------------------------------------------------------------
+    def use_graphs(self, graphs: Any, row_buckets: Sequence[int]) -> None:
+        """Run the vocoder from CUDA graphs of `graphs` (omni_mp.engines.diffusion.graphs.GraphSet)."""
+        self._vocoder_rows = tuple(sorted(row_buckets))
+        self._vocode_fn = graphs.wrap(self._vocode, "vocoder")
+
+    @torch.no_grad()
+    def _vocode(self, mel: torch.Tensor) -> torch.Tensor:
+        """transformers' `Qwen2_5OmniToken2WavBigVGANModel.forward` on [B, mel_dim, F], the same
+        operations, leaving the waveform [B, samples] on the device (capture-safe)."""
+        v = self.vocoder
+        db = 20 * torch.log10(torch.clamp(torch.exp(mel), min=self._min_level)) - 20
+        h = v.conv_pre(v.normalize_spectrogram(db, 1, -115))
+        for i in range(v.num_upsample_layers):
+            h = v.ups[i][0](h)
+            res = sum(v.resblocks[i * v.num_residual_blocks + j](h) for j in range(v.num_residual_blocks))
+            h = res / v.num_residual_blocks
+        wav = v.conv_post(v.activation_post(h))
+        return torch.clamp(wav, min=-1.0, max=1.0).reshape(mel.shape[0], -1)
 
     @torch.no_grad()
     def decode(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -193,8 +259,14 @@ class Token2WavModel:
         for i, st in enumerate(states):
             groups.setdefault(st.shape[0], []).append(i)
         for idx in groups.values():
-            mel = torch.stack([states[i] for i in idx]).permute(0, 2, 1)
-            wav = self.vocoder(mel).reshape(len(idx), -1)  # clamped to [-1, 1], on the CPU
+            rows = None if self._vocoder_rows is None else next((b for b in self._vocoder_rows if b >= len(idx)), None)
+            mel = torch.stack([states[i] for i in idx])
+            if rows is None:
+                wav = self._vocode(mel.permute(0, 2, 1))
+            else:  # a graph bucket of rows (padded rows: zero mel, dropped)
+                mel = torch.cat([mel, mel.new_zeros(rows - len(idx), *mel.shape[1:])])
+                wav = self._vocode_fn(mel.permute(0, 2, 1).contiguous())
+            wav = wav[: len(idx)].cpu()  # clamped to [-1, 1]
             for j, i in enumerate(idx):
                 out[i] = wav[j].to(torch.float32)
         return out  # type: ignore[return-value]

@@ -27,7 +27,7 @@ through the look-ahead).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,8 @@ class _Stream:
     """What a request keeps between its chunks."""
 
     frames: int = 0  # frames the transformer has run
-    keys: list[torch.Tensor] = field(default_factory=list)  # per layer [heads, <= window - 1, head_dim], rotated
-    values: list[torch.Tensor] = field(default_factory=list)
+    # [layers, 2 (keys, values), heads, <= window - 1, head_dim]: rotated, of its last frames
+    kv: torch.Tensor | None = None
     hidden: torch.Tensor | None = None  # [n, hidden] transformer outputs of frames [hidden_start, frames)
     hidden_start: int = 0
 
@@ -69,16 +69,16 @@ class _PastKV:
     """The `past_key_values` transformers' attention layers call `update` on: the cached keys
     and values of a batch (padded), concatenated with the step's new ones."""
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        self.keys, self.values = keys, values
-        self.new_keys: list[torch.Tensor] = [keys[0]] * len(keys)
-        self.new_values: list[torch.Tensor] = [values[0]] * len(values)
+    def __init__(self, kv: torch.Tensor) -> None:
+        self.kv = kv  # [rows, layers, 2, heads, cached, head_dim]
+        self.new: list[torch.Tensor] = [kv] * kv.shape[1]  # per layer [rows, 2, heads, new, head_dim]
 
     def update(
         self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        self.new_keys[layer_idx], self.new_values[layer_idx] = k, v
-        return torch.cat([self.keys[layer_idx], k], dim=2), torch.cat([self.values[layer_idx], v], dim=2)
+        self.new[layer_idx] = torch.stack([k, v], dim=1)
+        past = self.kv[:, layer_idx]
+        return torch.cat([past[:, 0], k], dim=2), torch.cat([past[:, 1], v], dim=2)
 
 
 class Code2WavModel:
@@ -181,14 +181,14 @@ class Code2WavModel:
             return
         hf, dev = self.hf, self.device
         new = [w.end - st.frames for w, st in rows]
-        cached = [st.keys[0].shape[1] if st.keys else 0 for _, st in rows]
+        cached = [0 if st.kv is None else st.kv.shape[3] for _, st in rows]
         codes = torch.zeros(len(rows), self.groups, max(new), dtype=torch.long, device=dev)
         for i, (w, st) in enumerate(rows):
             codes[i, :, : new[i]] = w.codes[:, st.frames - w.start :]
         x = hf.code_embedding(codes + hf.code_offset).mean(1)  # [rows, new, hidden]
         first = torch.tensor([st.frames for _, st in rows], device=dev)
         q_pos = first[:, None] + torch.arange(max(new), device=dev)  # absolute frame positions
-        past = _PastKV(*self._gather(rows, cached))
+        past = _PastKV(self._gather(rows, cached))
         mask = self._mask(first, q_pos, cached, new)
         pe = hf.pre_transformer.rotary_emb(x, q_pos)
         h = x
@@ -196,32 +196,22 @@ class Code2WavModel:
             h = layer(h, attention_mask=mask, position_embeddings=pe, past_key_values=past)
         h = hf.pre_transformer.norm(h)
         keep = self.sliding_window - 1  # what later frames attend to
+        new_kv = torch.stack(past.new, dim=1)  # [rows, layers, 2, heads, new, head_dim]
         for i, (_, st) in enumerate(rows):
             c, m = cached[i], new[i]
-            pairs = zip(past.keys, past.new_keys, past.values, past.new_values, strict=True)
-            kept = [
-                (torch.cat([k[i, :, :c], nk[i, :, :m]], 1), torch.cat([v[i, :, :c], nv[i, :, :m]], 1))
-                for k, nk, v, nv in pairs
-            ]
-            st.keys = [k[:, -keep:] for k, _ in kept]
-            st.values = [v[:, -keep:] for _, v in kept]
+            st.kv = torch.cat([past.kv[i, :, :, :, :c], new_kv[i, :, :, :, :m]], dim=3)[:, :, :, -keep:].clone()
             st.hidden = h[i, :m] if st.hidden is None else torch.cat([st.hidden, h[i, :m]])
             st.frames += m
 
-    def _gather(self, rows: list[tuple[Code2WavWindow, _Stream]], cached: list[int]) -> tuple[list, list]:
-        """Per layer, the rows' cached keys and values padded to the longest: [rows, heads, c, head_dim]."""
-        shape = (len(rows), self.heads, max(cached), self.head_dim)
-        keys, values = [], []
-        for layer in range(len(self.layers)):
-            k = torch.zeros(shape, device=self.device, dtype=self.dtype)
-            v = torch.zeros_like(k)
-            for i, (_, st) in enumerate(rows):
-                if cached[i]:
-                    k[i, :, : cached[i]] = st.keys[layer]
-                    v[i, :, : cached[i]] = st.values[layer]
-            keys.append(k)
-            values.append(v)
-        return keys, values
+    def _gather(self, rows: list[tuple[Code2WavWindow, _Stream]], cached: list[int]) -> torch.Tensor:
+        """The rows' cached keys and values, padded: [rows, layers, 2, heads, max cached, head_dim]."""
+        kv = torch.zeros(
+            len(rows), len(self.layers), 2, self.heads, max(cached), self.head_dim, device=self.device, dtype=self.dtype
+        )
+        for i, (_, st) in enumerate(rows):
+            if st.kv is not None:
+                kv[i, :, :, :, : cached[i]] = st.kv
+        return kv
 
     def _mask(self, first: torch.Tensor, q_pos: torch.Tensor, cached: list[int], new: list[int]) -> torch.Tensor:
         """[rows, 1, new, cached + new] bool: a query sees the valid keys of its row at most
@@ -251,10 +241,10 @@ class Code2WavModel:
             groups.setdefault(e - a, []).append(i)
         for idx in groups.values():
             hidden = torch.stack([self._span(streams[i], *spans[i]) for i in idx]).permute(0, 2, 1)
-            wav = self._upsample_decode(hidden)
+            wav = self._upsample_decode(hidden).to(device="cpu", dtype=torch.float32)
             for j, i in enumerate(idx):
                 skip = (windows[i].start - spans[i][0]) * self.frame_samples
-                out[i] = wav[j, skip:].to(device="cpu", dtype=torch.float32)
+                out[i] = wav[j, skip:]
         for w, st in zip(windows, streams, strict=True):  # later windows start at or after this one
             drop = max(0, w.start - CONV_LEFT_FRAMES) - st.hidden_start
             if drop > 0 and st.hidden is not None:

@@ -1,0 +1,557 @@
+"""vllm-omni 0.25.0rc1 as a black box, measured like benchmarks/omni_gpu.py measures omni_mp's
+stream phase (issue 20): same model dir, same prompts, same fixed lengths, same fields.
+
+vllm-omni runs through its own offline API, `vllm_omni.AsyncOmni(model=DIR, deploy_config=YAML)`
+(the engine behind `vllm serve DIR --omni --deploy-config YAML`, without HTTP): one `generate()`
+per request, all of a round's requests submitted at once. Its Qwen2.5-Omni pipeline runs
+token2wav once, after the talker finished a request: its first audio is its last, and the time
+at which a request's audio output reaches the caller is both.
+
+Configs (overlay YAMLs on vllm-omni's shipped deploy/qwen2_5_omni.yaml, benchmarks/peer/):
+  shipped   qwen2_5_omni_1gpu.yaml: the shipped settings (max_num_seqs 1, eager) on one GPU
+  seqs64    qwen2_5_omni_1gpu_seqs64.yaml: the same with max_num_seqs 64 on every stage
+Model dir: omni_gpu.py's (omni_gpu.model_dir: the shapes dir of omni_mp/models/qwen2_5_omni/
+shapes.py plus tokenizer and processor files, benchmarks/omni_bench_dir.py), random weights
+(`load_format: dummy` on every stage; vllm-omni builds the audio and vision towers too).
+Per request: a distinct prompt of --prompt-len ids (omni_gpu.prompts, the same seeds), the
+thinker writes exactly --thinker-tokens tokens (ignore_eos), the talker exactly --talker-codes
+codes (ignore_eos; `allowed_token_ids` = the 8192 real codec ids, as omni_mp suppresses the
+control ids: a random talker never stops early and token2wav gets real codes only). Every
+request's thinker token count and audio length are checked (a round that differs fails).
+Output: `<out>/vllm_omni_<config>.json` with omni_gpu's stream-phase fields per level
+("1", "8", ...: wall_s, first_audio_p50_s, first_audio_p90_s, rtf_mean, audio_s_per_s,
+thinker_tok_s, audio_s_per_request) plus cold_start_s, and "error" / per-level "errors" when a
+run fails: a failed run is written with its error, never dropped. omni_gpu.py's report reads
+these files from its --out (`peer_table` below).
+
+Isolation: vllm-omni registers a vLLM plugin that patches vLLM classes. It is never installed in
+the project's environment: install it into a directory of its own (`pip install --no-deps
+--target DIR`, benchmarks/peer/wheels.txt) and give that as --peer-site: only the child process
+that runs vllm-omni gets DIR on its PYTHONPATH (omni_gpu.py sets VLLM_PLUGINS to an empty value,
+which loads no plugin, for omni_mp's runs).
+
+The parent process (this script) needs no vllm-omni: it builds the model dir, renders the
+overlay next to a copy of the installed base YAML, runs the measurement in a child process
+(`--child`, its own session, killed with its stage processes at --deadline-s), and writes the
+result file (merging what the child wrote before a timeout). GPU commands: docs/benchmarks.md.
+CPU check (vllm-omni has no CPU platform: the run fails at its first stage and the file records
+that error; the model dir, overlay resolution and sampling parameters are exercised):
+  PYTHONPATH=$PWD python benchmarks/peer_vllm_omni.py --smoke --peer-site /work/peer-site --out /tmp/peer_smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import hashlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import omni_gpu  # noqa: E402  (benchmarks/omni_gpu.py: prompts, percentile, model_dir, constants)
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = {"shipped": "qwen2_5_omni_1gpu.yaml", "seqs64": "qwen2_5_omni_1gpu_seqs64.yaml"}
+BASE_YAML = "qwen2_5_omni.yaml"  # vllm-omni's shipped deploy config, in its package's deploy/
+FIELDS = ("wall_s", "first_audio_p50_s", "first_audio_p90_s", "rtf_mean", "audio_s_per_s", "thinker_tok_s")
+AUDIO_KEYS = ("audio", "model_outputs", "waveform", "wav")
+# What vllm-omni's Qwen2.5-Omni run imports in its stage processes (checked before it starts).
+PREFLIGHT = (
+    "vllm_omni.entrypoints.async_omni",
+    "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni",
+    "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_thinker",
+    "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_talker",
+    "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_token2wav",
+    "vllm_omni.model_executor.stage_input_processors.qwen2_5_omni",
+    "vllm_omni.worker.gpu_ar_worker",
+    "vllm_omni.worker.gpu_generation_worker",
+    "vllm_omni.diffusion.data",
+)
+RATE_KEYS = ("sr", "sample_rate", "audio_sample_rate", "sampling_rate")
+
+
+def say(msg: str) -> None:
+    print(f"[peer_vllm_omni] {msg}", flush=True)
+
+
+def result_path(out: Path, config: str, part: str | None = None) -> Path:
+    return out / f"vllm_omni_{config}{'.' + part if part else ''}.json"
+
+
+def peer_docs(out: Path) -> dict[str, dict[str, Any]]:
+    """Every vllm_omni_<config>[.<part>].json in `out`, the parts of one config merged (levels
+    measured in separate device calls: a later part's level wins; every error is kept)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for f in sorted(out.glob("vllm_omni_*.json")):
+        doc = json.loads(f.read_text())
+        m = merged.setdefault(doc.get("config", f.stem), {"run_errors": [], "errors": {}, "cold_start_s": []})
+        m.update({k: v for k, v in doc.items() if k in ("system", "config", "overlay", "device", "lengths")})
+        for c, level in doc.items():
+            if c.isdigit():
+                m[c] = level
+                m["errors"].pop(c, None)
+        m["errors"].update(doc.get("errors", {}))
+        if "error" in doc:
+            m["run_errors"].append(f"{f.name}: {doc['error']}")
+        if "cold_start_s" in doc:
+            m["cold_start_s"].append(doc["cold_start_s"])
+    return merged
+
+
+# ---- parent: model dir, overlay, child process -------------------------------------------------
+def render_overlay(config: str, peer_site: Path, run_dir: Path) -> tuple[Path, dict[str, str]]:
+    """Our overlay chain and the installed base YAML, copied into run_dir (base_config paths are
+    resolved next to the overlay); returns the overlay to load and each file's sha256."""
+    base = peer_site / "vllm_omni" / "deploy" / BASE_YAML
+    if not base.is_file():
+        raise FileNotFoundError(f"{base} missing: is vllm-omni installed in --peer-site {peer_site}?")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shas = {}
+    for src in [base, *(HERE / "peer" / name for name in CONFIGS.values())]:
+        shutil.copyfile(src, run_dir / src.name)
+        shas[src.name] = hashlib.sha256(src.read_bytes()).hexdigest()
+    return run_dir / CONFIGS[config], shas
+
+
+def installed_version(peer_site: Path) -> str:
+    found = sorted(peer_site.glob("vllm_omni-*.dist-info"))
+    return found[-1].name.removeprefix("vllm_omni-").removesuffix(".dist-info") if found else "not installed"
+
+
+def child_env(peer_site: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("VLLM_PLUGINS", None)  # vllm-omni needs its own vLLM plugin (model registration)
+    env["PYTHONPATH"] = os.pathsep.join([str(peer_site), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    return env
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out_file = result_path(args.out, args.config, args.part)
+    doc: dict[str, Any] = {
+        "system": f"vllm-omni {installed_version(args.peer_site)}",
+        "config": args.config,
+        "overlay": f"benchmarks/peer/{CONFIGS[args.config]}",
+        "lengths": {
+            "prompt_len": args.prompt_len, "thinker_tokens": args.thinker_tokens, "talker_codes": args.talker_codes,
+            "audio_s": args.talker_codes * omni_gpu.SAMPLES_PER_CODE / omni_gpu.SAMPLE_RATE,
+        },
+        "concurrency": args.concurrency,
+        "device": device_name(),
+    }  # fmt: skip
+    t0 = time.perf_counter()
+    try:
+        model = omni_gpu.model_dir(args)
+        doc["model_dir"] = str(model)
+        doc["sizes"] = model_sizes(model)
+        overlay, doc["yaml_sha256"] = render_overlay(args.config, args.peer_site, args.out / f"peer-{args.config}")
+    except Exception as err:  # noqa: BLE001 - written to the result file
+        doc["error"] = f"setup: {type(err).__name__}: {err}"
+        out_file.write_text(json.dumps(doc, indent=1))
+        say(doc["error"])
+        return doc
+    partial = args.out / f".{result_path(args.out, args.config, args.part).stem}.partial.json"
+    partial.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--child", str(overlay), "--model", str(model), "--partial", str(partial)]
+    cmd += [a for a in sys.argv[1:]]
+    timeout = args.deadline_s - (time.perf_counter() - t0) if args.deadline_s else None
+    log = result_path(args.out, args.config, args.part).with_suffix(".log")
+    say(f"{doc['system']}, config {args.config} ({overlay.name}), levels {args.concurrency}; log: {log}")
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            cmd, cwd=omni_gpu.REPO, env=child_env(args.peer_site), stdout=logf, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the stage processes go with it
+        )  # fmt: skip
+        code: int | str
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = f"killed at --deadline-s {args.deadline_s:.0f} s"
+            end_group(proc.pid)
+            proc.wait()
+    end_group(proc.pid)  # whatever the child left of its group (vllm-omni's stage processes)
+    if partial.exists():
+        doc.update(json.loads(partial.read_text()))
+        partial.unlink()
+    if code != 0 and "error" not in doc:
+        doc["error"] = f"child exit {code}; last log lines: {tail(log, 15)}"
+    doc["run_s"] = time.perf_counter() - t0
+    out_file.write_text(json.dumps(doc, indent=1))
+    say(f"wrote {out_file}" + (f" (FAILED: {doc['error'][:300]})" if "error" in doc else ""))
+    return doc
+
+
+def device_name() -> str:
+    """omni_gpu's device name, taken in a short-lived process: no CUDA context is held in this
+    one (its GPU memory would stay taken while vllm-omni runs) or made before vllm-omni starts."""
+    code = "import omni_gpu; print(omni_gpu.device_name())"
+    got = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=120)
+    return got.stdout.strip().splitlines()[-1] if got.returncode == 0 and got.stdout.strip() else "unknown device"
+
+
+def end_group(pgid: int, grace_s: float = 20.0) -> None:
+    """SIGTERM to every process of the group, SIGKILL to what is left after grace_s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        t_end = time.monotonic() + grace_s
+        while time.monotonic() < t_end:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def tail(path: Path, n: int) -> str:
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[-3000:]
+
+
+def model_sizes(model: Path) -> dict[str, Any]:
+    cfg = json.loads((model / "config.json").read_text())
+    text, talker = cfg["thinker_config"]["text_config"], cfg["talker_config"]
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    return {
+        "thinker": {k: text[k] for k in (*keys, "vocab_size")},
+        "talker": {k: talker.get(k) for k in (*keys, "head_dim", "vocab_size", "embedding_size")},
+    }
+
+
+# ---- child: vllm-omni in this process ----------------------------------------------------------
+def sampling_params_list(omni: Any, args: argparse.Namespace) -> list[Any]:
+    """The deploy config's per-stage defaults (its sampling constraints included) with the fixed
+    lengths, the talker restricted to real codec ids, and the LLM stages' outputs final-only."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    overrides: dict[int, dict[str, Any]] = {
+        0: {"max_tokens": args.thinker_tokens, "min_tokens": args.thinker_tokens, "ignore_eos": True},
+        1: {
+            "max_tokens": args.talker_codes, "min_tokens": args.talker_codes, "ignore_eos": True,
+            "allowed_token_ids": list(range(omni_gpu.CODEC_IDS)),
+        },
+    }  # fmt: skip
+    out = []
+    for i, sp in enumerate(omni.default_sampling_params_list):
+        if not isinstance(sp, SamplingParams):  # a stage that is not an LLM: as configured
+            out.append(copy.deepcopy(sp))
+            continue
+        fields = {f: copy.deepcopy(getattr(sp, f)) for f in sp.__struct_fields__ if not f.startswith("_")}
+        fields.update(overrides.get(i, {}))
+        fields["output_kind"] = RequestOutputKind.FINAL_ONLY
+        out.append(SamplingParams(**fields))  # built anew: derived fields (stop ids) recomputed
+    return out
+
+
+def audio_of(mm: Any) -> tuple[int, int | None, str]:
+    """(samples, sample rate or None, what was found) of one output's multimodal payload."""
+    import torch
+
+    def numel(x: Any) -> int:
+        if isinstance(x, torch.Tensor):
+            return x.numel()
+        if isinstance(x, (list, tuple)):
+            return sum(numel(v) for v in x)
+        return int(getattr(x, "size", 0) or 0)  # numpy
+
+    if mm is None:
+        return 0, None, "none"
+    if hasattr(mm, "to_dict"):  # vllm-omni's MultimodalPayload: tensors and metadata
+        items = mm.to_dict()
+    else:
+        items = dict(mm.items()) if hasattr(mm, "items") else {"audio": mm}
+    rate = None
+    for k in RATE_KEYS:
+        if k in items and items[k] is not None:
+            v = items[k]
+            v = v.flatten()[0].item() if isinstance(v, torch.Tensor) else v
+            rate = int(v[0] if isinstance(v, (list, tuple)) else v)
+            break
+    for k in AUDIO_KEYS:
+        if k in items and items[k] is not None:
+            return numel(items[k]), rate, f"{k} ({type(items[k]).__name__}); keys {sorted(items)}"
+    return 0, rate, f"no audio key; keys {sorted(items)}"
+
+
+async def one_request(omni: Any, prompt: list[int], rid: str, sps: list[Any], t0: float) -> dict[str, Any]:
+    first, last, samples, rate, thinker_tokens, found, n_audio = None, None, 0, None, None, "", 0
+    gen = omni.generate(
+        {"prompt_token_ids": prompt}, request_id=rid, sampling_params_list=sps, output_modalities=["text", "audio"]
+    )
+    async for out in gen:
+        now = time.perf_counter()
+        if getattr(out, "error", None):
+            raise RuntimeError(f"request {rid}: stage {out.stage_id}: {out.error}")
+        completions = getattr(out.request_output, "outputs", None)
+        if out.stage_id == 0 and completions:  # the thinker's text output (final-only: all its tokens)
+            thinker_tokens = len(completions[0].token_ids)
+        if out.final_output_type == "audio":
+            n, r, found = audio_of(out.multimodal_output)
+            if n:
+                n_audio += 1
+                first = now if first is None else first
+                last, samples, rate = now, n, r or rate  # the final output carries the whole audio
+    done = time.perf_counter()
+    if first is None:
+        raise RuntimeError(f"request {rid}: no audio output ({found or 'no audio-type output'})")
+    rate = rate or omni_gpu.SAMPLE_RATE
+    return {
+        "first_s": first - t0, "last_audio_s": last - t0, "done_s": done - t0, "audio_s": samples / rate,
+        "sample_rate": rate, "thinker_tokens": thinker_tokens, "audio_outputs": n_audio, "found": found,
+    }  # fmt: skip
+
+
+def check_round(batch: list[list[int]], reqs: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Distinct prompts, every request's thinker token count exact and every request's audio as
+    long as every other's: what makes requests and systems comparable. The audio length against
+    omni_mp's (codes x 480 samples) is exact unless --audio-tolerance allows a vllm-omni that
+    trims a few samples (the difference is then written into the result and the report)."""
+    if len({tuple(p) for p in batch}) != len(batch):
+        raise RuntimeError("prompts of a round are not distinct")
+    audio_s = args.talker_codes * omni_gpu.SAMPLES_PER_CODE / omni_gpu.SAMPLE_RATE
+    lengths = sorted({round(r["audio_s"], 6) for r in reqs})
+    bad = [
+        r
+        for r in reqs
+        if abs(r["audio_s"] - audio_s) > args.audio_tolerance * audio_s + 1e-6
+        or r["thinker_tokens"] != args.thinker_tokens
+    ]
+    if bad or len(lengths) > 1:
+        b = (bad or reqs)[0]
+        raise RuntimeError(
+            f"{len(bad)} of {len(reqs)} requests differ from the fixed lengths ({args.thinker_tokens} thinker tokens, "
+            f"{audio_s:.4f} s of audio), e.g. {b['thinker_tokens']} tokens, {b['audio_s']:.4f} s "
+            f"at {b['sample_rate']} Hz; audio lengths in the round: {lengths[:5]} s"
+        )
+
+
+def summarize(batch: list[list[int]], reqs: list[dict[str, Any]], wall: float, args: argparse.Namespace) -> dict:
+    """omni_gpu's stream-phase fields for one round (first audio = the audio output's arrival)."""
+    check_round(batch, reqs, args)
+    firsts = [r["first_s"] for r in reqs]
+    audio = sum(r["audio_s"] for r in reqs)
+    return {
+        "wall_s": wall,
+        "first_audio_p50_s": statistics.median(firsts),
+        "first_audio_p90_s": omni_gpu.percentile(firsts, 0.9),
+        "rtf_mean": statistics.fmean(r["last_audio_s"] / r["audio_s"] for r in reqs),
+        "audio_s_per_s": audio / wall,
+        "thinker_tok_s": sum(r["thinker_tokens"] for r in reqs) / wall,
+        "audio_s_per_request": audio / len(reqs),
+        "audio_s_expected": args.talker_codes * omni_gpu.SAMPLES_PER_CODE / omni_gpu.SAMPLE_RATE,
+        "done_p50_s": statistics.median(r["done_s"] for r in reqs),
+        "audio_outputs_per_request": max(r["audio_outputs"] for r in reqs),
+    }
+
+
+async def a_round(omni: Any, batch: list[list[int]], sps: list[Any], tag: str, args: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    got = await asyncio.gather(
+        *(one_request(omni, p, f"{tag}-{i}", sps, t0) for i, p in enumerate(batch)), return_exceptions=True
+    )  # every request ends before the round does (a failed one must not leak into the next level)
+    errors = [g for g in got if isinstance(g, BaseException)]
+    if errors:
+        raise RuntimeError(
+            f"{len(errors)} of {len(batch)} requests failed, first: {type(errors[0]).__name__}: {errors[0]}"
+        )
+    reqs = [g for g in got if not isinstance(g, BaseException)]
+    out = summarize(batch, reqs, time.perf_counter() - t0, args)
+    out["audio_payload"] = reqs[0]["found"]
+    return out
+
+
+def max_num_seqs(overlay: Path) -> int:
+    from vllm_omni.config.stage_config import load_deploy_config
+
+    return max(s.max_num_seqs or 1 for s in load_deploy_config(overlay).stages)
+
+
+def child(args: argparse.Namespace) -> int:
+    """vllm-omni in this process; what is measured goes to --partial after every step."""
+    res: dict[str, Any] = {}  # no CUDA in this process before vllm-omni starts its stages
+
+    def save() -> None:
+        args.partial.write_text(json.dumps(res, indent=1, default=str))
+
+    async def main() -> None:
+        import importlib
+
+        for mod in PREFLIGHT:  # a missing wheel fails here in seconds, not after a stage start
+            try:
+                importlib.import_module(mod)
+            except Exception as err:
+                raise RuntimeError(f"preflight: importing {mod}: {type(err).__name__}: {err}") from err
+        from vllm_omni.entrypoints.async_omni import AsyncOmni
+
+        res["max_num_seqs"] = max_num_seqs(args.child)
+        t0 = time.perf_counter()
+        omni = AsyncOmni(
+            model=str(args.model), deploy_config=str(args.child), stage_init_timeout=1500, init_timeout=1500
+        )
+        res["cold_start_s"] = time.perf_counter() - t0
+        say(f"ready in {res['cold_start_s']:.1f}s")
+        save()
+        try:
+            sps = sampling_params_list(omni, args)
+            res["sampling"] = [repr(s)[:600] for s in sps]
+            # One warm-up round (first runs of each batch size, allocator growth): at the highest
+            # level, but no more requests than the stages batch (at max_num_seqs 1, 2 requests
+            # already overlap all stages; more would only queue).
+            n = min(max(args.concurrency), max(2, res["max_num_seqs"]))
+            warm = await a_round(omni, omni_gpu.prompts(n, args.prompt_len, 1), sps, "warm", args)
+            res["warmup"] = {"requests": n, "wall_s": warm["wall_s"], "audio_payload": warm["audio_payload"]}
+            say(f"warm-up round of {n}: {warm['wall_s']:.1f}s; audio payload: {warm['audio_payload']}")
+            save()
+            for c in args.concurrency:
+                runs = []
+                for r in range(args.rounds):
+                    batch = omni_gpu.prompts(c, args.prompt_len, 1000 * c + r)  # omni_gpu's seeds
+                    try:
+                        runs.append(await a_round(omni, batch, sps, f"c{c}r{r}", args))
+                    except Exception as err:  # noqa: BLE001 - recorded per level, the run goes on
+                        res.setdefault("errors", {})[str(c)] = f"{type(err).__name__}: {err}"[:2000]
+                        say(f"c={c} FAILED: {res['errors'][str(c)]}")
+                        break
+                if runs:
+                    best = res[str(c)] = min(runs, key=lambda x: x["wall_s"])
+                    say(
+                        f"c={c}: first audio p50 {best['first_audio_p50_s'] * 1000:.0f} ms, "
+                        f"p90 {best['first_audio_p90_s'] * 1000:.0f} ms, RTF {best['rtf_mean']:.3f}, "
+                        f"{best['audio_s_per_s']:.2f} audio s/s, {best['thinker_tok_s']:.0f} thinker tok/s"
+                    )
+                save()
+        finally:
+            omni.shutdown()
+
+    try:
+        asyncio.run(main())
+    except Exception as err:  # noqa: BLE001 - the run failed: its error is the result
+        import traceback
+
+        res["error"] = f"{type(err).__name__}: {err}"[:2000]
+        res["traceback"] = traceback.format_exc()[-4000:]
+        cause = err.__cause__ or err.__context__
+        if cause is not None:
+            where = traceback.extract_tb(cause.__traceback__)[-1:] if cause.__traceback__ else []
+            at = (
+                f" at {where[0].filename.split('site-packages/')[-1]}:{where[0].lineno} ({where[0].name})"
+                if where
+                else ""
+            )
+            res["error"] += f" (caused by {type(cause).__name__}: {cause}{at})"[:1000]
+        save()
+        say(f"FAILED: {res['error']}")
+        return 1
+    return 0
+
+
+# ---- omni_gpu.py's report: the peer next to omni_mp --------------------------------------------
+def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any]) -> list[str]:
+    """Markdown lines for the vllm-omni results in `out` (peer_docs): its levels next to omni_mp's
+    streaming ones (`stream`: omni_gpu's stream.json), and every error."""
+    lines: list[str] = []
+    for config, doc in peer_docs(out).items():
+        name = f"{doc.get('system', 'vllm-omni')}, config {config} ({doc.get('overlay', '')})"
+        colds = ", ".join(f"{x:.0f} s" for x in doc["cold_start_s"])
+        lines += ["", f"**{name}**" + (f": cold start {colds}" if colds else "")]
+        lines += [
+            "| concurrency | first audio p50 / p90 | omni_mp p50 | RTF | audio s/s | omni_mp / it "
+            "| thinker tok/s | omni_mp / it |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in concurrency:
+            p, o = doc.get(str(c)), stream.get(str(c), {})
+            if p is None:
+                err = doc["errors"].get(str(c)) or ("failed (below)" if doc["run_errors"] else "not run")
+                lines.append(f"| {c} | {err[:200]} | | | | | | |")
+                continue
+
+            def ratio(key: str, p: dict[str, Any] = p, o: dict[str, Any] = o) -> str:
+                return f"{o[key] / p[key]:.1f}x" if o.get(key) and p.get(key) else "-"
+
+            om = f"{o['first_audio_p50_s'] * 1000:.0f} ms" if "first_audio_p50_s" in o else "-"
+            lines.append(
+                f"| {c} | {p['first_audio_p50_s'] * 1000:.0f} / {p['first_audio_p90_s'] * 1000:.0f} ms | {om} "
+                f"| {p['rtf_mean']:.2f} | {p['audio_s_per_s']:.2f} | {ratio('audio_s_per_s')} "
+                f"| {p['thinker_tok_s']:.0f} | {ratio('thinker_tok_s')} |"
+            )
+        odd = {c: doc[c]["audio_s_per_request"] for c in doc if c.isdigit() and "audio_s_expected" in doc[c]}
+        odd = {c: a for c, a in odd.items() if abs(a - doc[c]["audio_s_expected"]) > 1e-6}
+        if odd:
+            lines.append(
+                f"audio per request differs from omni_mp's {doc[next(iter(odd))]['audio_s_expected']:.4f} s: {odd}"
+            )
+        lines += [f"run failed: {e[:1500]}" for e in doc["run_errors"]]
+    if lines:
+        head = "vllm-omni on the same GPU, same model dir, prompts and lengths (its first audio is its last):"
+        lines.insert(0, "\n" + head)
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", choices=sorted(CONFIGS), default="shipped")
+    p.add_argument("--part", help="write vllm_omni_<config>.<part>.json: levels of one config run in several calls")
+    p.add_argument("--peer-site", type=Path, default=Path("/tmp/peer-site"), help="where vllm-omni is installed")
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
+    p.add_argument("--thinker-tokens", type=int, default=128)
+    p.add_argument("--talker-codes", type=int, default=200, help="codes per request (50 = 1 s of audio)")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
+    p.add_argument(
+        "--audio-tolerance",
+        type=float,
+        default=0.0,
+        help="relative difference allowed between a request's audio and codes x 480 samples (0: exact)",
+    )
+    p.add_argument("--talker", choices=["released", "default"], default="released", help="as omni_gpu.py's")
+    p.add_argument("--smoke", action="store_true", help="the tiny model dir of omni_gpu.py --smoke")
+    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "omni_gpu-models")
+    p.add_argument("--out", type=Path, default=omni_gpu.REPO / "outputs" / "omni_gpu")
+    p.add_argument("--deadline-s", type=float, help="the child (and its stages) is killed after this; results kept")
+    p.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # the rendered overlay
+    p.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--partial", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.smoke:
+        for flag, attr, value in (
+            ("--concurrency", "concurrency", [1, 2]),
+            ("--thinker-tokens", "thinker_tokens", 8),
+            ("--talker-codes", "talker_codes", 36),
+            ("--prompt-len", "prompt_len", 16),
+        ):
+            if flag not in (argv or sys.argv):
+                setattr(args, attr, value)
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.child:
+        return child(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    return 0 if "error" not in run(args) and not run_errors(args) else 1
+
+
+def run_errors(args: argparse.Namespace) -> dict[str, str]:
+    return json.loads(result_path(args.out, args.config, args.part).read_text()).get("errors", {})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The side-by-side benchmark's shared model dir (benchmarks/omni_bench_dir.py) and the vllm-omni
+driver (benchmarks/peer_vllm_omni.py) on this CPU host.
+
+vllm-omni itself is never installed in the project's environment; the tests that run it need it
+in a directory of its own, named by PEER_SITE (e.g. `pip install --no-deps --target
+/work/peer-site vllm_omni==0.25.0rc1` + benchmarks/peer/wheels.txt), and skip without it.
+vllm-omni 0.25.0rc1 has no CPU platform: here its run fails at its first stage, and what is
+checked is that the driver writes that failure, with its error, into the result file and that
+omni_gpu.py's report shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+PEER_SITE = Path(os.environ.get("PEER_SITE", "/work/peer-site"))
+needs_peer = pytest.mark.skipif(
+    not (PEER_SITE / "vllm_omni").is_dir(), reason=f"vllm-omni not installed in PEER_SITE={PEER_SITE}"
+)
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from omni_bench_dir import with_processor
+
+    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, build_omni_shapes
+
+    shapes = build_omni_shapes(OmniShapesSpec(scale=28), cache_dir=tmp_path_factory.mktemp("models"))
+    return shapes, with_processor(shapes)
+
+
+def test_bench_dir_is_the_shapes_dir_plus_a_released_layout_tokenizer(bench_dir: tuple[Path, Path]) -> None:
+    from transformers import AutoProcessor, AutoTokenizer
+
+    shapes, bench = bench_dir
+    for f in shapes.iterdir():  # the same checkpoint for every system
+        assert (bench / f.name).read_bytes() == f.read_bytes(), f.name
+    cfg = json.loads((bench / "config.json").read_text())
+    thinker = cfg["thinker_config"]
+    tok = AutoTokenizer.from_pretrained(bench)
+    assert len(tok) == 151665 < thinker["text_config"]["vocab_size"]  # the released tokenizer's size
+    named = {
+        "audio_token_index": "<|AUDIO|>",
+        "image_token_index": "<|IMAGE|>",
+        "video_token_index": "<|VIDEO|>",
+        "vision_start_token_id": "<|vision_bos|>",
+        "vision_end_token_id": "<|vision_eos|>",
+        "audio_start_token_id": "<|audio_bos|>",
+        "audio_end_token_id": "<|audio_eos|>",
+    }
+    for key, token in named.items():  # config ids name the tokens they name in the released checkpoint
+        assert tok.convert_tokens_to_ids(token) == thinker[key], key
+    assert tok.convert_tokens_to_ids("<|im_end|>") == thinker["text_config"]["eos_token_id"]
+    ids = tok("a prompt, with ünïcode")["input_ids"]
+    assert tok.decode(ids) == "a prompt, with ünïcode"
+    proc = AutoProcessor.from_pretrained(bench)
+    assert type(proc).__name__ == "Qwen2_5OmniProcessor" and proc.feature_extractor.feature_size == 128
+    text = proc.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_round_check_and_fields() -> None:
+    import omni_gpu
+    import peer_vllm_omni as peer
+
+    args = peer.parse_args(["--thinker-tokens", "8", "--talker-codes", "50"])
+    batch = omni_gpu.prompts(3, 16, 5)
+    one = {"audio_s": 1.0, "thinker_tokens": 8, "sample_rate": 24000, "audio_outputs": 1}
+    reqs = [{"first_s": t, "last_audio_s": t, "done_s": t, **one} for t in (1.0, 2.0, 4.0)]
+    got = peer.summarize(batch, reqs, 4.0, args)
+    assert got["first_audio_p50_s"] == 2.0 and got["audio_s_per_s"] == 0.75 and got["thinker_tok_s"] == 6.0
+    assert got["rtf_mean"] == pytest.approx(7 / 3)
+    assert set(peer.FIELDS) <= set(got)
+    short = [dict(r) for r in reqs]
+    short[1]["audio_s"] = 0.98
+    with pytest.raises(RuntimeError, match="1 of 3 requests differ"):
+        peer.summarize(batch, short, 4.0, args)
+    with pytest.raises(RuntimeError, match="not distinct"):
+        peer.summarize([batch[0]] * 3, reqs, 4.0, args)
+
+
+@needs_peer
+def test_overlays_resolve_with_vllm_omnis_loader(tmp_path: Path) -> None:
+    """The overlays, loaded by vllm-omni's own deploy loader (in a child with PEER_SITE on its path)."""
+    import peer_vllm_omni as peer
+
+    code = (
+        "import json, sys\n"
+        "from vllm_omni.config.stage_config import load_deploy_config\n"
+        "d = load_deploy_config(sys.argv[1])\n"
+        "print(json.dumps([[s.devices, s.gpu_memory_utilization, s.max_num_seqs, s.load_format,"
+        " s.default_sampling_params] for s in d.stages]))\n"
+    )
+    for config, seqs in (("shipped", 1), ("seqs64", 64)):
+        overlay, shas = peer.render_overlay(config, PEER_SITE, tmp_path / config)
+        assert set(shas) == {"qwen2_5_omni.yaml", *peer.CONFIGS.values()}
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(overlay)], env=peer.child_env(PEER_SITE), capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        stages = json.loads(run.stdout.strip().splitlines()[-1])
+        assert [s[0] for s in stages] == ["0", "0", "0"] and [s[2] for s in stages] == [seqs] * 3
+        assert [s[3] for s in stages] == ["dummy"] * 3 and sum(s[1] for s in stages) <= 0.95
+        assert stages[0][4]["max_tokens"] == 128 and stages[1][4]["max_tokens"] == 200
+        assert stages[0][4]["ignore_eos"] and stages[1][4]["ignore_eos"]
+        assert stages[1][4]["temperature"] == 0.9  # the rest as shipped
+
+
+@needs_peer
+def test_empty_vllm_plugins_keeps_vllm_omni_out() -> None:
+    """omni_gpu.py sets VLLM_PLUGINS="": even with vllm-omni importable, vLLM loads none of its plugins."""
+    import peer_vllm_omni as peer
+
+    code = (
+        "import sys\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "print('OMNI' if any(m.startswith('vllm_omni') for m in sys.modules) else 'CLEAN')\n"
+    )
+    for value, want in (("", "CLEAN"), (None, "OMNI")):
+        env = peer.child_env(PEER_SITE)
+        if value is not None:
+            env["VLLM_PLUGINS"] = value
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == want, run.stderr[-2000:]
+
+
+@needs_peer
+def test_failed_run_is_written_with_its_error_and_reported(tmp_path: Path) -> None:
+    """vllm-omni on this CPU host: its run fails; the result file holds the error, and omni_gpu's
+    report lists it next to omni_mp's levels."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(REPO / "benchmarks" / "peer_vllm_omni.py"), "--smoke", "--peer-site", str(PEER_SITE)]
+    cmd += ["--out", str(tmp_path), "--work-dir", str(tmp_path / "models"), "--deadline-s", "300"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads((tmp_path / "vllm_omni_shipped.json").read_text())
+    assert doc["system"].startswith("vllm-omni ") and doc["config"] == "shipped"
+    assert "NotImplementedError" in doc["error"] and "1" not in doc  # no level was measured
+    assert doc["yaml_sha256"]["qwen2_5_omni.yaml"] and Path(doc["model_dir"]).is_dir()
+    report = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "omni_gpu.py"), "--smoke", "--phases", "", "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    md = (tmp_path / "omni_gpu.md").read_text()
+    assert "config shipped" in md and "run failed: vllm_omni_shipped.json: RuntimeError" in md, report.stdout[-3000:]
+
+
+def test_parts_of_one_config_merge_in_the_report(tmp_path: Path) -> None:
+    """Levels of one config measured in separate device calls (--part) make one table; every
+    error stays, whichever call it came from."""
+    import peer_vllm_omni as peer
+
+    def level(p50: float) -> dict[str, float]:
+        return {"wall_s": 10.0, "first_audio_p50_s": p50, "first_audio_p90_s": p50 * 1.5, "rtf_mean": 2.0,
+                "audio_s_per_s": 4.0, "thinker_tok_s": 100.0, "audio_s_per_request": 4.0}  # fmt: skip
+
+    base = {"system": "vllm-omni 0.25.0rc1", "config": "shipped", "overlay": "o.yaml"}
+    (tmp_path / "vllm_omni_shipped.a.json").write_text(
+        json.dumps({**base, "1": level(8.0), "8": level(30.0), "errors": {"32": "RuntimeError: boom"}})
+    )
+    (tmp_path / "vllm_omni_shipped.b.json").write_text(json.dumps({**base, "error": "child exit killed at 540 s"}))
+    docs = peer.peer_docs(tmp_path)
+    assert list(docs) == ["shipped"] and docs["shipped"]["errors"] == {"32": "RuntimeError: boom"}
+    stream = {"1": level(0.3), "8": level(0.5)}
+    stream["8"]["audio_s_per_s"] = 40.0
+    md = "\n".join(peer.peer_table(tmp_path, [1, 8, 32, 64], stream))
+    assert md.count("config shipped") == 1
+    assert "| 1 | 8000 / 12000 ms | 300 ms |" in md and "| 10.0x |" in md  # omni_mp's 40 vs its 4 audio s/s
+    assert "| 32 | RuntimeError: boom |" in md and "| 64 | failed (below) |" in md
+    assert "run failed: vllm_omni_shipped.b.json: child exit killed at 540 s" in md

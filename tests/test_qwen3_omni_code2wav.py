@@ -1,0 +1,220 @@
+"""Qwen3-Omni code2wav on the diffusion engine's EngineCore (a WindowDecoder: no solver), in-process,
+on the tiny code2wav checkpoint, against transformers' `Qwen3OmniMoeCode2Wav.forward` one shot.
+
+Tolerances (samples in [-1, 1], rms ~0.1; measured on this CPU):
+- one shot (one window, no cache) vs transformers: atol 1e-6 (observed 0 to ~1e-7: the same
+  modules; only the attention mask is built differently).
+- streamed (any chunking, inputs arriving frame by frame) and batched vs transformers one
+  shot: atol 2e-4 (observed <= 3e-5). The transformer runs incrementally over cached keys and
+  values and the convolutions see their whole receptive field, so a chunk is the one-shot
+  output up to float summation order; the random tiny weights amplify that order noise.
+  Controls that fail the bound by far: transformers' own `chunked_decode` (recompute with 25
+  frames of left context: what a window without state gets) and our convolutions with too
+  little left context (8 frames instead of 11).
+- joins: streamed audio is compared sample by sample over its whole length, boundaries
+  included, so a click (a jump at a chunk edge) would fail the bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_mp.engines.base import EngineInputError, Extension
+from omni_mp.engines.diffusion.engine import DiffusionEngine
+from omni_mp.engines.diffusion.params import DiffusionStageConfig, StreamingConfig
+from omni_mp.models.registry import builtin_model
+from tests.launcher import engine_is_empty
+
+ONE_SHOT_ATOL = 1e-6
+STREAM_ATOL = 2e-4
+GROUPS = 16
+FRAME = 1920  # samples per frame
+# One frame first (the first audio needs two: code2wav looks a third of a frame ahead), then 6.
+STREAMING = StreamingConfig(first_chunk=16, chunk=96, left_context=0, right_context=16, crossfade_ms=0.0)
+
+
+@pytest.fixture(scope="module")
+def c2w_dir() -> str:
+    return str(builtin_model("tiny-qwen3-omni-code2wav"))
+
+
+@pytest.fixture(scope="module")
+def oracle(c2w_dir: str):
+    """transformers' code2wav with the checkpoint's `code2wav.*` weights (read with safetensors)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+    config = AutoConfig.from_pretrained(c2w_dir).code2wav_config
+    model = Qwen3OmniMoeCode2Wav._from_config(config, dtype=torch.float32).eval()
+    state = load_file(str(Path(c2w_dir) / "model.safetensors"))
+    model.load_state_dict({k.removeprefix("code2wav."): v for k, v in state.items()}, strict=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def engine(c2w_dir: str):
+    cfg = DiffusionStageConfig(model_type="qwen3_omni_code2wav", streaming=STREAMING, max_batch=8)
+    eng = DiffusionEngine(c2w_dir, cfg, {"max_model_len": 4096}, open_inputs=True)
+    yield eng
+    eng.shutdown()
+
+
+def frames_of(n: int, seed: int) -> torch.Tensor:
+    """[16, n] random codes (group g of frame f at [g, f])."""
+    return torch.randint(0, 128, (GROUPS, n), generator=torch.Generator().manual_seed(seed))
+
+
+def ids_of(codes: torch.Tensor) -> list[int]:
+    """The talker's order: frame 0's groups 0..15, then frame 1's..."""
+    return codes.T.reshape(-1).tolist()
+
+
+@torch.no_grad()
+def one_shot(oracle, codes: torch.Tensor) -> torch.Tensor:
+    return oracle(codes[None])[0, 0]
+
+
+@torch.no_grad()
+def windowed(oracle, codes: torch.Tensor, start: int, left: int, size: int = 6) -> torch.Tensor:
+    """Frames [start, start + size) recomputed from `left` frames before them and one after,
+    with no state (what transformers' `chunked_decode` does, less its dropped chunk tails)."""
+    a = max(0, start - left)
+    end = min(codes.shape[1], start + size)
+    wav = oracle(codes[None, :, a : end + 1])[0, 0]
+    return wav[(start - a) * FRAME : (end - a) * FRAME]
+
+
+def worker_streams(eng: DiffusionEngine) -> set[str]:
+    return set(eng.driver.core.collective_rpc(lambda w: set(w.model_runner.model.streams))[0])
+
+
+def run(
+    eng: DiffusionEngine, feeds: dict[str, list[int]], per_step: dict[str, int], stream: bool = True
+) -> tuple[dict[str, list[torch.Tensor]], dict[str, str | None], list[set[str]]]:
+    """Feed each request `per_step[rid]` codes before every engine step (the first batch at
+    submit) until all are in, step until idle. Audio chunks and finish reasons per request,
+    and which requests got audio in each step."""
+    fed = {}
+    for rid, ids in feeds.items():
+        n = per_step[rid]
+        eng.submit(rid, ids[:n], closed=n >= len(ids), stream=stream)
+        fed[rid] = min(n, len(ids))
+    audio: dict[str, list[torch.Tensor]] = {}
+    reasons: dict[str, str | None] = {}
+    batches: list[set[str]] = []
+    for _ in range(10_000):
+        for rid, ids in feeds.items():
+            if fed[rid] < len(ids) and rid in eng.batcher.requests:
+                n = min(per_step[rid], len(ids) - fed[rid])
+                eng.extend(rid, Extension(input_ids=ids[fed[rid] : fed[rid] + n], closed=fed[rid] + n == len(ids)))
+                fed[rid] += n
+        if engine_is_empty(eng):
+            return audio, reasons, batches
+        outs, _ = eng.step()
+        batches.append({o.request_id for o in outs if o.info is not None})
+        for o in outs:
+            if o.info is not None:
+                audio.setdefault(o.request_id, []).append(torch.as_tensor(o.info["audio"]))
+            if o.finished:
+                reasons[o.request_id] = o.finish_reason
+        reasons.update(eng.take_failed())
+    raise AssertionError("engine did not go idle")
+
+
+def test_one_shot_equals_transformers(engine: DiffusionEngine, oracle) -> None:
+    codes = frames_of(40, 1)
+    audio, reasons, _ = run(engine, {"one": ids_of(codes)}, {"one": 40 * GROUPS}, stream=False)
+    assert reasons == {"one": "stop"} and len(audio["one"]) == 1
+    want = one_shot(oracle, codes)
+    assert want.pow(2).mean().sqrt() > 0.03  # audible: the comparison means something
+    torch.testing.assert_close(audio["one"][0], want, atol=ONE_SHOT_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("frames", [1, 2, 9, 31], ids=lambda n: f"{n}-frames")
+def test_streamed_frame_by_frame_equals_transformers_one_shot(engine: DiffusionEngine, oracle, frames: int) -> None:
+    codes = frames_of(frames, frames)
+    audio, reasons, _ = run(engine, {"s": ids_of(codes)}, {"s": GROUPS})
+    assert reasons == {"s": "stop"}
+    want = one_shot(oracle, codes)
+    got = torch.cat(audio["s"])
+    assert got.shape == want.shape == (frames * FRAME - 555,)
+    torch.testing.assert_close(got, want, atol=STREAM_ATOL, rtol=0)
+    if frames > 1:  # chunk sizes: one frame first, then the configured chunk
+        assert audio["s"][0].numel() == FRAME
+        assert all(a.numel() == 6 * FRAME for a in audio["s"][1:-1])
+    assert not worker_streams(engine)  # the request's keys, values and history are gone
+
+
+def test_first_audio_comes_from_the_first_two_frames(engine: DiffusionEngine, oracle) -> None:
+    codes = frames_of(30, 5)
+    ids = ids_of(codes)
+    engine.submit("early", ids[:GROUPS], closed=False)
+    assert not engine.can_step()  # one frame is not enough: its last third needs the next frame
+    engine.extend("early", Extension(input_ids=ids[GROUPS : 2 * GROUPS], closed=False))
+    outs, _ = engine.step()
+    (first,) = [o for o in outs if o.request_id == "early"]
+    want = one_shot(oracle, codes)
+    torch.testing.assert_close(torch.as_tensor(first.info["audio"]), want[:FRAME], atol=STREAM_ATOL, rtol=0)
+    engine.extend("early", Extension(input_ids=ids[2 * GROUPS :], closed=True))
+    audio, reasons, _ = run(engine, {}, {})
+    assert reasons == {"early": "stop"}
+    torch.testing.assert_close(
+        torch.cat([torch.as_tensor(first.info["audio"]), *audio["early"]]), want, atol=STREAM_ATOL, rtol=0
+    )
+
+
+def test_batched_requests_of_different_lengths_each_equal_their_oracle(engine: DiffusionEngine, oracle) -> None:
+    lengths = {"a": 1, "b": 3, "c": 8, "d": 17, "e": 26, "f": 12, "g": 5, "h": 2}
+    codes = {rid: frames_of(n, 100 + i) for i, (rid, n) in enumerate(lengths.items())}
+    rates = {rid: GROUPS * (1 + i % 3) for i, rid in enumerate(lengths)}  # 1 to 3 frames per step
+    audio, reasons, batches = run(engine, {rid: ids_of(c) for rid, c in codes.items()}, rates)
+    assert reasons == dict.fromkeys(lengths, "stop")
+    assert max(len(b) for b in batches) >= 4  # windows of several requests did share steps
+    for rid, c in codes.items():
+        torch.testing.assert_close(torch.cat(audio[rid]), one_shot(oracle, c), atol=STREAM_ATOL, rtol=0, msg=rid)
+    assert not worker_streams(engine)
+
+
+def test_controls_without_state_or_context_miss_the_bound(engine: DiffusionEngine, oracle, monkeypatch) -> None:
+    """The bound is not vacuous: windows recomputed without the cached keys and values (from
+    25 frames of left context, as transformers' `chunked_decode` does), or with the convolutions'
+    left context cut to 8 frames, both miss it by far."""
+    import omni_mp.models.qwen3_omni.code2wav as c2w
+
+    codes = frames_of(60, 9)
+    want = one_shot(oracle, codes)
+    recomputed = torch.cat([windowed(oracle, codes, s, 25) for s in range(0, 60, 6)])
+    assert recomputed.shape == want.shape
+    assert (recomputed - want).abs().max() > 20 * STREAM_ATOL
+    audio, _, _ = run(engine, {"ok": ids_of(codes)}, {"ok": GROUPS})
+    assert (torch.cat(audio["ok"]) - want).abs().max() <= STREAM_ATOL
+
+    monkeypatch.setattr(c2w, "CONV_LEFT_FRAMES", 8)  # the worker runs in this process
+    audio, _, _ = run(engine, {"short": ids_of(codes)}, {"short": GROUPS})
+    assert (torch.cat(audio["short"]) - want).abs().max() > 20 * STREAM_ATOL
+
+
+def test_bad_input_fails_only_that_request(engine: DiffusionEngine, oracle) -> None:
+    codes = frames_of(20, 77)
+    ids = ids_of(codes)
+    engine.submit("good", ids[: 4 * GROUPS], closed=False)
+    with pytest.raises(EngineInputError, match="code 128 out of range"):
+        engine.submit("bad1", [1] * 15 + [128])
+    engine.submit("bad2", [1] * GROUPS, closed=False)
+    with pytest.raises(EngineInputError, match="code -1 out of range"):
+        engine.extend("bad2", Extension(input_ids=[-1] * GROUPS, closed=False))
+    engine.abort(["bad2"])  # what the stage loop does with a request whose input failed
+    engine.submit("bad3", [3] * (2 * GROUPS + 5), closed=True)  # ends inside a frame
+    outs, _ = engine.step()
+    first = [torch.as_tensor(o.info["audio"]) for o in outs if o.request_id == "good"]
+    engine.extend("good", Extension(input_ids=ids[4 * GROUPS :], closed=True))
+    audio, reasons, _ = run(engine, {}, {})
+    audio["good"] = first + audio["good"]
+    assert reasons["bad3"] is not None and "16 codes per frame" in str(reasons["bad3"])
+    assert reasons["good"] == "stop" and set(reasons) == {"good", "bad3"}
+    torch.testing.assert_close(torch.cat(audio["good"]), one_shot(oracle, codes), atol=STREAM_ATOL, rtol=0)
+    assert not worker_streams(engine)
