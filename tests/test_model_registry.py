@@ -82,9 +82,11 @@ def test_builtin_names_match_the_builders() -> None:
     from omni_mp.models import tiny
     from omni_mp.models.qwen2_5_omni import tiny as omni_tiny
     from omni_mp.models.qwen3_omni import tiny as q3_tiny
+    from omni_mp.models.qwen3_omni import tiny_code2wav as q3_code2wav
     from omni_mp.models.qwen_image import tiny as image_tiny
 
-    specs = {*tiny.BUILTIN_SPECS, *omni_tiny.TOKEN2WAV_SPECS, *omni_tiny.OMNI_SPECS, *image_tiny.SPECS, *q3_tiny.TINY_SPECS}
+    specs = {*tiny.BUILTIN_SPECS, *omni_tiny.TOKEN2WAV_SPECS, *omni_tiny.OMNI_SPECS}
+    specs |= {*image_tiny.SPECS, *q3_tiny.TINY_SPECS, q3_code2wav.NAME}
     assert set(registry.names("builtin_models")) == specs
 
 

@@ -85,6 +85,6 @@ FAMILY = Family(
     prompt_formats={"qwen3_omni": _prompt_format},
     model_parts={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
     checkpoint_types={"qwen3_omni_moe": _sizing},
-    builtin_models={"tiny-qwen3-omni": _tiny, "tiny-qwen3-omni-code2wav": _tiny_code2wav},
+    builtin_models={"tiny-qwen3-omni": _tiny, "tiny-qwen3-omni-code2wav": _tiny_code2wav},  # tiny_code2wav.NAME
     diffusion_models={"qwen3_omni_code2wav": _code2wav},
 )

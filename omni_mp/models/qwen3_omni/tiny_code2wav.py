@@ -125,8 +125,11 @@ def write_released_code2wav(out_dir: Path, *, seed: int = 0, device: str = "cpu"
     return out_dir
 
 
+NAME = "tiny-qwen3-omni-code2wav"  # its built-in model name
+
+
 def build_named(name: str) -> Path:
-    if name != "tiny-qwen3-omni-code2wav":
+    if name != NAME:
         raise KeyError(name)
     spec = Code2WavTinySpec()
     return build_cached("qwen3_omni-code2wav", spec, lambda out: _build(spec, out))
