@@ -103,9 +103,9 @@ def _write_weights(out_dir: Path, seed: int, rms: float, device: str = "cpu") ->
 
 
 def _build(spec: Code2WavTinySpec, out_dir: Path) -> None:
-    from omni_mp.models.registry import builtin_model
+    from omni_mp.models.qwen3_omni.tiny import build_named as build_tiny_named  # in-family: no registry cycle
 
-    shutil.copy(builtin_model(spec.base) / "config.json", out_dir / "config.json")
+    shutil.copy(build_tiny_named(spec.base) / "config.json", out_dir / "config.json")
     _write_weights(out_dir, spec.seed, spec.rms)
 
 
