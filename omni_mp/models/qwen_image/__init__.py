@@ -59,5 +59,6 @@ FAMILY = Family(
     prompt_formats={"qwen_image": _prompt_format},
     model_parts={"qwen_image_text": _text},
     diffusion_models={"qwen_image": _dit},
+    image_models=frozenset({"qwen_image"}),  # its diffusion model makes images (HTTP, CLI)
     builtin_models={"tiny-qwen-image": _tiny},
 )
