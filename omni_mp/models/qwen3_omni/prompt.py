@@ -15,6 +15,9 @@ media placeholders, as the checkpoint's chat template renders it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from omni_mp.models.qwen3_omni.chat_template import AUDIO_SLOT, IMAGE_SLOT
 
 
@@ -36,6 +39,9 @@ class Qwen3OmniPromptFormat:
 
     def render(self, text: str, n_audio: int, n_image: int) -> str:
         return omni_prompt_text(text, n_audio=n_audio, n_image=n_image)
+
+    def companions(self, params: Mapping[str, Any] | None) -> list[str]:
+        return []  # no prompt runs beside a request's own
 
 
 PROMPT_FORMAT = Qwen3OmniPromptFormat()
