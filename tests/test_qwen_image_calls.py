@@ -69,7 +69,7 @@ def test_equal_lengths_one_call_without_mask(model: QwenImageModel) -> None:
 
 
 def test_rule_on_the_gpu_regimes() -> None:
-    prompt, negative = 38, 6  # benchmarks/image_gpu.py: its prompt and " " after the template drop
+    prompt, negative = 38, 6  # a prompt of a few dozen tokens and a short negative (" ")
     # 512x512 (1024 tokens a row): launch-bound, the CFG pair shares one masked call
     assert plan_calls([prompt, negative], 1024) == [[0, 1]]
     # 1024x1024 (4096 tokens a row): attention-bound, two unmasked calls
