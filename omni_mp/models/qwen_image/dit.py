@@ -8,10 +8,12 @@ RGB. The engine batches trajectories between steps; this model evaluates one ste
 
 - trajectories share a transformer call only when their image size is the same (the DiT's
   RoPE is per batch, not per row): the engine groups by `TrajectoryStart.group`.
-- text conditioning rows of different lengths are right-padded with a key-padding mask
-  (the DiT masks padded text keys in its joint attention; image tokens are never padded).
+- within a size group, rows are split into transformer calls by text length (`calls`): rows
+  of one length share a call with no mask (SDPA's flash kernel); rows of different lengths
+  share a call only where the cost model says so, right-padded with a key-padding mask (the
+  DiT masks padded text keys in its joint attention; image tokens are never padded).
 - true CFG: rows whose request has a negative prompt (and scale > 1) get a second row in the
-  same call with the negative prompt's rows; the guided velocity is
+  same step with the negative prompt's rows (in the same call when the plan puts it there); the guided velocity is
   neg + s (cond - neg), rescaled per token to the norm of the conditional prediction.
 
 diffusers' `QwenImageTransformer2DModel` and `AutoencoderKLQwenImage` are the modules; the
@@ -32,6 +34,7 @@ import torch
 from omni_mp.engines.base import StageInput
 from omni_mp.engines.diffusion.model import DiffusionInputError, Preview, TrajectoryStart, Window
 from omni_mp.image import image_info
+from omni_mp.models.qwen_image.calls import GPU_COST, CallCost, plan_calls
 from omni_mp.models.qwen_image.params import ImageParams, parse_params
 from omni_mp.models.qwen_image.schedule import FlowSchedule
 
@@ -87,9 +90,17 @@ class ImageCond:
 
 
 @dataclass(frozen=True, slots=True)
+class ImageCall:
+    """One transformer call of a step: some of the step's rows, their text padded to the longest."""
+
+    rows: torch.Tensor | None  # long [r]: indices into the step's R rows; None: all, in order
+    text: torch.Tensor  # [r, L, width]
+    mask: torch.Tensor | None  # bool [r, L]; None: every row is L long (no mask, flash SDPA)
+
+
+@dataclass(frozen=True, slots=True)
 class ImageBatch:
-    text: torch.Tensor  # [R, L, width]: B conditional rows, then the negative rows
-    mask: torch.Tensor | None  # bool [R, L]; None: no padding
+    calls: tuple[ImageCall, ...]  # over R rows: B conditional rows, then the negative rows
     cfg_rows: torch.Tensor  # long [K]: the trajectories (of B) that run true CFG
     scales: torch.Tensor  # [K, 1, 1]
     shape: tuple[int, int, int]
@@ -104,7 +115,15 @@ class QwenImageModel:
     state_dim = LATENT_CHANNELS * PATCH * PATCH
     window_align = 1
 
-    def __init__(self, transformer: Any, vae: Any, schedule: FlowSchedule, options: QwenImageOptions) -> None:
+    def __init__(
+        self,
+        transformer: Any,
+        vae: Any,
+        schedule: FlowSchedule,
+        options: QwenImageOptions,
+        call_cost: CallCost = GPU_COST,
+    ) -> None:
+        self.call_cost = call_cost  # how a step's rows are split into transformer calls
         self.transformer = transformer
         self.vae = vae
         self.schedule = schedule
@@ -200,33 +219,53 @@ class QwenImageModel:
     def collate(self, conds: Sequence[ImageCond], guidance: torch.Tensor) -> ImageBatch:
         cfg = [i for i, c in enumerate(conds) if c.negative is not None]
         rows = [c.prompt for c in conds] + [conds[i].negative for i in cfg]  # type: ignore[misc]
-        longest = max(r.shape[0] for r in rows)
-        text = torch.zeros(len(rows), longest, self.text_width, device=self.device, dtype=self.dtype)
-        mask = torch.zeros(len(rows), longest, dtype=torch.bool, device=self.device)
-        for i, r in enumerate(rows):
-            text[i, : r.shape[0]] = r
-            mask[i, : r.shape[0]] = True
+        shape = conds[0].shape
+        plan = plan_calls([r.shape[0] for r in rows], shape[1] * shape[2], self.call_cost)
+        calls = tuple(self._call(rows, idx, len(plan) == 1) for idx in plan)
         return ImageBatch(
-            text=text,
-            mask=None if bool(mask.all()) else mask,
+            calls=calls,
             cfg_rows=torch.tensor(cfg, dtype=torch.long, device=self.device),
             scales=torch.tensor([conds[i].scale for i in cfg], device=self.device).view(-1, 1, 1),
-            shape=conds[0].shape,
+            shape=shape,
         )
+
+    def _call(self, rows: list[torch.Tensor], idx: list[int], only: bool) -> ImageCall:
+        lengths = [rows[i].shape[0] for i in idx]
+        longest = max(lengths)
+        text = torch.zeros(len(idx), longest, self.text_width, device=self.device, dtype=self.dtype)
+        for j, i in enumerate(idx):
+            text[j, : lengths[j]] = rows[i]
+        mask = None
+        if min(lengths) < longest:
+            mask = torch.arange(longest, device=self.device)[None] < torch.tensor(lengths, device=self.device)[:, None]
+        sel = None if only else torch.tensor(idx, dtype=torch.long, device=self.device)
+        return ImageCall(rows=sel, text=text, mask=mask)
 
     def velocity(self, batch: ImageBatch, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         k = batch.cfg_rows
         hidden = torch.cat([x, x[k]]) if k.numel() else x
         sigma = torch.cat([t, t[k]]) if k.numel() else t
-        out = self.transformer(
-            hidden_states=hidden.to(self.dtype),
-            encoder_hidden_states=batch.text,
-            encoder_hidden_states_mask=batch.mask,
-            timestep=self.schedule.model_time(sigma.float()).to(self.dtype),
-            img_shapes=[[batch.shape]] * hidden.shape[0],
-            return_dict=False,
-        )[0].float()
+        hidden = hidden.to(self.dtype)
+        time = self.schedule.model_time(sigma.float()).to(self.dtype)
+        out: torch.Tensor | None = None
+        for call in batch.calls:
+            h, tt = (hidden, time) if call.rows is None else (hidden[call.rows], time[call.rows])
+            o = self.transformer(
+                hidden_states=h,
+                encoder_hidden_states=call.text,
+                encoder_hidden_states_mask=call.mask,
+                timestep=tt,
+                img_shapes=[[batch.shape]] * h.shape[0],
+                return_dict=False,
+            )[0].float()
+            if call.rows is None:
+                out = o
+                break
+            if out is None:
+                out = torch.empty(hidden.shape[0], *o.shape[1:], device=o.device, dtype=o.dtype)
+            out[call.rows] = o
+        assert out is not None
         v = out[:n]
         if k.numel():
             cond, neg = v[k], out[n:]
