@@ -10,7 +10,7 @@ margin above MIN_MARGIN, so a pass is not luck. The waveform is streamed chunk b
 code2wav and compared with transformers' one-shot decode (replies under its 300-frame chunk)
 within WAV_ATOL (max abs) and WAV_RTOL (relative L2): the streamed chunks equal the one-shot
 samples up to float summation order (code2wav.py). The tiny checkpoint's code2wav has audible
-weights (tiny_code2wav.init_code2wav: rms ~0.1), and the test checks the audio is loud enough
+weights (code2wav_weights.init_code2wav: rms ~0.1), and the test checks the audio is loud enough
 and a one-sample shift far outside the bounds, so they mean something. About 2.5-9 minutes on
 2 CPU cores (machine load), most of it transformers' generate on the CPU."""
 

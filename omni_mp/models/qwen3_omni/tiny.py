@@ -24,7 +24,7 @@ Deviations from transformers' default init (the rest is transformers' own, seede
   projection dominates the talker's residual stream, and `codec_head`'s eos row points along
   that projection. The thinker's `lm_head` rows of the special tokens but `<|im_end|>` and of
   the ids past the tokenizer are zero, so the thinker never writes them.
-- code2wav: `tiny_code2wav.init_code2wav` (transformers' init leaves it nearly silent, rms
+- code2wav: `code2wav_weights.init_code2wav` (transformers' init leaves it nearly silent, rms
   ~3e-7; these weights give audio of rms ~0.1, so a waveform comparison means something).
 """
 
@@ -46,7 +46,7 @@ from omni_mp.models.qwen3_omni.chat_template import (
     TTS_EOS,
     TTS_PAD,
 )
-from omni_mp.models.qwen3_omni.tiny_code2wav import init_code2wav
+from omni_mp.models.qwen3_omni.code2wav_weights import init_code2wav
 
 # Codec special ids as offsets above the codebook (released: codebook 2048, pad 2148, bos 2149,
 # eos 2150, nothink 2155, think_bos 2156, think_eos 2157, speakers 2301..2303).
