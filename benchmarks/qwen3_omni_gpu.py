@@ -96,11 +96,6 @@ def model_dir(args: argparse.Namespace) -> Path:
         config = json.loads((src / "config.json").read_text())
     else:
         config = write_released_dir(tmp)
-    # vLLM 0.25.0 builds the vision tower even when its limit is 0 (then drops it) and reads
-    # these two fields the released config.json has.
-    vision = config["thinker_config"]["vision_config"]
-    vision.setdefault("image_size", 768)
-    vision.setdefault("apply_vit_abs_pos_embed", True)
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
     tmp.rename(out)
     return out

@@ -24,6 +24,8 @@ Deviations from transformers' default init (the rest is transformers' own, seede
   projection dominates the talker's residual stream, and `codec_head`'s eos row points along
   that projection. The thinker's `lm_head` rows of the special tokens but `<|im_end|>` and of
   the ids past the tokenizer are zero, so the thinker never writes them.
+- code2wav: `code2wav_weights.init_code2wav` (transformers' init leaves it nearly silent, rms
+  ~3e-7; these weights give audio of rms ~0.1, so a waveform comparison means something).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from omni_mp.models.qwen3_omni.chat_template import (
     TTS_EOS,
     TTS_PAD,
 )
+from omni_mp.models.qwen3_omni.code2wav_weights import init_code2wav
 
 # Codec special ids as offsets above the codebook (released: codebook 2048, pad 2148, bos 2149,
 # eos 2150, nothink 2155, think_bos 2156, think_eos 2157, speakers 2301..2303).
@@ -84,7 +87,7 @@ class TinySpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 TINY_SPECS: dict[str, TinySpec] = {"tiny-qwen3-omni": TinySpec()}
 # Bump when _build_tiny changes without a spec change: the cache is keyed by the spec.
-TINY_BUILD = 2
+TINY_BUILD = 3
 
 _ROLE_CORPUS = [f"<|im_start|>{role}\nhello there, {role}.<|im_end|>\n" for role in ROLES]
 
@@ -158,6 +161,10 @@ def tiny_config(spec: TinySpec, token_ids: dict[str, int]) -> Any:
             "temporal_patch_size": 2,
             "out_hidden_size": th,
             "num_position_embeddings": 2304,
+            # vLLM's vision tower reads these (the released config.json has them): its position
+            # grid is image_size / patch_size = sqrt(num_position_embeddings) per side.
+            "image_size": 768,
+            "apply_vit_abs_pos_embed": True,
             "deepstack_visual_indexes": [0, 1],
         },
         "position_id_per_seconds": 13,
@@ -322,6 +329,7 @@ def _build_tiny(spec: TinySpec, out_dir: Path) -> None:
         direction = model.talker.text_projection(pad)
         eos = spec.codebook + CODEC_OFFSETS["codec_eos_token_id"]
         model.talker.codec_head.weight[eos] = spec.eos_code_norm * direction / direction.norm()
+    init_code2wav(model.code2wav, spec.seed)  # audible: transformers' init is nearly silent
     model.generation_config = GenerationConfig(eos_token_id=ids["im_end_token_id"], pad_token_id=tid("<|endoftext|>"))
     model.save_pretrained(out_dir, safe_serialization=True)
     _save_processor(tok, out_dir)
@@ -415,6 +423,8 @@ def released_config() -> Any:
             "temporal_patch_size": 2,
             "out_hidden_size": 2048,
             "num_position_embeddings": 2304,
+            "image_size": 768,
+            "apply_vit_abs_pos_embed": True,
             "deepstack_visual_indexes": [8, 16, 24],
         },
         "position_id_per_seconds": 13,

@@ -1,12 +1,8 @@
 """A tiny code2wav checkpoint whose audio is worth comparing ("tiny-qwen3-omni-code2wav").
 
-transformers' default init leaves code2wav nearly silent (layer scales 0.01, ConvNeXt gammas
-1e-6, SnakeBeta alpha = beta = 0: random codes give samples of rms ~3e-7), so an oracle test
-on it would pass whatever the streaming did. `init_code2wav` draws weights under which every
-part matters: unit-variance code embeddings, matrices ~ N(0, 1/fan_in), layer scales and
-gammas 0.5 (the transformer's 8 x 71-frame reach is then felt), SnakeBeta alpha/beta
-~ N(0, 0.3), and the last convolution scaled so that random codes give rms `TARGET_RMS` (well
-inside the [-1, 1] clamp).
+transformers' default init leaves code2wav nearly silent (random codes give samples of rms
+~3e-7), so an oracle test on it would pass whatever the streaming did: the weights here are
+`code2wav_weights.init_code2wav`'s (rms `TARGET_RMS`; tiny-qwen3-omni's code2wav has the same).
 
 `write_released_code2wav` writes the same kind of dir at the released code2wav sizes (about
 0.2B parameters; sizes written here, `RELEASED_CODE2WAV`) for benchmarks.
@@ -20,13 +16,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from omni_mp.models.cache import build_cached
+from omni_mp.models.qwen3_omni.code2wav_weights import TARGET_RMS, init_code2wav
 
-TARGET_RMS = 0.1
 # Qwen3-Omni-30B-A3B-Instruct's code2wav_config, every size explicit.
 RELEASED_CODE2WAV = {
     "codebook_size": 2048,
@@ -51,39 +46,6 @@ class Code2WavTinySpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     base: str = "tiny-qwen3-omni"  # the tiny Qwen3-Omni (omni_mp.models.qwen3_omni.tiny) whose config.json is used
     seed: int = 0
     rms: float = TARGET_RMS
-
-
-def init_code2wav(code2wav: Any, seed: int = 0, rms: float = TARGET_RMS) -> None:
-    """Redraw a `Qwen3OmniMoeCode2Wav`'s weights in place (module docstring)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(code2wav.named_parameters()):
-            leaf = name.rsplit(".", 1)[-1]
-            if name.startswith("code_embedding"):
-                p.normal_(0.0, 1.0, generator=gen)
-            elif leaf in ("alpha", "beta"):
-                p.normal_(0.0, 0.3, generator=gen)
-            elif leaf in ("scale", "gamma"):
-                p.fill_(0.5)
-            elif p.ndim >= 2:
-                fan_in = p.shape[0] * p.shape[2] if _is_transposed(code2wav, name) else p[0].numel()
-                p.normal_(0.0, fan_in**-0.5, generator=gen)
-            elif leaf == "bias":
-                p.zero_()
-        last = code2wav.decoder[-1].conv
-        codes = torch.randint(0, code2wav.config.codebook_size, (2, code2wav.config.num_quantizers, 40), generator=gen)
-        last.weight.mul_(1e-3)  # far inside the clamp at 1, where the output is linear in it
-        raw = code2wav(codes)
-        last.weight.mul_(rms / raw.pow(2).mean().sqrt())
-
-
-def _is_transposed(model: Any, name: str) -> bool:
-    import torch
-
-    module = model.get_submodule(name.rsplit(".", 1)[0])
-    return isinstance(module, torch.nn.ConvTranspose1d)
 
 
 def _write_weights(out_dir: Path, seed: int, rms: float, device: str = "cpu") -> None:
