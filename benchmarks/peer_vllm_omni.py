@@ -234,16 +234,23 @@ def model_sizes(model: Path) -> dict[str, Any]:
 
 
 # ---- child: vllm-omni in this process ----------------------------------------------------------
+TALKER_VOCAB = 8448  # the released talker's codec vocabulary (model_sizes reads it from config.json)
+
+
 def sampling_params_list(omni: Any, args: argparse.Namespace) -> list[Any]:
     """The deploy config's per-stage defaults (its sampling constraints included) with the fixed
-    lengths, the talker restricted to real codec ids, and the LLM stages' outputs final-only."""
+    lengths, the talker's control ids suppressed (logit_bias), and the LLM stages' outputs final-only."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     overrides: dict[int, dict[str, Any]] = {
         0: {"max_tokens": args.thinker_tokens, "min_tokens": args.thinker_tokens, "ignore_eos": True},
         1: {
             "max_tokens": args.talker_codes, "min_tokens": args.talker_codes, "ignore_eos": True,
-            "allowed_token_ids": list(range(omni_gpu.CODEC_IDS)),
+            # The control ids (>= CODEC_IDS) suppressed through logit_bias: vLLM sizes an
+            # `allowed_token_ids` mask by the checkpoint's top-level vocab (the thinker's 152064),
+            # and vllm-omni's talker logits are 8448 wide, so that mask failed every request on
+            # an H200 (2026-11-24: "expanded size of the tensor (8448) must match ... (152064)").
+            "logit_bias": {i: -100.0 for i in range(omni_gpu.CODEC_IDS, TALKER_VOCAB)},
         },
     }  # fmt: skip
     out = []
