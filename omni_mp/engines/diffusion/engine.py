@@ -74,6 +74,10 @@ class DiffusionEngine:
         self.driver = DiffusionCoreDriver(build_engine_core(EngineArgs(model=model, **args), env=env))
         # After vLLM's worker init (which sets its own default); the model runs in this process.
         torch.set_float32_matmul_precision(cfg.float32_matmul)
+        # cuDNN convolutions follow the same setting: PyTorch lets them use TF32 by default
+        # (`cudnn.allow_tf32` is True), which made exact-fp32 vocoder output depend on how a
+        # stream was chunked (1.2% relative L2 between two runs of Qwen3-Omni's code2wav on an H200).
+        torch.backends.cudnn.allow_tf32 = cfg.float32_matmul == "high"
         self.batcher = self.driver.batcher
         self.model = self.driver.model()
         self.sample_rate: int = self.model.sample_rate
