@@ -4,8 +4,9 @@ every front end: one real launcher serving ZMQ and `--http`, the ZMQ client
 (`client.images.generate`: b64_json PNGs, n, size, seed and the diffusion extras, SSE), and the
 CLI writing PNGs and JSON records. The image of a request is fixed by its prompt and params
 (seed included), so every front end must give the ZMQ client's pixels exactly (PNG is
-lossless; decoded here by Pillow). That image itself is checked against diffusers by the
-family's own oracle tests (tests/test_qwen_image_*.py)."""
+lossless; decoded here by Pillow) when it runs the request alone, and within 1/255 when it
+may share steps with a prompt of another length (the CLI's two prompts). That image itself is
+checked against diffusers by the family's own oracle tests (tests/test_qwen_image_*.py)."""
 
 from __future__ import annotations
 
@@ -227,5 +228,13 @@ def test_cli_writes_one_png_per_request_with_size_and_seed(served: Served, tmp_p
             assert all("image" not in out for out in record["outputs"])  # the pixels are in the PNG only
             with Image.open(tmp_path / image["file"]) as im:
                 assert im.format == "PNG" and im.size == (W, H)
-                assert np.array_equal(np.asarray(im), zmq.generate_image(prompt, params=params(40 + i)))  # type: ignore[attr-defined]
+                got = np.asarray(im).astype(np.int16)
+            # The CLI's two prompts may share denoising steps (and the encoder's prefill batch),
+            # and a batched call may round differently from a solo one (equal on this 2-core
+            # machine, not on the CI machine): the image is fixed by prompt and seed within the
+            # 1/255 the diffusers oracle allows, and a seed apart is far more.
+            want = zmq.generate_image(prompt, params=params(40 + i)).astype(np.int16)
+            assert np.abs(got - want).max() <= 1
+            other = zmq.generate_image(prompt, params=params(50 + i)).astype(np.int16)
+            assert np.abs(got - other).max() > 8
     assert f"{W}x{H} image, seed 40" in proc.stdout
