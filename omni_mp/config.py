@@ -102,6 +102,10 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # True: start a request only once every upstream stage has finished it (no inter-stage
     # streaming; for measuring what streaming gains).
     wait_for_upstream: bool = False
+    # AR stages: before serving, run the model once at a token count of each fused-MoE Triton
+    # kernel variant a prefill chunk can select, so no request pays its compile (about 1.2 s
+    # on an H200; omni_mp.engines.vllm_hooks_warmup). None: on a GPU. No MoE layers: nothing.
+    warm_moe_kernels: bool | None = None
     sampling: SamplingParamsMsg = msgspec.field(default_factory=SamplingParamsMsg)
     restart: RestartPolicy = RestartPolicy()
     diffusion: DiffusionStageConfig = DiffusionStageConfig()  # `kind: diffusion` only

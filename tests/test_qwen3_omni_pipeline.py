@@ -70,6 +70,17 @@ def pipeline() -> Iterator[ServedPipeline]:
         yield served
 
 
+def test_moe_stages_warmed_their_kernels_before_serving(pipeline: ServedPipeline) -> None:
+    """The YAML turns the fused-MoE warm-up on (a GPU's default) for the thinker and the talker:
+    each ran its dummy forwards before Ready, and the tests of this module then check that
+    both still serve exactly what transformers computes."""
+    for stage in (0, 1):
+        lines = [ln for ln in pipeline.lines if f"stage {stage}: ready in" in ln]
+        assert len(lines) == 1 and "fused-MoE kernels warmed at" in lines[0], "".join(pipeline.lines[-40:])
+        sizes = int(lines[0].split("warmed at ", 1)[1].split(" ", 1)[0])
+        assert sizes >= 4  # eager here: from one token (a Triton constant) up, each tile config
+
+
 @pytest.fixture
 def client(pipeline: ServedPipeline) -> Iterator[OmniClient]:
     with settled_client(pipeline.endpoint) as c:

@@ -293,8 +293,9 @@ class Coordinator:
         h.became_ready(endpoint, dict(msg.info), time.monotonic())
         sender = MessageSender(self.ctx, endpoint, self.cfg.limits, hwm=CONTROL_HWM)
         self.links[h.stage.id] = StageLink(sender, self.cfg.limits, self.cfg.admission.stage_queue)
+        warm = f"; {msg.info['moe_warmup']}" if "moe_warmup" in msg.info else ""
         self.progress(
-            f"stage {h.stage.id}: ready in {msg.info.get('init_s', '?')}s (pid {msg.pid}, restarts {h.restarts})"
+            f"stage {h.stage.id}: ready in {msg.info.get('init_s', '?')}s (pid {msg.pid}, restarts {h.restarts}{warm})"
         )
         # Wire it to its downstream stages, and its upstream stages to it (its address is new).
         for sid, connect in self.wiring.on_ready(h.stage.id):

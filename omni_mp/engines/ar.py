@@ -12,6 +12,7 @@ reads vLLM's engine-core or scheduler state is in `vllm_hooks` (`CoreDriver`).
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,10 @@ from omni_mp.engines.vllm_hooks import (
     engine_core_cls,
     gated_scheduler_cls,
 )
+from omni_mp.engines.vllm_hooks_warmup import MoeWarmup, warm_up_moe_kernels
 from omni_mp.wire.messages import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg
+
+log = logging.getLogger("omni_mp.stage")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,9 @@ class EngineFeatures:
     hidden_layers: tuple[int, ...] = ()  # and these HF-numbered intermediate layers
     prompt_embeds: bool = False  # prompts may come as embeddings
     step_embeds: bool = False  # decode steps may add per-step extra embeddings
+    # Compile the fused-MoE kernel variants of every prefill size before serving
+    # (vllm_hooks_warmup); None: on a GPU.
+    warm_moe_kernels: bool | None = None
 
 
 @dataclass(slots=True)
@@ -107,6 +114,16 @@ class AREngine:
         if hooked and vllm_config.parallel_config.world_size != 1:
             self.driver.shutdown()
             raise ValueError("hidden-state output and step embeddings need a single-worker stage (no TP/PP)")
+        warm = features.warm_moe_kernels
+        if warm is None:
+            warm = vllm_config.device_config.device.type == "cuda"
+        self.moe_warmup: MoeWarmup | None = warm_up_moe_kernels(core) if warm else None
+        if self.moe_warmup is not None and self.moe_warmup.sizes:
+            w = self.moe_warmup
+            log.info(
+                "fused-MoE kernels warmed at %d token counts %s (%d layer shapes) in %.1f s",
+                len(w.sizes), w.sizes, w.layers, w.seconds,
+            )  # fmt: skip
         self.vllm_config = vllm_config
         self._inputs = InputProcessor(vllm_config)
         self._tasks = core.get_supported_tasks()

@@ -53,6 +53,7 @@ def build_engine(stage: StageConfig) -> StageEngine:
         hidden_layers=tuple(stage.hidden_states.layers) if stage.hidden_states is not None else (),
         prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
         step_embeds=processor is not None and processor.step_embeds_enabled,
+        warm_moe_kernels=stage.warm_moe_kernels,
     )
     built = engine_model(stage.model_part, resolve_model(stage.model), stage.engine_args)
     return AREngine(built.model, built.engine_args, features)
@@ -130,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
     if loop.speakers:  # the voices a request may pick here (the HTTP server lists them)
         info["speakers"] = ",".join(sorted(loop.speakers))
+    warm = getattr(engine, "moe_warmup", None)
+    if warm is not None and warm.sizes:  # the coordinator prints it with the stage's Ready
+        info["moe_warmup"] = f"fused-MoE kernels warmed at {len(warm.sizes)} token counts in {warm.seconds:.1f}s"
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
     try:
         loop.run()
