@@ -282,6 +282,8 @@ def _check_kind(s: StageConfig, where: str) -> None:
         return
     if s.hidden_states is not None or s.prompt_embeds:
         raise ConfigError(f"`{where}`: a diffusion stage has no hidden states or prompt embeddings")
+    if s.warm_moe_kernels is not None:
+        raise ConfigError(f"`{where}.warm_moe_kernels`: only for AR stages (the diffusion engine runs no fused MoE)")
     if proc is not None and not proc.feeds_diffusion:
         diffusion = [k for k in known if registry.stage_processor(k).feeds_diffusion]
         raise ConfigError(

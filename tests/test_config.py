@@ -134,6 +134,8 @@ TINY_TTS = REPO / "stage_configs" / "tiny_tts.yaml"
     [
         (1, "processor", "continue_tokens", "`stages[1].processor`: 'continue_tokens' does not feed a diffusion stage"),
         (1, "hidden_states", {}, "`stages[1]`: a diffusion stage has no hidden states"),
+        (1, "warm_moe_kernels", True, "`stages[1].warm_moe_kernels`: only for AR stages"),
+        (0, "warm_moe_kernels", False, None),  # an AR stage may turn it off
         (1, "engine_args", {"worker_cls": "x.Y"}, "`stages[1].engine_args.worker_cls`: set by the diffusion engine"),
         (1, "diffusion", {"streaming": {"chunk": 0}}, "`stages[1].diffusion.streaming.chunk`"),
         (1, "diffusion", {"defaults": {"solver": "dpm"}}, "`stages[1].diffusion.defaults.solver`"),
