@@ -88,10 +88,14 @@ def test_concurrent_requests_each_get_their_own_result(pipeline: ServedPipeline)
     for prompt, n, done in zip(prompts, lengths, results, strict=True):
         want, margins = chain_oracle(prompt, N0, n)
         assert_same_tokens(done.outputs[0].token_ids, want, margins, f"chain({prompt!r}, {n})")
-    # The requests really overlapped inside stage 1 (it batches across requests every step).
-    starts = [d.t_started for r in results for d in r.stage_timings if d.stage_id == 1]
-    ends = [d.t_finished for r in results for d in r.stage_timings if d.stage_id == 1]
-    assert min(ends) > sorted(starts)[1], "stage 1 ran the requests one after another"
+    # The requests really overlapped inside stage 1 (it batches across requests every step):
+    # some request started there before an earlier-started one had finished. (Not "the first to
+    # finish outlived the second start": on a loaded machine the 4-token request may finish
+    # before stage 0 hands over the second.)
+    spans = sorted((d.t_started, d.t_finished) for r in results for d in r.stage_timings if d.stage_id == 1)
+    assert len(spans) == 8
+    overlaps = sum(1 for i in range(1, 8) if spans[i][0] < max(end for _, end in spans[:i]))
+    assert overlaps >= 2, f"stage 1 ran the requests (nearly) one after another: {spans}"
 
 
 def test_stream_yields_each_step_as_it_is_produced(client: OmniClient) -> None:
