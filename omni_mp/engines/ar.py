@@ -117,7 +117,14 @@ class AREngine:
         warm = features.warm_moe_kernels
         if warm is None:
             warm = vllm_config.device_config.device.type == "cuda"
-        self.moe_warmup: MoeWarmup | None = warm_up_moe_kernels(core) if warm else None
+        self.moe_warmup: MoeWarmup | None = None
+        self.moe_warmup_error: str | None = None  # shown with the stage's Ready
+        if warm:
+            try:
+                self.moe_warmup = warm_up_moe_kernels(core)
+            except Exception as err:  # noqa: BLE001 - a speed-up only: the stage serves without it
+                log.exception("fused-MoE warm-up failed; serving without it (first prefills may compile kernels)")
+                self.moe_warmup_error = f"{type(err).__name__}: {err}"[:300]
         if self.moe_warmup is not None and self.moe_warmup.sizes:
             w = self.moe_warmup
             log.info(

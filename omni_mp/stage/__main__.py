@@ -131,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
     if loop.speakers:  # the voices a request may pick here (the HTTP server lists them)
         info["speakers"] = ",".join(sorted(loop.speakers))
-    warm = getattr(engine, "moe_warmup", None)
+    warm, warm_err = getattr(engine, "moe_warmup", None), getattr(engine, "moe_warmup_error", None)
     if warm is not None and warm.sizes:  # the coordinator prints it with the stage's Ready
         info["moe_warmup"] = f"fused-MoE kernels warmed at {len(warm.sizes)} token counts in {warm.seconds:.1f}s"
+    elif warm_err is not None:
+        info["moe_warmup"] = f"fused-MoE warm-up failed ({warm_err}); serving without it"
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
     try:
         loop.run()
