@@ -98,5 +98,17 @@ class CheckpointSizing(Protocol):
         ...
 
 
+def unbuilt_omni_towers(stage: Any) -> set[str]:
+    """For `CheckpointSizing.skipped` of an omni thinker (towers `audio_tower.` and `visual.`):
+    the towers vLLM does not build, those whose modalities all have limit 0."""
+    limits = stage.engine_args.get("limit_mm_per_prompt") or {}
+    skipped = set()
+    if limits.get("audio") == 0:
+        skipped.add("audio_tower.")
+    if limits.get("image") == 0 and limits.get("video") == 0:
+        skipped.add("visual.")
+    return skipped
+
+
 class BuiltinBuilder(Protocol):
     def __call__(self, name: str) -> Path: ...

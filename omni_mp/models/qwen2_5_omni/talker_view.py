@@ -12,9 +12,8 @@ one. The talker's input embeddings then live in the thinker's space (width E, be
 `thinker_to_talker_proj`), exactly where transformers adds the codec embedding and the thinker
 rows; the model projects to its hidden size itself.
 
-Views are cached under `cache_root()/views` (omni_mp.models.cache), keyed by the checkpoint
-path, its files' sizes and mtimes, and the transformers version (the config is rewritten by
-transformers' `to_dict`).
+Views are cached by omni_mp.models.checkpoint_view (whose cache key includes the transformers
+version: the config is rewritten by transformers' `to_dict`).
 No vLLM import here.
 """
 
@@ -24,31 +23,10 @@ import functools
 import json
 from pathlib import Path
 
-import msgspec
-
-from omni_mp.models.cache import build_cached, cache_root
+from omni_mp.models.checkpoint_view import cached_view, link_files, weight_files
 
 TALKER_ARCH = "OmniMpQwen2_5OmniTalker"  # the name register_talker() gives our vLLM model class
 VIEW_VERSION = 1  # bump when the view's contents change
-
-
-def _weight_files(checkpoint: Path, *, require: bool = True) -> list[Path]:
-    files = sorted(checkpoint.glob("*.safetensors"))
-    index = checkpoint / "model.safetensors.index.json"
-    if index.exists():
-        files.append(index)
-    if require and not any(f.suffix == ".safetensors" for f in files):
-        raise FileNotFoundError(f"{checkpoint}: no *.safetensors weight files")
-    return files
-
-
-class _ViewSpec(msgspec.Struct, frozen=True):
-    """What a view holds depends on: its cache key (with the transformers version, which
-    rewrites the config through `to_dict`)."""
-
-    path: str
-    files: tuple[tuple[str, int, int], ...]  # name, size, mtime (ns) of config.json and the weights
-    view: int = VIEW_VERSION
 
 
 def talker_config_dict(checkpoint: Path) -> dict:
@@ -69,8 +47,7 @@ def talker_config_dict(checkpoint: Path) -> dict:
 
 
 def _write_view(checkpoint: Path, files: list[Path], out: Path) -> None:
-    for f in files:
-        (out / f.name).symlink_to(f)
+    link_files(files, out)
     (out / "config.json").write_text(json.dumps(talker_config_dict(checkpoint), indent=2, sort_keys=True))
 
 
@@ -79,8 +56,6 @@ def talker_view_dir(checkpoint_dir: str | Path, *, require_weights: bool = True)
     `require_weights=False` (vLLM's `load_format: dummy` reads no weights): a checkpoint dir
     with only config files still gets a view, with no weight links."""
     checkpoint = Path(checkpoint_dir).resolve()
-    files = _weight_files(checkpoint, require=require_weights)
-    stats = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in [checkpoint / "config.json", *files])
-    spec = _ViewSpec(path=str(checkpoint), files=stats)
+    files = weight_files(checkpoint, require=require_weights)
     write = functools.partial(_write_view, checkpoint, files)
-    return build_cached("talker", spec, write, cache_dir=cache_root() / "views", verbose=False)
+    return cached_view("talker", checkpoint, [checkpoint / "config.json", *files], VIEW_VERSION, write)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from omni_mp.models.family import unbuilt_omni_towers
+
 if TYPE_CHECKING:
     from omni_mp.config import StageConfig
 
@@ -23,15 +25,7 @@ class Qwen3OmniSizing:
 
     def skipped(self, stage: StageConfig, part: str) -> set[str]:
         """Thinker towers vLLM does not build: those whose modalities all have limit 0."""
-        if part != "thinker":
-            return set()
-        limits = stage.engine_args.get("limit_mm_per_prompt") or {}
-        skipped = set()
-        if limits.get("audio") == 0:
-            skipped.add("audio_tower.")
-        if limits.get("image") == 0 and limits.get("video") == 0:
-            skipped.add("visual.")
-        return skipped
+        return unbuilt_omni_towers(stage) if part == "thinker" else set()
 
     def meta_model(self, config: Any, part: str) -> tuple[type, Any]:
         from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m

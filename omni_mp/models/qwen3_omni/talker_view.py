@@ -8,8 +8,7 @@ what the rest of the talker needs: `code_predictor_config` (a dict), `num_code_g
 (omni_mp.models.qwen3_omni.vllm_hooks_talker, registered by `register_talker()`). The weight
 files are symlinks to the checkpoint's own (the model loads only `talker.*` keys).
 
-Views are cached under `cache_root()/views` (omni_mp.models.cache), keyed by the checkpoint
-path and its files' sizes and mtimes. No vLLM import here.
+Views are cached by omni_mp.models.checkpoint_view. No vLLM import here.
 """
 
 from __future__ import annotations
@@ -19,9 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from omni_mp.models.cache import build_cached, cache_root
+from omni_mp.models.checkpoint_view import cached_view, link_files, weight_files
 
 TALKER_ARCH = "OmniMpQwen3OmniTalker"  # the name register_talker() gives our vLLM model class
 VIEW_VERSION = 1  # bump when the view's contents change
@@ -37,22 +34,6 @@ _TALKER_FIELDS = (
     "codec_think_eos_id",
     "accept_hidden_layer",
 )
-
-
-class _ViewSpec(msgspec.Struct, frozen=True):
-    path: str
-    files: tuple[tuple[str, int, int], ...]  # name, size, mtime (ns) of config.json and the weights
-    view: int = VIEW_VERSION
-
-
-def _weight_files(checkpoint: Path, *, require: bool) -> list[Path]:
-    files = sorted(checkpoint.glob("*.safetensors"))
-    index = checkpoint / "model.safetensors.index.json"
-    if index.exists():
-        files.append(index)
-    if require and not any(f.suffix == ".safetensors" for f in files):
-        raise FileNotFoundError(f"{checkpoint}: no *.safetensors weight files")
-    return files
 
 
 def talker_config_dict(config: dict[str, Any]) -> dict[str, Any]:
@@ -74,8 +55,7 @@ def talker_config_dict(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_view(checkpoint: Path, files: list[Path], out: Path) -> None:
-    for f in files:
-        (out / f.name).symlink_to(f)
+    link_files(files, out)
     config = json.loads((checkpoint / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(talker_config_dict(config), indent=2, sort_keys=True))
 
@@ -84,8 +64,6 @@ def talker_view_dir(checkpoint_dir: str | Path, *, require_weights: bool = True)
     """The view directory for `checkpoint_dir`, written once (file lock, atomic rename) and
     reused. `require_weights=False` (vLLM's `load_format: dummy`): no weight links needed."""
     checkpoint = Path(checkpoint_dir).resolve()
-    files = _weight_files(checkpoint, require=require_weights)
-    stats = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in [checkpoint / "config.json", *files])
-    spec = _ViewSpec(path=str(checkpoint), files=stats)
+    files = weight_files(checkpoint, require=require_weights)
     write = functools.partial(_write_view, checkpoint, files)
-    return build_cached("qwen3-talker", spec, write, cache_dir=cache_root() / "views", verbose=False)
+    return cached_view("qwen3-talker", checkpoint, [checkpoint / "config.json", *files], VIEW_VERSION, write)

@@ -4,8 +4,7 @@ as a directory vLLM loads like any Qwen2.5-VL checkpoint.
 A diffusers checkpoint keeps the encoder in `text_encoder/` and its tokenizer in `tokenizer/`;
 the view is a small directory of symlinks to both (nothing copied). vLLM runs it as its own
 `Qwen2_5_VLForConditionalGeneration` with `language_model_only` (no vision tower is built: the
-encoder reads text only). Cached under the checkpoint cache, keyed by the checkpoint path and
-its files' sizes and mtimes. No vLLM import here.
+encoder reads text only). Cached by omni_mp.models.checkpoint_view. No vLLM import here.
 """
 
 from __future__ import annotations
@@ -13,18 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from omni_mp.models.cache import build_cached, cache_root
+from omni_mp.models.checkpoint_view import cached_view, link_files
 from omni_mp.models.family import EngineModel
 
 VIEW_VERSION = 1
-
-
-class _ViewSpec(msgspec.Struct, frozen=True):
-    path: str
-    files: tuple[tuple[str, int, int], ...]  # relative name, size, mtime (ns)
-    view: int = VIEW_VERSION
 
 
 def _sources(checkpoint: Path) -> list[Path]:
@@ -39,19 +30,8 @@ def _sources(checkpoint: Path) -> list[Path]:
 
 def text_view_dir(checkpoint: str) -> Path:
     root = Path(checkpoint).resolve()
-    sources = _sources(root)
-    spec = _ViewSpec(
-        str(root),
-        tuple((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in sources),
-    )
-
-    def build(out: Path) -> None:
-        for p in sources:  # text_encoder/ first: its config.json wins over any of tokenizer/
-            target = out / p.name
-            if not target.exists():
-                target.symlink_to(p)
-
-    return build_cached("qwen_image_text", spec, build, cache_dir=cache_root() / "views", verbose=False)
+    sources = _sources(root)  # text_encoder/ first: its config.json wins over any of tokenizer/
+    return cached_view("qwen_image_text", root, sources, VIEW_VERSION, lambda out: link_files(sources, out))
 
 
 def text_engine_model(model_dir: str, engine_args: dict[str, Any]) -> EngineModel:
