@@ -26,6 +26,7 @@ from omni_mp.models.qwen_image import ImageParams  # noqa: E402
 from omni_mp.models.registry import resolve_model  # noqa: E402
 from omni_mp.wire.codec import decode, encode  # noqa: E402
 from omni_mp.wire.messages import IMAGE_KEY, ErrorEvent, Finished, StageOutputChunk, Submit  # noqa: E402
+from tests.diffusers_oracle import diffusers_image  # noqa: E402
 
 P = ImageParams
 REQUESTS = {
@@ -39,18 +40,7 @@ REQUESTS = {
 def reference(model_dir: str, prompt: str, p: ImageParams) -> torch.Tensor:
     from diffusers import QwenImagePipeline
 
-    pipe = QwenImagePipeline.from_pretrained(model_dir, dtype=torch.float32)
-    out = pipe(
-        prompt,
-        negative_prompt=p.negative_prompt,
-        true_cfg_scale=p.true_cfg_scale,
-        height=p.height,
-        width=p.width,
-        num_inference_steps=p.num_inference_steps,
-        generator=torch.Generator().manual_seed(p.seed),  # type: ignore[arg-type]
-        output_type="np",
-    )
-    return torch.from_numpy(out.images[0])
+    return diffusers_image(QwenImagePipeline.from_pretrained(model_dir, dtype=torch.float32), prompt, p)
 
 
 def main() -> int:

@@ -25,6 +25,7 @@ from omni_mp.engines.diffusion.params import DiffusionStageConfig
 from omni_mp.models.qwen_image import ImageParams
 from omni_mp.models.registry import resolve_model
 from omni_mp.wire.messages import SamplingParamsMsg
+from tests.diffusers_oracle import diffusers_image
 
 pytestmark = pytest.mark.engine
 
@@ -72,19 +73,7 @@ class Oracle:
                 pipeline._interrupt = True  # the remaining steps are skipped, then it decodes
             return {}
 
-        gen = torch.Generator().manual_seed(p.seed)  # type: ignore[arg-type]
-        out = pipe(
-            prompt,
-            negative_prompt=p.negative_prompt,
-            true_cfg_scale=p.true_cfg_scale,
-            height=p.height,
-            width=p.width,
-            num_inference_steps=p.num_inference_steps,
-            generator=gen,
-            output_type="np",
-            callback_on_step_end=on_step,
-        )
-        self.image = torch.from_numpy(out.images[0])
+        self.image = diffusers_image(pipe, prompt, p, on_step)
         self.prompt_embeds = pipe.encode_prompt(prompt)[0][0]
         self.negative_embeds = pipe.encode_prompt(p.negative_prompt)[0][0] if p.cfg else None
 

@@ -23,6 +23,7 @@ from omni_mp.models.qwen_image import ImageParams
 from omni_mp.models.qwen_image.prompt import TEMPLATE_DROP
 from omni_mp.models.registry import resolve_model
 from omni_mp.wire.messages import IMAGE_KEY, ErrorEvent, Finished, StageOutputChunk, Submit
+from tests.diffusers_oracle import diffusers_image
 from tests.launcher import REPO, ServedPipeline, serve
 from tests.rawclient import RawClient
 
@@ -75,21 +76,6 @@ def image_of(c: RawClient, rid: str) -> torch.Tensor:
     return chunks[0].additional_information[IMAGE_KEY]  # type: ignore[index]
 
 
-def reference(pipe: Any, prompt: str, p: ImageParams) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(p.seed)  # type: ignore[arg-type]
-    out = pipe(
-        prompt,
-        negative_prompt=p.negative_prompt,
-        true_cfg_scale=p.true_cfg_scale,
-        height=p.height,
-        width=p.width,
-        num_inference_steps=p.num_inference_steps,
-        generator=gen,
-        output_type="np",
-    )
-    return torch.from_numpy(out.images[0])
-
-
 def assert_image(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert got.dtype == torch.uint8 and tuple(got.shape) == tuple(ref.shape)
     diff = (got.float() / 255 - ref).abs().max().item()
@@ -127,7 +113,7 @@ def test_text_to_image_matches_diffusers_with_and_without_cfg(client: RawClient,
     for rid, (prompt, p) in reqs.items():
         submit(client, rid, prompt, p)
     for rid, (prompt, p) in reqs.items():
-        assert_image(image_of(client, rid), reference(pipe, prompt, p))
+        assert_image(image_of(client, rid), diffusers_image(pipe, prompt, p))
 
 
 def test_a_bad_size_fails_that_request_only(client: RawClient, pipe: Any) -> None:
@@ -138,4 +124,4 @@ def test_a_bad_size_fails_that_request_only(client: RawClient, pipe: Any) -> Non
     for rid, why in (("too-big", "larger than this stage's maximum"), ("odd", "not a multiple of 16")):
         err = client.wait_terminal(rid, 300)
         assert isinstance(err, ErrorEvent) and err.code == "invalid_input" and why in err.message, err
-    assert_image(image_of(client, "fine"), reference(pipe, "a cube", good))
+    assert_image(image_of(client, "fine"), diffusers_image(pipe, "a cube", good))
