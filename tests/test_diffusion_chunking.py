@@ -6,20 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, check_streaming, next_chunk
+from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, check_streaming, next_chunk, streamed_window_lengths
 from omni_mp.engines.diffusion.params import StreamingConfig
 
 CFG = StreamingConfig()
 ALIGN = 12
 
 
-def plans(total: int, per_arrival: int) -> list[ChunkPlan]:
+def plans(total: int, per_arrival: int, cfg: StreamingConfig = CFG) -> list[ChunkPlan]:
     """Plan chunks while ids arrive `per_arrival` at a time (the upstream rate)."""
     out: list[ChunkPlan] = []
     known, emitted = 0, 0
     while not out or not out[-1].last:
         known = min(total, known + per_arrival)
-        while (p := next_chunk(CFG, len(out), emitted, known, known == total)) is not None:
+        while (p := next_chunk(cfg, len(out), emitted, known, known == total)) is not None:
             out.append(p)
             emitted = p.emit_end
             if p.last:
@@ -43,6 +43,24 @@ def test_plans_tile_the_input_with_aligned_windows(total: int, per_arrival: int)
     # Chunk sizes: a small first chunk, then regular ones (the last may take a short tail).
     assert ps[0].emit_end - ps[0].emit_start <= CFG.first_chunk + CFG.right_context // 2
     assert all(p.emit_end - p.emit_start <= CFG.chunk + CFG.right_context // 2 for p in ps[1:])
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [CFG, StreamingConfig(first_chunk=12, chunk=12, left_context=48), StreamingConfig(first_chunk=96, left_context=0)],
+)
+def test_streamed_window_lengths_are_the_windows_streams_get(cfg: StreamingConfig) -> None:
+    """What the graph warm-up plans for: every chunk before a stream's last has one of these
+    window lengths (each occurs), the steady one listed last, and no window is longer."""
+    lengths = streamed_window_lengths(cfg)
+    seen: set[int] = set()
+    for total in (1, 11, 24, 30, 37, 72, 100, 150, 301, 700):
+        for per_arrival in (1, 7, 1000):
+            ps = plans(total, per_arrival, cfg)
+            seen.update(p.window_end - p.window_start for p in ps[:-1])
+            assert all(p.window_end - p.window_start <= max(lengths) for p in ps)
+    assert seen == set(lengths) and len(lengths) == len(seen)
+    assert lengths[-1] == cfg.left_context + cfg.chunk + cfg.right_context
 
 
 def test_a_chunk_waits_for_its_right_context_unless_the_input_is_complete() -> None:

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import torch
 
-from omni_mp.engines.diffusion.batcher import StepPlan, TrajectorySpec
-from omni_mp.engines.diffusion.chunking import one_shot
-from omni_mp.engines.diffusion.graphs import bucket, round_up
+from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest, StepPlan, TrajectorySpec
+from omni_mp.engines.diffusion.chunking import one_shot, streamed_window_lengths
+from omni_mp.engines.diffusion.graphs import _signature, bucket, round_up
 from omni_mp.engines.diffusion.model import Window
-from omni_mp.engines.diffusion.params import DiffusionParams
+from omni_mp.engines.diffusion.params import DiffusionParams, StreamingConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
 from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
 from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel
@@ -150,3 +150,122 @@ def test_cpu_runner_stays_eager(model: Token2WavModel) -> None:
     runner = DiffusionRunner(model, crossfade=0)
     assert runner.graphs is None and runner.graph_shape(1, 24) is None
     assert runner._velocity == model.velocity and model._vocoder_rows is None
+
+
+class _Recorder:
+    """A ShapeGraphs stand-in: records the graph key (`graphs._signature` of the arguments,
+    what ShapeGraphs keys its graphs by) of each warm-up capture and of each call; runs eagerly."""
+
+    def __init__(self, fn: Callable[..., Any], max_graphs: int) -> None:
+        self.fn, self.max_graphs = fn, max_graphs
+        self.warmed: set[Any] = set()
+        self.calls: list[Any] = []
+
+    def ready(self, *args: Any) -> bool:
+        if len(self.warmed) >= self.max_graphs:
+            return False
+        self.warmed.add(tuple(_signature(a) for a in args))
+        return True
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls.append(tuple(_signature(a) for a in args))
+        return self.fn(*args)
+
+
+class RecordingGraphs:
+    """The runner's view of a GraphSet (`wrap`, `max_graphs`), recording instead of capturing."""
+
+    def __init__(self, max_graphs: int = 64) -> None:
+        self.max_graphs = max_graphs
+        self.members: dict[str, _Recorder] = {}
+
+    def wrap(self, fn: Callable[..., Any], name: str) -> _Recorder:
+        self.members[name] = _Recorder(fn, self.max_graphs)
+        return self.members[name]
+
+
+def stream(
+    runner: DiffusionRunner, streaming: StreamingConfig, requests: list[tuple[Window, int]]
+) -> dict[str, torch.Tensor]:
+    """Stream each request's ids through a Batcher into `runner`, `per_step` ids arriving per
+    step (the talker's rate is 1; more when it is ahead): the runner sees the windows,
+    batches and last chunks a streaming stage gives it. Returns each request's audio."""
+    batcher = Batcher(4, streaming)
+    fed: dict[str, int] = {}
+    for w, per_step in requests:
+        ids = w.ids.tolist()
+        fed[w.request_id] = min(per_step, len(ids))
+        batcher.add(DiffusionRequest(w.request_id, w.params, ids[:per_step], per_step >= len(ids), stream=True))
+    parts: dict[str, list[torch.Tensor]] = {w.request_id: [] for w, _ in requests}
+    for _ in range(5000):
+        if not batcher.requests:
+            return {rid: torch.cat(p) for rid, p in parts.items()}
+        for w, per_step in requests:
+            rid, n = w.request_id, fed[w.request_id]
+            if rid in batcher.requests and n < w.ids.numel():
+                batcher.extend(rid, w.ids[n : n + per_step].tolist(), n + per_step >= w.ids.numel())
+                fed[rid] = n + per_step
+        for rid, samples, _, err in batcher.update(runner.execute(batcher.schedule())):
+            assert err is None, err
+            if samples is not None:
+                parts[rid].append(samples)
+    raise AssertionError("streams did not finish")
+
+
+def test_start_up_warm_up_covers_every_streamed_step() -> None:
+    """`warm_up_graphs` prepares the graph of every solver step streamed requests take (the
+    same graph key: argument shapes, dtypes and devices), at every batch size up to
+    max_batch, first and steady chunks, last chunks of odd lengths; the vocoder is graphed at
+    the streamed window lengths only (others run eagerly). The audio is the eager runner's."""
+    model = load()
+    graphs = RecordingGraphs()
+    streaming = StreamingConfig()
+    runner = DiffusionRunner(model, 240, graphs, graph_batch_sizes=(1, 2, 4, 8), graph_max_frames=512)  # type: ignore[arg-type]
+    eager_vocodes: list[int] = []
+    vocode = model._vocode
+
+    def counted(mel: torch.Tensor) -> torch.Tensor:  # the decode path for ungraphed lengths
+        eager_vocodes.append(mel.shape[-1])
+        return vocode(mel)
+
+    model._vocode = counted  # type: ignore[method-assign]
+    warm = runner.warm_up_graphs(streaming, 4, DiffusionParams(seed=0, speaker="Chelsie"))
+    velocity, vocoder = graphs.members["velocity"], graphs.members["vocoder"]
+    fpi, step = model.frames_per_input, model.graph_frame_step
+    windows = streamed_window_lengths(streaming)
+    # DiT: every frame bucket up to the longest window, at batch buckets 1, 2, 4 (max_batch 4);
+    # vocoder: each streamed window length at those batch buckets.
+    assert len(velocity.warmed) == len(range(step, round_up(max(windows) * fpi, step) + 1, step)) * 3
+    assert len(vocoder.warmed) == len(windows) * 3
+    assert warm.graphs == len(velocity.warmed) + len(vocoder.warmed) and not velocity.calls and not eager_vocodes
+
+    lengths = [(30, 1), (47, 5), (100, 1), (161, 7), (9, 9), (75, 3)]
+    reqs = [(window(model, f"r{i}", n, 40 + i, num_steps=3, speaker="Ethan" if i % 2 else "Chelsie"), per)
+            for i, (n, per) in enumerate(lengths)]  # fmt: skip
+    got = stream(runner, streaming, reqs)
+    assert velocity.calls and set(velocity.calls) <= velocity.warmed  # no step would capture a graph
+    assert vocoder.calls and set(vocoder.calls) <= vocoder.warmed
+    odd = set(eager_vocodes)  # last chunks' own lengths: eager on their first use
+    assert odd and not odd & {n * fpi for n in windows}
+    want = stream(DiffusionRunner(load(), 240), streaming, reqs)
+    for rid in want:
+        assert got[rid].shape == want[rid].shape
+        diff = (got[rid] - want[rid]).abs().max().item()
+        assert diff <= ATOL, (rid, diff)
+    # The same streams again: the odd lengths now go to the graphs (captured on this second use).
+    eager_vocodes.clear()
+    vocoder.calls.clear()
+    again = stream(runner, streaming, reqs)
+    assert not eager_vocodes and {c[0][1][2] for c in vocoder.calls} >= odd  # mel [rows, mel_dim, frames]
+    assert all(torch.equal(again[rid], got[rid]) for rid in got)
+
+
+def test_warm_up_plan_puts_every_streams_windows_first_within_max_graphs(model: Token2WavModel) -> None:
+    """With fewer graphs than buckets, the first and steady windows' buckets come first."""
+    runner = DiffusionRunner(model, 0, RecordingGraphs(max_graphs=5), graph_batch_sizes=(1, 2, 4))  # type: ignore[arg-type]
+    plan = runner.warm_up_plan(StreamingConfig(), 4)
+    first, steady = (
+        round_up(n * model.frames_per_input, model.graph_frame_step) for n in streamed_window_lengths(StreamingConfig())
+    )
+    assert plan == [(1, first), (2, first), (4, first), (1, steady), (2, steady)]
+    assert DiffusionRunner(model, 0).warm_up_plan(StreamingConfig(), 4) == []  # no graphs (CPU): nothing to warm

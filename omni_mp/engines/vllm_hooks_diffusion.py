@@ -24,6 +24,7 @@ import torch
 
 from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest, StepPlan, StepResult
 from omni_mp.engines.diffusion.chunking import check_streaming
+from omni_mp.engines.diffusion.graphs import GraphSet, GraphWarmup
 from omni_mp.engines.diffusion.params import DiffusionStageConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
 from omni_mp.engines.vllm_hooks import CoreDriver
@@ -43,6 +44,17 @@ def load_model(model_dir: str, cfg: DiffusionStageConfig, device: torch.device) 
     from omni_mp.models.registry import diffusion_model
 
     return diffusion_model(cfg.model_type, model_dir, device, cfg.model_options)
+
+
+def use_float32_matmul(cfg: DiffusionStageConfig) -> None:
+    """The stage's float32 matmul setting, process-wide. Set before anything runs on the
+    device: a CUDA graph keeps the kernels it was captured with (graphs captured at start-up
+    under "highest" made a "high" stage 2-4x slower per step on an H200)."""
+    torch.set_float32_matmul_precision(cfg.float32_matmul)
+    # cuDNN convolutions follow the same setting: PyTorch lets them use TF32 by default
+    # (`cudnn.allow_tf32` is True), which made exact-fp32 vocoder output depend on how a
+    # stream was chunked (1.2% relative L2 between two runs of Qwen3-Omni's code2wav on an H200).
+    torch.backends.cudnn.allow_tf32 = cfg.float32_matmul == "high"
 
 
 def _base_classes() -> tuple[type, type]:
@@ -144,12 +156,13 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         cfg = stage_config(self.vllm_config)
         assert self.device is not None
+        self.graph_warmup: GraphWarmup | None = None
+        self.graph_warmup_error: str | None = None
+        use_float32_matmul(cfg)
         model = load_model(self.model_config.model, cfg, self.device)
         crossfade = check_streaming(cfg.streaming, model.window_align, model.samples_per_input, model.sample_rate)
         graphs = None
         if cfg.cuda_graphs and self.device.type == "cuda":
-            from omni_mp.engines.diffusion.graphs import GraphSet
-
             graphs = GraphSet(cfg.max_graphs)
         self.model_runner = DiffusionRunner(  # type: ignore[assignment]
             model, crossfade, graphs, cfg.graph_batch_sizes, cfg.graph_max_frames
@@ -170,7 +183,21 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
     def compile_or_warm_up_model(self) -> Any:
         from vllm.v1.worker.worker_base import CompilationTimes
 
+        cfg = stage_config(self.vllm_config)
+        runner: DiffusionRunner = self.model_runner  # type: ignore[assignment]
+        if cfg.cuda_graphs and cfg.warm_up_graphs and runner.graphs is not None:
+            # Best-effort: a failure leaves every shape to be captured on first use, as without it.
+            try:
+                speaker = cfg.defaults.speaker or cfg.default_speaker
+                defaults = msgspec.structs.replace(cfg.defaults, seed=0, speaker=speaker)
+                self.graph_warmup = runner.warm_up_graphs(cfg.streaming, cfg.max_batch, defaults)
+            except Exception as err:  # noqa: BLE001 - the stage serves without it
+                log.exception("CUDA graph warm-up failed; graphs will be captured on first use")
+                self.graph_warmup_error = f"{type(err).__name__}: {err}"[:300]
         return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def get_graph_warmup(self) -> tuple[GraphWarmup | None, str | None]:
+        return self.graph_warmup, self.graph_warmup_error
 
     def get_supported_tasks(self) -> tuple[str, ...]:
         return ()
@@ -196,6 +223,10 @@ class DiffusionCoreDriver(CoreDriver):
 
     def model(self) -> Any:
         return self.core.collective_rpc("get_model")[0]
+
+    def graph_warmup(self) -> tuple[GraphWarmup | None, str | None]:
+        """What the worker's start-up CUDA graph capture did, or its error."""
+        return self.core.collective_rpc("get_graph_warmup")[0]
 
     def can_step(self) -> bool:
         """A step would advance something (not only requests waiting for upstream ids)."""

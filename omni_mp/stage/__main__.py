@@ -136,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         info["moe_warmup"] = f"fused-MoE kernels warmed at {len(warm.sizes)} token counts in {warm.seconds:.1f}s"
     elif warm_err is not None:
         info["moe_warmup"] = f"fused-MoE warm-up failed ({warm_err}); serving without it"
+    graphs, graphs_err = getattr(engine, "graph_warmup", None), getattr(engine, "graph_warmup_error", None)
+    if graphs is not None and graphs.graphs:
+        info["graph_warmup"] = f"{graphs.graphs} CUDA graphs captured in {graphs.seconds:.1f}s"
+    elif graphs_err is not None:
+        info["graph_warmup"] = f"CUDA graph warm-up failed ({graphs_err}); capturing on first use"
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
     try:
         loop.run()

@@ -66,6 +66,26 @@ def next_chunk(cfg: StreamingConfig, index: int, emitted: int, known: int, close
     )
 
 
+def streamed_window_lengths(cfg: StreamingConfig) -> tuple[int, ...]:
+    """The window lengths (in ids) of a stream's chunks before its last one, in the order they
+    first occur, the steady-state window last. No chunk's window is longer than the longest of
+    them (a last chunk's window ends at `known`, at most `right_context // 2` past the chunk
+    instead of `right_context`, so it is at most its index's). Closed form of `next_chunk` on a stream whose
+    ids keep arriving: chunk 0 is [0, first + right), chunk k >= 1 starts at
+    e = first + (k - 1) * chunk and spans min(e, left) + chunk + right ids."""
+    lengths = [cfg.first_chunk + cfg.right_context]
+    emitted = cfg.first_chunk
+    while True:
+        n = min(emitted, cfg.left_context) + cfg.chunk + cfg.right_context
+        if n not in lengths:
+            lengths.append(n)
+        if emitted >= cfg.left_context:
+            break
+        emitted += cfg.chunk
+    steady = lengths.pop(lengths.index(cfg.left_context + cfg.chunk + cfg.right_context))
+    return (*lengths, steady)
+
+
 def one_shot(known: int) -> ChunkPlan:
     return ChunkPlan(index=0, window_start=0, window_end=known, emit_start=0, emit_end=known, last=True)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import torch
 
 from omni_mp.audio import audio_info
 from omni_mp.engines.base import EngineInputError, Extension, PromptIds, StageInput, StepOutput
@@ -47,7 +46,13 @@ class DiffusionEngine:
         from vllm.engine.arg_utils import EngineArgs
 
         from omni_mp.engines.vllm_hooks import build_engine_core
-        from omni_mp.engines.vllm_hooks_diffusion import CONFIG_KEY, WORKER_CLS, DiffusionCoreDriver, DiffusionScheduler
+        from omni_mp.engines.vllm_hooks_diffusion import (
+            CONFIG_KEY,
+            WORKER_CLS,
+            DiffusionCoreDriver,
+            DiffusionScheduler,
+            use_float32_matmul,
+        )
 
         self.cfg = cfg
         self.open_inputs = open_inputs
@@ -72,14 +77,12 @@ class DiffusionEngine:
         # 0 while the config is made (stage processes have it set; restored for embedders).
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         self.driver = DiffusionCoreDriver(build_engine_core(EngineArgs(model=model, **args), env=env))
-        # After vLLM's worker init (which sets its own default); the model runs in this process.
-        torch.set_float32_matmul_precision(cfg.float32_matmul)
-        # cuDNN convolutions follow the same setting: PyTorch lets them use TF32 by default
-        # (`cudnn.allow_tf32` is True), which made exact-fp32 vocoder output depend on how a
-        # stream was chunked (1.2% relative L2 between two runs of Qwen3-Omni's code2wav on an H200).
-        torch.backends.cudnn.allow_tf32 = cfg.float32_matmul == "high"
+        # The worker set it before loading the model; again after vLLM's init, which may set
+        # its own default (the model runs in this process).
+        use_float32_matmul(cfg)
         self.batcher = self.driver.batcher
         self.model = self.driver.model()
+        self.graph_warmup, self.graph_warmup_error = self.driver.graph_warmup()  # shown with the stage's Ready
         self.sample_rate: int = self.model.sample_rate
         # Requests carry their own inputs and params (an image DiT), not codec ids.
         self.owned: bool = isinstance(self.model, RequestModel)

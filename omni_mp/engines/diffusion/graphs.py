@@ -13,7 +13,8 @@ a side stream and captures a graph; later calls copy the arguments into the grap
 inputs (a dataclass argument only when it is another object than last time: a step's
 conditioning is loaded once for its several model calls) and replay. Outputs are cloned, so
 a result stays valid across replays. All graphs of one runner share one memory pool. Shapes
-past `max_graphs`, or whose capture fails, run eagerly. CUDA only: on a CPU nothing here runs.
+past `max_graphs`, or whose capture fails, run eagerly. `ready(*args)` captures a shape ahead
+of use (the runner's start-up warm-up). CUDA only: on a CPU nothing here runs.
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ def _clone(out: Any) -> Any:
     return type(out)(_clone(o) for o in out)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class GraphWarmup:
+    """What a runner's start-up capture did (shown on the stage's Ready line)."""
+
+    graphs: int
+    seconds: float
+
+
 @dataclasses.dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -90,6 +99,16 @@ class ShapeGraphs:
         self.failed: set[Any] = set()
         self.replays = 0
         self.eager_calls = 0
+
+    def ready(self, *args: Any) -> bool:
+        """Capture the graph of these arguments' shapes now, if it is not there yet (start-up
+        warm-up: a first capture inside a request's step stalls it). False: it runs eagerly."""
+        key = tuple(_signature(a) for a in args)
+        if key in self.graphs:
+            return True
+        if key in self.failed or len(self.graphs) >= self.max_graphs:
+            return False
+        return self._capture(key, args) is not None
 
     def __call__(self, *args: Any) -> Any:
         key = tuple(_signature(a) for a in args)

@@ -66,3 +66,9 @@ class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     graph_batch_sizes: tuple[Annotated[int, Meta(ge=1, le=1024)], ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
     graph_max_frames: Annotated[int, Meta(ge=1)] = 512
     max_graphs: Annotated[int, Meta(ge=1, le=1024)] = 64  # per graphed function (DiT velocity, vocoder)
+    # With cuda_graphs: capture at start-up, before the stage is ready, the graphs streamed
+    # requests use (every batch bucket up to max_batch's, at the streamed windows' frame
+    # buckets; the vocoder at the streamed window lengths, whose other lengths then run
+    # eagerly). Off: each graph is captured inside the first step that needs it, which stalls
+    # that step (120-470 ms a graph on an H200).
+    warm_up_graphs: bool = True

@@ -21,6 +21,7 @@ step that admits them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +29,10 @@ from typing import Any
 import torch
 
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
-from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner
-from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, bucket, round_up
-from omni_mp.engines.diffusion.model import DiffusionModel, Preview, RequestModel, WindowDecoder
+from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, streamed_window_lengths
+from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, GraphWarmup, bucket, round_up
+from omni_mp.engines.diffusion.model import DiffusionModel, Preview, RequestModel, Window, WindowDecoder
+from omni_mp.engines.diffusion.params import DiffusionParams, StreamingConfig
 from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
 
 log = logging.getLogger("omni_mp.diffusion")
@@ -107,6 +109,45 @@ class DiffusionRunner:
             use_graphs = getattr(model, "use_graphs", None)
             if use_graphs is not None:  # the model graphs its own parts (a vocoder)
                 use_graphs(self.graphs, self.graph_batch_sizes)
+
+    def warm_up_plan(self, streaming: StreamingConfig, max_batch: int) -> list[tuple[int, int]]:
+        """The (rows, frames) buckets a stream's solver steps can use, as many as the graphs
+        allow: the buckets of the windows every stream has (first chunk, steady chunks) at
+        every batch bucket up to `max_batch`'s first, then every other bucket up to the
+        longest window (last chunks are shorter), smallest frames first."""
+        if self.graphs is None or self.frame_step is None:
+            return []
+        top = bucket(max_batch, self.graph_batch_sizes) or self.graph_batch_sizes[-1]
+        rows = [b for b in self.graph_batch_sizes if b <= top]
+        fpi, step = self.model.frames_per_input, self.frame_step
+        windows = streamed_window_lengths(streaming)
+        frames = [f for f in dict.fromkeys(round_up(n * fpi, step) for n in windows) if f <= self.graph_max_frames]
+        longest = min(round_up(max(windows) * fpi, step), self.graph_max_frames)
+        frames += [f for f in range(step, longest + 1, step) if f not in frames]
+        return [(r, f) for f in frames for r in rows][: self.graphs.max_graphs]
+
+    @torch.no_grad()
+    def warm_up_graphs(self, streaming: StreamingConfig, max_batch: int, params: DiffusionParams) -> GraphWarmup:
+        """Capture at start-up the CUDA graphs streamed requests will replay (`warm_up_plan`,
+        and what the model graphs of its own: the vocoder at the streamed window lengths), so
+        no request's step stalls on a first capture. `params`: a request's resolved defaults
+        (its speaker conditions the dummy windows)."""
+        t0 = time.monotonic()
+        shapes = self.warm_up_plan(streaming, max_batch)
+        if self.graphs is None or not shapes:
+            return GraphWarmup(0, 0.0)
+        m, graphed = self.model, 0
+        # Largest first: smaller graphs then reuse the shared pool's blocks.
+        for rows, frames in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
+            window = Window("graph-warm-up", torch.zeros(frames // m.frames_per_input, dtype=torch.long), 0, params)
+            batch = m.collate([m.condition(window)], torch.tensor([params.guidance_scale]), pad_to=(rows, frames))
+            x = torch.zeros(rows, frames, m.state_dim, device=m.device)
+            graphed += bool(self._velocity.ready(batch, x, torch.zeros(rows, device=m.device)))  # type: ignore[union-attr]
+        warm_model = getattr(m, "warm_up_graphs", None)
+        if warm_model is not None:
+            rows = sorted({r for r, _ in shapes})
+            graphed += warm_model([n * m.frames_per_input for n in streamed_window_lengths(streaming)], rows)
+        return GraphWarmup(graphed, time.monotonic() - t0)
 
     def graph_shape(self, rows: int, frames: int) -> tuple[int, int] | None:
         """The bucket a step of `rows` x `frames` is padded to, or None: it runs eagerly."""

@@ -18,6 +18,8 @@ The modules are transformers' own; what is ours is the batched forward around th
   is off, which leaves the conditional output as it is), and the vocoder runs as
   `_vocode` (transformers' BigVGAN forward on the device, without its host copy) from one graph
   per (row bucket, frames); BigVGAN is a convolution stack, so its frames are never padded.
+  After the runner's start-up warm-up (`warm_up_graphs`) the streamed window lengths are
+  graphed; a window of another length (a stream's last) runs eagerly on its first use.
 - no host syncs: codes, lengths and guidance are assembled on the CPU and copied once.
 """
 
@@ -94,6 +96,8 @@ class Token2WavModel:
         # transformers' BigVGAN amplitude floor (-115 dB), made on the device once, as it makes it
         self._min_level = torch.exp(torch.tensor(-115 / 20.0 * math.log(10), device=device, dtype=torch.float32))
         self._vocoder_rows: tuple[int, ...] | None = None  # graph row buckets (use_graphs)
+        self._vocoder_frames: frozenset[int] | None = None  # lengths warmed at start-up; None: no warm-up
+        self._vocoder_seen: set[tuple[int, int]] = set()  # (rows, frames) of other lengths run eagerly once
         self._vocode_fn: Any = self._vocode
 
     @classmethod
@@ -169,7 +173,9 @@ class Token2WavModel:
             codes[i, : c.codes.numel()] = c.codes
         lengths = torch.tensor(frames + [0] * (b - n))  # padded rows have no frames
         lengths = torch.cat([lengths, lengths[cfg_rows]])
-        padded = bool((lengths < s).any())  # on the CPU: no device sync
+        # A graph bucket always has the per-row mask, so one graph serves it whatever its
+        # rows' lengths (the mask's values are those of the shared pattern where all are full).
+        padded = pad_to is not None or bool((lengths < s).any())  # on the CPU: no device sync
         dev = self.device
         codes = codes.to(dev)
         cfg_dev = cfg_rows.to(dev)
@@ -238,6 +244,25 @@ class Token2WavModel:
         self._vocode_fn = graphs.wrap(self._vocode, "vocoder")
 
     @torch.no_grad()
+    def warm_up_graphs(self, frames: Sequence[int], rows: Sequence[int]) -> int:
+        """Capture the vocoder's graphs for windows of these lengths at these row buckets now.
+        The vocoder takes each window at its own length (no padding), and a stream's last
+        window has a length of its own; such a length then runs eagerly the first time it
+        comes and is captured only when it comes again. Measured on an H200 (one 140-frame
+        window): a new length costs about 180 ms eagerly (cuDNN plans each new shape), its
+        capture after that 176 ms (two eager passes and the capture), then 52 ms eager vs
+        15 ms replayed; a capture on first use would stall that step about 300 ms. Returns
+        how many graphs are ready."""
+        if self._vocoder_rows is None:
+            return 0
+        self._vocoder_frames = frozenset(frames)
+        ready = 0
+        for f in sorted(self._vocoder_frames, reverse=True):
+            for r in sorted((b for b in self._vocoder_rows if b <= max(rows)), reverse=True):
+                ready += bool(self._vocode_fn.ready(torch.zeros(r, self.state_dim, f, device=self.device)))
+        return ready
+
+    @torch.no_grad()
     def _vocode(self, mel: torch.Tensor) -> torch.Tensor:
         """transformers' `Qwen2_5OmniToken2WavBigVGANModel.forward` on [B, mel_dim, F], the same
         operations, leaving the waveform [B, samples] on the device (capture-safe)."""
@@ -259,13 +284,19 @@ class Token2WavModel:
         for i, st in enumerate(states):
             groups.setdefault(st.shape[0], []).append(i)
         for idx in groups.values():
+            frames = states[idx[0]].shape[0]
             rows = None if self._vocoder_rows is None else next((b for b in self._vocoder_rows if b >= len(idx)), None)
+            vocode = self._vocode_fn
+            if rows is not None and self._vocoder_frames is not None and frames not in self._vocoder_frames:
+                if (rows, frames) not in self._vocoder_seen:  # bounded: row buckets x max_frames
+                    self._vocoder_seen.add((rows, frames))
+                    vocode = self._vocode  # first time: eagerly, at the bucket's shape (see warm_up_graphs)
             mel = torch.stack([states[i] for i in idx])
             if rows is None:
                 wav = self._vocode(mel.permute(0, 2, 1))
             else:  # a graph bucket of rows (padded rows: zero mel, dropped)
                 mel = torch.cat([mel, mel.new_zeros(rows - len(idx), *mel.shape[1:])])
-                wav = self._vocode_fn(mel.permute(0, 2, 1).contiguous())
+                wav = vocode(mel.permute(0, 2, 1).contiguous())
             wav = wav[: len(idx)].cpu()  # clamped to [-1, 1]
             for j, i in enumerate(idx):
                 out[i] = wav[j].to(torch.float32)
