@@ -291,7 +291,9 @@ def audio_of(mm: Any) -> tuple[int, int | None, str]:
             break
     for k in AUDIO_KEYS:
         if k in items and items[k] is not None:
-            return numel(items[k]), rate, f"{k} ({type(items[k]).__name__}); keys {sorted(items)}"
+            v = items[k]
+            shapes = [tuple(t.shape) for t in (v if isinstance(v, (list, tuple)) else [v]) if hasattr(t, "shape")]
+            return numel(v), rate, f"{k} ({type(v).__name__}, shapes {shapes[:4]}); keys {sorted(items)}"
     return 0, rate, f"no audio key; keys {sorted(items)}"
 
 
@@ -343,7 +345,8 @@ def check_round(batch: list[list[int]], reqs: list[dict[str, Any]], args: argpar
         raise RuntimeError(
             f"{len(bad)} of {len(reqs)} requests differ from the fixed lengths ({args.thinker_tokens} thinker tokens, "
             f"{audio_s:.4f} s of audio), e.g. {b['thinker_tokens']} tokens, {b['audio_s']:.4f} s "
-            f"at {b['sample_rate']} Hz; audio lengths in the round: {lengths[:5]} s"
+            f"at {b['sample_rate']} Hz in {b['audio_outputs']} audio output(s), {b['found']}; "
+            f"audio lengths in the round: {lengths[:5]} s"
         )
 
 

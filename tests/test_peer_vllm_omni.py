@@ -74,7 +74,8 @@ def test_round_check_and_fields() -> None:
 
     args = peer.parse_args(["--thinker-tokens", "8", "--talker-codes", "50"])
     batch = omni_gpu.prompts(3, 16, 5)
-    one = {"audio_s": 1.0, "thinker_tokens": 8, "sample_rate": 24000, "audio_outputs": 1}
+    found = "audio (Tensor, shapes [(24000,)]); keys ['audio']"  # what one_request records
+    one = {"audio_s": 1.0, "thinker_tokens": 8, "sample_rate": 24000, "audio_outputs": 1, "found": found}
     reqs = [{"first_s": t, "last_audio_s": t, "done_s": t, **one} for t in (1.0, 2.0, 4.0)]
     got = peer.summarize(batch, reqs, 4.0, args)
     assert got["first_audio_p50_s"] == 2.0 and got["audio_s_per_s"] == 0.75 and got["thinker_tok_s"] == 6.0
@@ -82,8 +83,9 @@ def test_round_check_and_fields() -> None:
     assert set(peer.FIELDS) <= set(got)
     short = [dict(r) for r in reqs]
     short[1]["audio_s"] = 0.98
-    with pytest.raises(RuntimeError, match="1 of 3 requests differ"):
+    with pytest.raises(RuntimeError, match="1 of 3 requests differ") as err:
         peer.summarize(batch, short, 4.0, args)
+    assert found in str(err.value)  # what the payload was, for a round that fails
     with pytest.raises(RuntimeError, match="not distinct"):
         peer.summarize([batch[0]] * 3, reqs, 4.0, args)
 
