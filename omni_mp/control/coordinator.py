@@ -293,7 +293,7 @@ class Coordinator:
         h.became_ready(endpoint, dict(msg.info), time.monotonic())
         sender = MessageSender(self.ctx, endpoint, self.cfg.limits, hwm=CONTROL_HWM)
         self.links[h.stage.id] = StageLink(sender, self.cfg.limits, self.cfg.admission.stage_queue)
-        warm = "".join(f"; {msg.info[k]}" for k in ("moe_warmup", "graph_warmup") if k in msg.info)
+        warm = f"; {msg.info['warmup']}" if "warmup" in msg.info else ""
         self.progress(
             f"stage {h.stage.id}: ready in {msg.info.get('init_s', '?')}s (pid {msg.pid}, restarts {h.restarts}{warm})"
         )

@@ -118,19 +118,21 @@ class AREngine:
         if warm is None:
             warm = vllm_config.device_config.device.type == "cuda"
         self.moe_warmup: MoeWarmup | None = None
-        self.moe_warmup_error: str | None = None  # shown with the stage's Ready
+        self.warmup_note: str | None = None  # what the start-up warm-up did, for the stage's Ready line
         if warm:
             try:
                 self.moe_warmup = warm_up_moe_kernels(core)
             except Exception as err:  # noqa: BLE001 - a speed-up only: the stage serves without it
                 log.exception("fused-MoE warm-up failed; serving without it (first prefills may compile kernels)")
-                self.moe_warmup_error = f"{type(err).__name__}: {err}"[:300]
+                reason = f"{type(err).__name__}: {err}"[:300]
+                self.warmup_note = f"fused-MoE warm-up failed ({reason}); serving without it"
         if self.moe_warmup is not None and self.moe_warmup.sizes:
             w = self.moe_warmup
             log.info(
                 "fused-MoE kernels warmed at %d token counts %s (%d layer shapes) in %.1f s",
                 len(w.sizes), w.sizes, w.layers, w.seconds,
             )  # fmt: skip
+            self.warmup_note = f"fused-MoE kernels warmed at {len(w.sizes)} token counts in {w.seconds:.1f}s"
         self.vllm_config = vllm_config
         self._inputs = InputProcessor(vllm_config)
         self._tasks = core.get_supported_tasks()

@@ -47,7 +47,8 @@ def load_model(model_dir: str, cfg: DiffusionStageConfig, device: torch.device) 
 
 
 def use_float32_matmul(cfg: DiffusionStageConfig) -> None:
-    """The stage's float32 matmul setting, process-wide. Set before anything runs on the
+    """The stage's float32 matmul setting, process-wide; the worker sets it before loading
+    the model (nothing in vLLM's init of this worker resets it). Before anything runs on the
     device: a CUDA graph keeps the kernels it was captured with (graphs captured at start-up
     under "highest" made a "high" stage 2-4x slower per step on an H200)."""
     torch.set_float32_matmul_precision(cfg.float32_matmul)
@@ -185,7 +186,7 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
 
         cfg = stage_config(self.vllm_config)
         runner: DiffusionRunner = self.model_runner  # type: ignore[assignment]
-        if cfg.cuda_graphs and cfg.warm_up_graphs and runner.graphs is not None:
+        if cfg.warm_up_graphs and runner.graphs is not None:  # graphs: cuda_graphs on a CUDA device
             # Best-effort: a failure leaves every shape to be captured on first use, as without it.
             try:
                 speaker = cfg.defaults.speaker or cfg.default_speaker

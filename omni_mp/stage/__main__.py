@@ -131,16 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
     if loop.speakers:  # the voices a request may pick here (the HTTP server lists them)
         info["speakers"] = ",".join(sorted(loop.speakers))
-    warm, warm_err = getattr(engine, "moe_warmup", None), getattr(engine, "moe_warmup_error", None)
-    if warm is not None and warm.sizes:  # the coordinator prints it with the stage's Ready
-        info["moe_warmup"] = f"fused-MoE kernels warmed at {len(warm.sizes)} token counts in {warm.seconds:.1f}s"
-    elif warm_err is not None:
-        info["moe_warmup"] = f"fused-MoE warm-up failed ({warm_err}); serving without it"
-    graphs, graphs_err = getattr(engine, "graph_warmup", None), getattr(engine, "graph_warmup_error", None)
-    if graphs is not None and graphs.graphs:
-        info["graph_warmup"] = f"{graphs.graphs} CUDA graphs captured in {graphs.seconds:.1f}s"
-    elif graphs_err is not None:
-        info["graph_warmup"] = f"CUDA graph warm-up failed ({graphs_err}); capturing on first use"
+    warmup = getattr(engine, "warmup_note", None)
+    if warmup:  # the coordinator prints it with the stage's Ready
+        info["warmup"] = warmup
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
     try:
         loop.run()

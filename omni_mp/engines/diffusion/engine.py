@@ -46,13 +46,7 @@ class DiffusionEngine:
         from vllm.engine.arg_utils import EngineArgs
 
         from omni_mp.engines.vllm_hooks import build_engine_core
-        from omni_mp.engines.vllm_hooks_diffusion import (
-            CONFIG_KEY,
-            WORKER_CLS,
-            DiffusionCoreDriver,
-            DiffusionScheduler,
-            use_float32_matmul,
-        )
+        from omni_mp.engines.vllm_hooks_diffusion import CONFIG_KEY, WORKER_CLS, DiffusionCoreDriver, DiffusionScheduler
 
         self.cfg = cfg
         self.open_inputs = open_inputs
@@ -77,12 +71,14 @@ class DiffusionEngine:
         # 0 while the config is made (stage processes have it set; restored for embedders).
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         self.driver = DiffusionCoreDriver(build_engine_core(EngineArgs(model=model, **args), env=env))
-        # The worker set it before loading the model; again after vLLM's init, which may set
-        # its own default (the model runs in this process).
-        use_float32_matmul(cfg)
         self.batcher = self.driver.batcher
         self.model = self.driver.model()
-        self.graph_warmup, self.graph_warmup_error = self.driver.graph_warmup()  # shown with the stage's Ready
+        warm, warm_err = self.driver.graph_warmup()
+        self.warmup_note: str | None = None  # what the start-up warm-up did, for the stage's Ready line
+        if warm is not None and warm.graphs:
+            self.warmup_note = f"{warm.graphs} CUDA graphs captured in {warm.seconds:.1f}s"
+        elif warm_err is not None:
+            self.warmup_note = f"CUDA graph warm-up failed ({warm_err}); capturing on first use"
         self.sample_rate: int = self.model.sample_rate
         # Requests carry their own inputs and params (an image DiT), not codec ids.
         self.owned: bool = isinstance(self.model, RequestModel)

@@ -134,7 +134,7 @@ class DiffusionRunner:
         (its speaker conditions the dummy windows)."""
         t0 = time.monotonic()
         shapes = self.warm_up_plan(streaming, max_batch)
-        if self.graphs is None or not shapes:
+        if not shapes:  # no graphs (or a model without graph buckets)
             return GraphWarmup(0, 0.0)
         m, graphed = self.model, 0
         # Largest first: smaller graphs then reuse the shared pool's blocks.
