@@ -85,6 +85,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ["hf", "stream", "nostream", "cold0", "cold1", "cold2", "t2w_tf32"]
+# --token2wav-dtype -> the token2wav stage's model_options (bf16 is opt-in: it changes the waveform)
+T2W_DTYPES: dict[str, dict[str, str]] = {
+    "float32": {},
+    "bfloat16-dit": {"dit_dtype": "bfloat16"},
+    "bfloat16": {"dit_dtype": "bfloat16", "vocoder_dtype": "bfloat16"},
+}
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15  # kept at the end of --deadline-s for the report
 CODEC_IDS = 8192  # real codec ids; the rest of the talker's 8448 are control ids (pad, bos, eos, ...)
@@ -303,9 +309,12 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "sampling": {"seed": 0},
         "diffusion": {
             "default_speaker": "Chelsie", "max_batch": min(conc, 64), "float32_matmul": args.token2wav_matmul,
-            "cuda_graphs": args.token2wav_graphs == "on",
+            "cuda_graphs": args.token2wav_graphs == "on", "model_options": T2W_DTYPES[args.token2wav_dtype],
         },
     }  # fmt: skip
+    streaming = {k: v for k, v in (("first_chunk", args.token2wav_first_chunk), ("chunk", args.token2wav_chunk)) if v}
+    if streaming:
+        token2wav["diffusion"]["streaming"] = streaming  # type: ignore[index]
     stages = [thinker, talker, token2wav]
     if not stream:
         talker["wait_for_upstream"] = token2wav["wait_for_upstream"] = True
@@ -466,6 +475,68 @@ def run_t2w_precision(args: argparse.Namespace) -> dict[str, Any]:
     out["rel_l2"] = float((a - b).norm() / a.norm())
     say(f"t2w_tf32: {args.talker_codes} codes: fp32 {out['highest_s']:.3f}s, TF32 {out['high_s']:.3f}s, "
         f"rel. L2 difference {out['rel_l2']:.2e}")  # fmt: skip
+    del t2w
+    torch.cuda.empty_cache()
+    out["engine"] = t2w_engine_precisions(path, codes[0].cpu())
+    return out
+
+
+def t2w_engine_precisions(path: Path, codes: Any) -> dict[str, dict[str, float]]:
+    """The stage's own token2wav model (omni_mp's Token2WavModel through the diffusion runner,
+    eager, one-shot, the same seed) in each precision a config can choose, against exact fp32:
+    time (the best of 3) and the waveform's relative L2 difference, SNR and max |diff|."""
+    import torch
+
+    from omni_mp.engines.diffusion.batcher import StepPlan, TrajectorySpec
+    from omni_mp.engines.diffusion.chunking import one_shot
+    from omni_mp.engines.diffusion.model import Window
+    from omni_mp.engines.diffusion.params import DiffusionParams
+    from omni_mp.engines.diffusion.runner import DiffusionRunner
+    from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a check of this code
+
+    def one_shot_wav(model: Token2WavModel) -> tuple[Any, float]:
+        best, wav = float("inf"), None
+        for _ in range(3):
+            runner = DiffusionRunner(model, crossfade=0)
+            win = Window("r", codes, 0, DiffusionParams(seed=0, speaker="Chelsie"))
+            plan = StepPlan([TrajectorySpec(0, win, one_shot(codes.numel()))], [0], [], 1)
+            t0 = time.perf_counter()
+            while True:
+                result = runner.execute(plan)  # the output's copy to the CPU syncs
+                if result.outputs:
+                    wav = result.outputs["r"][0]
+                    break
+                plan = StepPlan([], [0], [], 1)
+            best = min(best, time.perf_counter() - t0)
+        return wav, best
+
+    variants = {  # name: (float32 matmul precision, model options)
+        "fp32": ("highest", {}),
+        "TF32": ("high", {}),
+        "TF32 + bf16 DiT": ("high", T2W_DTYPES["bfloat16-dit"]),
+        "TF32 + bf16 DiT and vocoder": ("high", T2W_DTYPES["bfloat16"]),
+    }
+    ref, ref_s, out = None, 0.0, {}
+    for name, (precision, options) in variants.items():
+        torch.set_float32_matmul_precision(precision)
+        model = Token2WavModel.from_checkpoint(path, device, **options)
+        wav, secs = one_shot_wav(model)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if ref is None:
+            ref, ref_s = wav, secs
+        err = wav - ref
+        out[name] = {
+            "s": secs, "speedup": ref_s / secs, "rel_l2": float(err.norm() / ref.norm()),
+            "snr_db": float(10 * torch.log10(ref.pow(2).sum() / err.pow(2).sum().clamp_min(1e-30))),
+            "max_abs": float(err.abs().max()),
+        }  # fmt: skip
+        say(f"t2w precision {name}: {secs * 1000:.0f} ms, rel. L2 {out[name]['rel_l2']:.2e}, "
+            f"SNR {out[name]['snr_db']:.1f} dB")  # fmt: skip
+    torch.set_float32_matmul_precision("highest")
     return out
 
 
@@ -608,13 +679,20 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             "released 7B checkpoint's is much smaller: hidden 896, 24 layers), so it costs about what the thinker does."
         ),
         f"token2wav float32 matmuls: {args.token2wav_matmul} "
-        f"({'exact fp32' if args.token2wav_matmul == 'highest' else 'TF32'}); CUDA graphs: {args.token2wav_graphs}",
+        f"({'exact fp32' if args.token2wav_matmul == 'highest' else 'TF32'}); weights: {args.token2wav_dtype}; "
+        f"CUDA graphs: {args.token2wav_graphs}; streaming chunks (codes): first "
+        f"{args.token2wav_first_chunk or 24}, then {args.token2wav_chunk or 48}",
     ]
     t2w = results.get("t2w_tf32", {})
     if "rel_l2" in t2w:
         lines.append(
             f"token2wav alone, {t2w['codes']} codes: fp32 {t2w['highest_s']:.3f} s, TF32 {t2w['high_s']:.3f} s "
             f"({t2w['highest_s'] / t2w['high_s']:.2f}x), waveform relative L2 difference {t2w['rel_l2']:.2e}"
+        )
+    for name, v in t2w.get("engine", {}).items():
+        lines.append(
+            f"token2wav engine model one-shot, {name}: {v['s'] * 1000:.0f} ms ({v['speedup']:.2f}x fp32), "
+            f"waveform vs fp32: relative L2 {v['rel_l2']:.2e}, SNR {v['snr_db']:.1f} dB, max |diff| {v['max_abs']:.2e}"
         )
     budgets = results.get("stream", {}).get("budgets_gib") or results.get("nostream", {}).get("budgets_gib")
     if budgets:
@@ -820,6 +898,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="highest",
         help="token2wav's float32 matmuls: exact (highest, as transformers) or TF32 (high)",
     )
+    p.add_argument(
+        "--token2wav-dtype",
+        choices=list(T2W_DTYPES),
+        default="float32",
+        help="token2wav's weights: float32 (as transformers), bfloat16-dit (the DiT under bf16 autocast), "
+        "bfloat16 (DiT and vocoder); bf16 changes the waveform (phase t2w_tf32 measures by how much)",
+    )
+    p.add_argument("--token2wav-first-chunk", type=int, help="codes of the first audio chunk (stage default: 24)")
+    p.add_argument("--token2wav-chunk", type=int, help="codes of each later audio chunk (stage default: 48)")
     p.add_argument(
         "--talker",
         choices=["released", "default"],

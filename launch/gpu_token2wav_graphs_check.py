@@ -170,6 +170,10 @@ def warm_up_check(model: Token2WavModel, cfg: DiffusionStageConfig, kw: dict[str
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--matmul", choices=["highest", "high"], default="highest")
+    ap.add_argument(
+        "--dtype", choices=["float32", "bfloat16-dit", "bfloat16"], default="float32",
+        help="token2wav's model_options: bf16 DiT (bfloat16-dit) or DiT and vocoder (bfloat16), opt-in precisions",
+    )  # fmt: skip
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--contenders", type=int, default=2)
     ap.add_argument("--atol", type=float, default=1e-3, help="graphs vs eager (unpadded) audio bound")
@@ -189,9 +193,12 @@ def main() -> int:
     torch.set_float32_matmul_precision(args.matmul)
     spec = TOKEN2WAV_SPECS["tiny-token2wav" if args.tiny else "token2wav-default-size"]
     t0 = time.perf_counter()
-    model = Token2WavModel.from_checkpoint(build_token2wav(spec), device)
+    options = {"float32": {}, "bfloat16-dit": {"dit_dtype": "bfloat16"},
+               "bfloat16": {"dit_dtype": "bfloat16", "vocoder_dtype": "bfloat16"}}[args.dtype]  # fmt: skip
+    model = Token2WavModel.from_checkpoint(build_token2wav(spec), device, **options)
     print(f"# {torch.cuda.get_device_name(0) if cuda else 'CPU'}; {'tiny' if args.tiny else 'default-size'} "
-          f"token2wav, float32_matmul {args.matmul}; loaded in {time.perf_counter() - t0:.1f}s")  # fmt: skip
+          f"token2wav, float32_matmul {args.matmul}, weights {args.dtype}; "
+          f"loaded in {time.perf_counter() - t0:.1f}s")  # fmt: skip
     cfg = DiffusionStageConfig()
     kw: dict[str, Any] = {"graph_batch_sizes": cfg.graph_batch_sizes, "graph_max_frames": cfg.graph_max_frames}
     # three views of the same weights: a runner with graphs (or buckets) hands its model the
@@ -252,6 +259,19 @@ def main() -> int:
             print(f"| {b} | {row[0]:.1f} | {row[1]:.1f} | {row[0] / row[1]:.2f}x |", flush=True)
 
     timing("alone")
+    print("\n## vocoder alone, eager, b 168-frame windows (84 codes): ms, best of 3")
+    for b in batches:
+        mel = torch.randn(b, model.state_dim, 168, device=device) - 4.0
+        best = float("inf")
+        for _ in range(4):
+            if cuda:
+                torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            model._vocode(mel)
+            if cuda:
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t1)
+        print(f"- b={b}: {best * 1000:.1f} ms", flush=True)
     procs: list[subprocess.Popen[bytes]] = []
     if cuda and args.contenders:
         try:

@@ -46,16 +46,21 @@ def load_model(model_dir: str, cfg: DiffusionStageConfig, device: torch.device) 
     return diffusion_model(cfg.model_type, model_dir, device, cfg.model_options)
 
 
-def use_float32_matmul(cfg: DiffusionStageConfig) -> None:
-    """The stage's float32 matmul setting, process-wide; the worker sets it before loading
-    the model (nothing in vLLM's init of this worker resets it). Before anything runs on the
-    device: a CUDA graph keeps the kernels it was captured with (graphs captured at start-up
-    under "highest" made a "high" stage 2-4x slower per step on an H200)."""
+def use_kernel_settings(cfg: DiffusionStageConfig) -> None:
+    """The stage's kernel choices, process-wide: its float32 matmul precision and whether SDPA
+    may use cuDNN's attention. The worker sets them before loading the model (nothing in
+    vLLM's init of this worker resets them), so before anything runs on the device: a CUDA
+    graph keeps the kernels it was captured with (graphs captured at start-up under "highest"
+    made a "high" stage 2-4x slower per step on an H200)."""
     torch.set_float32_matmul_precision(cfg.float32_matmul)
     # cuDNN convolutions follow the same setting: PyTorch lets them use TF32 by default
     # (`cudnn.allow_tf32` is True), which made exact-fp32 vocoder output depend on how a
     # stream was chunked (1.2% relative L2 between two runs of Qwen3-Omni's code2wav on an H200).
     torch.backends.cudnn.allow_tf32 = cfg.float32_matmul == "high"
+    # vLLM 0.25.0's CUDA platform module calls `enable_cudnn_sdp(False)` when it is imported
+    # (vllm/platforms/cuda.py); a diffusion stage's modules are diffusers' and transformers',
+    # which run with PyTorch's default (on): `cudnn_attention` in DiffusionStageConfig.
+    torch.backends.cuda.enable_cudnn_sdp(cfg.cudnn_attention)
 
 
 def _base_classes() -> tuple[type, type]:
@@ -159,7 +164,7 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
         assert self.device is not None
         self.graph_warmup: GraphWarmup | None = None
         self.graph_warmup_error: str | None = None
-        use_float32_matmul(cfg)
+        use_kernel_settings(cfg)
         model = load_model(self.model_config.model, cfg, self.device)
         crossfade = check_streaming(cfg.streaming, model.window_align, model.samples_per_input, model.sample_rate)
         graphs = None

@@ -21,16 +21,25 @@ The modules are transformers' own; what is ours is the batched forward around th
   After the runner's start-up warm-up (`warm_up_graphs`) the streamed window lengths are
   graphed; a window of another length (a stream's last) runs eagerly on its first use.
 - no host syncs: codes, lengths and guidance are assembled on the CPU and copied once.
+- precision (`diffusion.model_options`, `Token2WavOptions`): fp32 by default, as transformers
+  runs it. `dit_dtype` / `vocoder_dtype: bfloat16` (opt-in) keep a bf16 copy of that module's
+  weights and run it under bf16 autocast (norms and softmax stay fp32 there); the solver's
+  state, the CFG combination and the waveform stay fp32. It changes the waveform beyond the
+  streaming tolerance (measured by `benchmarks/omni_gpu.py`'s precision phase and
+  tests/test_token2wav_precision.py), like TF32 matmuls, and halves the matmul time where the
+  DiT is compute-bound (many requests in a step).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 import torch
 
 from omni_mp.engines.diffusion.model import DiffusionInputError, Window
@@ -69,11 +78,25 @@ class Token2WavBatch:
     all_cfg: bool  # cfg_rows is every row (no gather)
 
 
-class Token2WavModel:
-    """token2wav on one device, fp32 (as transformers runs it)."""
+class Token2WavOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The `diffusion.model_options:` of a `model_type: qwen2_5_omni_token2wav` stage."""
 
-    def __init__(self, hf_token2wav: Any, speakers: dict[str, dict[str, Any]], device: torch.device) -> None:
+    dit_dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16: opt-in, changes the waveform
+    vocoder_dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class Token2WavModel:
+    """token2wav on one device, fp32 (as transformers runs it) unless `options` say otherwise."""
+
+    def __init__(
+        self,
+        hf_token2wav: Any,
+        speakers: dict[str, dict[str, Any]],
+        device: torch.device,
+        options: Token2WavOptions | None = None,
+    ) -> None:
         self.device = device
+        self.options = options or Token2WavOptions()
         self.hf = hf_token2wav.to(device=device, dtype=torch.float32).eval()
         self.dit = self.hf.code2wav_dit_model
         self.vocoder = self.hf.code2wav_bigvgan_model
@@ -91,7 +114,11 @@ class Token2WavModel:
             frames_to_samples *= rate
         self.samples_per_input = frames_to_samples * cfg.repeats
         self.sample_rate = SAMPLE_RATE
-        self.speakers = {name: self._speaker(name, entry) for name, entry in speakers.items()}
+        self.speakers = {name: self._speaker(name, entry) for name, entry in speakers.items()}  # fp32 encoder
+        # Reduced precision after the speakers' fp32 encodings: a bf16 copy of the weights, run
+        # under autocast so fp32 activations meet bf16 weights (norms and softmax stay fp32).
+        self._dit_autocast = self._reduced(self.dit, self.options.dit_dtype)
+        self._vocoder_autocast = self._reduced(self.vocoder, self.options.vocoder_dtype)
         self.graph_frame_step = cfg.block_size  # graph buckets: whole attention blocks
         # transformers' BigVGAN amplitude floor (-115 dB), made on the device once, as it makes it
         self._min_level = torch.exp(torch.tensor(-115 / 20.0 * math.log(10), device=device, dtype=torch.float32))
@@ -100,8 +127,17 @@ class Token2WavModel:
         self._vocoder_seen: set[tuple[int, int]] = set()  # (rows, frames) of other lengths run eagerly once
         self._vocode_fn: Any = self._vocode
 
+    def _reduced(self, module: torch.nn.Module, dtype: str) -> Any:
+        """A factory of the autocast context `module` runs in (bf16 weights), or of a no-op (fp32)."""
+        if dtype == "float32":
+            return nullcontext
+        module.to(getattr(torch, dtype))
+        device_type, cast = self.device.type, getattr(torch, dtype)
+        return lambda: torch.autocast(device_type, dtype=cast)
+
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> Token2WavModel:
+    def from_checkpoint(cls, model_dir: str | Path, device: torch.device, **options: Any) -> Token2WavModel:
+        opts = msgspec.convert(options, Token2WavOptions)
         from transformers import Qwen2_5OmniConfig
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
@@ -117,7 +153,7 @@ class Token2WavModel:
         missing, unexpected = hf.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"{model_dir}: token2wav weights do not match: missing {missing}, unexpected {unexpected}")
-        return cls(hf, speakers, device)
+        return cls(hf, speakers, device, opts)
 
     @torch.no_grad()
     def _speaker(self, name: str, entry: dict[str, Any]) -> Speaker:
@@ -221,14 +257,15 @@ class Token2WavModel:
             x2, t2 = torch.cat([x, x]), torch.cat([t, t])
         else:
             x2, t2 = torch.cat([x, x[batch.cfg_rows]]), torch.cat([t, t[batch.cfg_rows]])
-        time_embedding = dit.time_embed(t2)
-        ecapa = batch.ecapa[:, None].expand(rows, s, -1)
-        spk = batch.spk[:, None].expand(rows, s, -1)
-        h = dit.input_embed.proj(torch.cat((x2, ecapa, batch.code_embed, spk), dim=-1))
-        position_embeddings = dit.rotary_embed(h, batch.position_ids[None].expand(rows, s))
-        for layer in dit.transformer_blocks:
-            h = layer(h, time_embedding, position_embeddings=position_embeddings, block_diff=batch.block_diff)
-        out = dit.proj_out(dit.norm_out(h, time_embedding))
+        with self._dit_autocast():
+            time_embedding = dit.time_embed(t2)
+            ecapa = batch.ecapa[:, None].expand(rows, s, -1)
+            spk = batch.spk[:, None].expand(rows, s, -1)
+            h = dit.input_embed.proj(torch.cat((x2, ecapa, batch.code_embed, spk), dim=-1))
+            position_embeddings = dit.rotary_embed(h, batch.position_ids[None].expand(rows, s))
+            for layer in dit.transformer_blocks:
+                h = layer(h, time_embedding, position_embeddings=position_embeddings, block_diff=batch.block_diff)
+            out = dit.proj_out(dit.norm_out(h, time_embedding)).float()
         if rows == n:
             return out
         cond = out[:n]
@@ -268,12 +305,13 @@ class Token2WavModel:
         operations, leaving the waveform [B, samples] on the device (capture-safe)."""
         v = self.vocoder
         db = 20 * torch.log10(torch.clamp(torch.exp(mel), min=self._min_level)) - 20
-        h = v.conv_pre(v.normalize_spectrogram(db, 1, -115))
-        for i in range(v.num_upsample_layers):
-            h = v.ups[i][0](h)
-            res = sum(v.resblocks[i * v.num_residual_blocks + j](h) for j in range(v.num_residual_blocks))
-            h = res / v.num_residual_blocks
-        wav = v.conv_post(v.activation_post(h))
+        with self._vocoder_autocast():
+            h = v.conv_pre(v.normalize_spectrogram(db, 1, -115))
+            for i in range(v.num_upsample_layers):
+                h = v.ups[i][0](h)
+                res = sum(v.resblocks[i * v.num_residual_blocks + j](h) for j in range(v.num_residual_blocks))
+                h = res / v.num_residual_blocks
+            wav = v.conv_post(v.activation_post(h)).float()
         return torch.clamp(wav, min=-1.0, max=1.0).reshape(mel.shape[0], -1)
 
     @torch.no_grad()

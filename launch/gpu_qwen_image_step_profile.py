@@ -1,0 +1,220 @@
+"""Where a Qwen-Image denoising step's time goes, in one process on one GPU (issue 21): the
+real-size DiT (random weights, bf16, built in memory) stepped three ways on the same inputs,
+one image with true CFG (a prompt of --text-len rows and a negative prompt of --neg-len):
+
+- diffusers: the two transformer calls and the CFG combination as `QwenImagePipeline` makes
+  them (no mask: its pipeline drops an all-ones mask);
+- model: omni_mp's `QwenImageModel.velocity` on the collated batch (the calls its cost model
+  plans) plus the Euler update;
+- runner: omni_mp's `DiffusionRunner.execute` (what the DiT stage's worker runs per step).
+
+Each is timed per step (CUDA events around --steps steps, after 2 warm-up steps), then run
+once under torch.profiler: its CUDA kernels by total time (top --top). The same again after
+`import vllm` (the stage process has it imported: vLLM's CUDA platform module sets backend
+flags at import) to see whether anything of vLLM's changes the kernels.
+
+    python3 launch/gpu_qwen_image_step_profile.py [--sizes 1024,512] [--out DIR]
+    python3 launch/gpu_qwen_image_step_profile.py --shrink --sizes 64   # a CPU check of the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.image_gpu import DIT_CONFIG, SHRINK, VAE_CONFIG, _build_on_device  # noqa: E402
+from omni_mp.engines.diffusion.batcher import StepPlan, TrajectorySpec  # noqa: E402
+from omni_mp.engines.diffusion.chunking import one_shot  # noqa: E402
+from omni_mp.engines.diffusion.model import Window  # noqa: E402
+from omni_mp.engines.diffusion.runner import DiffusionRunner  # noqa: E402
+from omni_mp.models.qwen_image.dit import ImageInputs, QwenImageModel, QwenImageOptions  # noqa: E402
+from omni_mp.models.qwen_image.params import ImageParams  # noqa: E402
+from omni_mp.models.qwen_image.schedule import FlowSchedule  # noqa: E402
+
+CFG_SCALE = 4.0
+
+
+def say(msg: str) -> None:
+    print(f"[step_profile] {msg}", flush=True)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Any, steps: int) -> float:
+    """ms per call of `fn` (CUDA events; wall on a CPU), after 2 warm-up calls."""
+    for _ in range(2):
+        fn()
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        return (time.perf_counter() - t0) * 1000 / steps
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(steps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def kernels(fn: Any, top: int) -> list[dict[str, Any]]:
+    """One call of `fn` under torch.profiler: its CUDA kernels by total device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        fn()
+        sync()
+    rows = []
+    want = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    for e in prof.key_averages():
+        dev = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if dev > 0 and e.device_type == want and (cuda or e.key.startswith("aten::")):
+            rows.append({"name": e.key[:110], "count": e.count, "ms": dev / 1000})
+    rows.sort(key=lambda r: -r["ms"])
+    total = sum(r["ms"] for r in rows)
+    say(f"  kernels: {sum(r['count'] for r in rows)} launches, {total:.1f} ms of device time")
+    for r in rows[:top]:
+        say(f"    {r['ms']:8.2f} ms  x{r['count']:<5d} {r['name']}")
+    return rows[:top]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1024,512")
+    ap.add_argument("--text-len", type=int, default=75, help="prompt rows (benchmarks/image_gpu.py's prompt: 75)")
+    ap.add_argument("--neg-len", type=int, default=6, help="negative prompt rows (' ': 6)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--shrink", action="store_true", help="toy widths, fp32 (a check of this script)")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float32 if args.shrink else torch.bfloat16
+    dit_cfg = {**DIT_CONFIG, **SHRINK["dit"]} if args.shrink else DIT_CONFIG
+    vae_cfg = {**VAE_CONFIG, **SHRINK["vae"]} if args.shrink else VAE_CONFIG
+    t0 = time.perf_counter()
+    transformer = _build_on_device(_dit_class(), dit_cfg, device, dtype)
+    vae = _build_on_device(_vae_class(), vae_cfg, device, dtype)
+    billions = sum(p.numel() for p in transformer.parameters()) / 1e9
+    say(f"built the DiT ({billions:.1f}B) in {time.perf_counter() - t0:.0f}s")
+    model = QwenImageModel(transformer, vae, FlowSchedule(), QwenImageOptions())
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randn(args.text_len, model.text_width, generator=gen)
+    negative = torch.randn(args.neg_len, model.text_width, generator=gen)
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    results: dict[str, Any] = {"device": name, "sizes": {}}
+    for phase in ("torch only", "after import vllm"):
+        if phase == "after import vllm":
+            if device != "cuda":
+                break
+            import vllm.platforms.cuda  # noqa: F401  (what the stage process has imported)
+
+            say(f"sdp flags: flash {torch.backends.cuda.flash_sdp_enabled()}, "
+                f"cudnn {torch.backends.cuda.cudnn_sdp_enabled()}, "
+                f"mem-efficient {torch.backends.cuda.mem_efficient_sdp_enabled()}")  # fmt: skip
+        for side in (int(x) for x in args.sizes.split(",")):
+            key = f"{side}x{side} {phase}"
+            results["sizes"][key] = one_size(model, prompt, negative, side, args)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "qwen_image_step_profile.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def one_size(
+    model: QwenImageModel, prompt: torch.Tensor, negative: torch.Tensor, side: int, args: Any
+) -> dict[str, Any]:
+    dtype = model.dtype
+    p = ImageParams(height=side, width=side, num_inference_steps=50, seed=1, negative_prompt=" ",
+                    true_cfg_scale=CFG_SCALE)  # fmt: skip
+    window = Window("r", torch.zeros(0, dtype=torch.long), 0, p, ImageInputs(prompt, negative))
+    start = model.start(window)
+    cond = model.condition(window)
+    x = start.x[None].clone()
+    t = start.grid[:1].float()
+    dt = float(start.grid[1] - start.grid[0])
+    shape = cond.shape
+    say(f"{side}x{side}: {x.shape[1]} image tokens, text {prompt.shape[0]} / {negative.shape[0]} rows")
+
+    # diffusers' step: two calls, no mask, the CFG combination of QwenImagePipeline
+    pe, ne = cond.prompt[None], cond.negative[None]  # type: ignore[index]
+    timestep = model.schedule.model_time(t).to(dtype)
+
+    def diffusers_step() -> None:
+        lat = x.to(dtype)
+        c = model.transformer(
+            hidden_states=lat,
+            timestep=timestep,
+            encoder_hidden_states=pe,
+            encoder_hidden_states_mask=None,
+            img_shapes=[[shape]],
+            return_dict=False,
+        )[0]
+        n = model.transformer(
+            hidden_states=lat,
+            timestep=timestep,
+            encoder_hidden_states=ne,
+            encoder_hidden_states_mask=None,
+            img_shapes=[[shape]],
+            return_dict=False,
+        )[0]
+        comb = n + CFG_SCALE * (c - n)
+        out = comb * (torch.norm(c, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
+        x.add_(out.float(), alpha=0.0 * dt)  # the update, kept a no-op so every step sees the same x
+
+    batch = model.collate([cond], torch.tensor([CFG_SCALE]))
+    say(f"  model plan: {len(batch.calls)} call(s), rows per call {[c.text.shape[0] for c in batch.calls]}, "
+        f"masked {[c.mask is not None for c in batch.calls]}")  # fmt: skip
+
+    def model_step() -> None:
+        v = model.velocity(batch, x, t)
+        x.add_(v, alpha=0.0 * dt)
+
+    runner = DiffusionRunner(model, crossfade=0)
+    runner.execute(StepPlan([TrajectorySpec(0, window, one_shot(0))], [0], [], 1))
+
+    def runner_step() -> None:
+        tr = runner.trajectories[0]
+        tr.k = 1  # stay mid-trajectory: every timed step is a middle step
+        runner.execute(StepPlan([], [0], [], 1))
+
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, fn in (("diffusers", diffusers_step), ("model", model_step), ("runner", runner_step)):
+            ms = timed(fn, args.steps)
+            say(f"  {name}: {ms:.1f} ms per step")
+            out[name] = {"ms_per_step": ms, "kernels": kernels(fn, args.top)}
+    say(f"  model / diffusers {out['model']['ms_per_step'] / out['diffusers']['ms_per_step']:.3f}, "
+        f"runner / diffusers {out['runner']['ms_per_step'] / out['diffusers']['ms_per_step']:.3f}")  # fmt: skip
+    return out
+
+
+def _dit_class() -> Any:
+    from diffusers import QwenImageTransformer2DModel
+
+    return QwenImageTransformer2DModel
+
+
+def _vae_class() -> Any:
+    from diffusers import AutoencoderKLQwenImage
+
+    return AutoencoderKLQwenImage
+
+
+if __name__ == "__main__":
+    sys.exit(main())
