@@ -14,6 +14,7 @@ once under torch.profiler: its CUDA kernels by total time (top --top). The same 
 flags at import) to see whether anything of vLLM's changes the kernels.
 
     python3 launch/gpu_qwen_image_step_profile.py [--sizes 1024,512] [--out DIR]
+    python3 launch/gpu_qwen_image_step_profile.py --ab 5 --sizes 512      # cuDNN attention on/off, alternated
     python3 launch/gpu_qwen_image_step_profile.py --shrink --sizes 64   # a CPU check of the script
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -102,6 +104,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--shrink", action="store_true", help="toy widths, fp32 (a check of this script)")
+    ap.add_argument("--ab", type=int, default=0, help="only the runner step, cuDNN attention on/off, N alternations")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if args.shrink else torch.bfloat16
@@ -118,7 +121,7 @@ def main() -> int:
     negative = torch.randn(args.neg_len, model.text_width, generator=gen)
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     results: dict[str, Any] = {"device": name, "sizes": {}}
-    for phase in ("torch only", "after import vllm"):
+    for phase in ("torch only", "after import vllm") if not args.ab else ("cudnn a/b",):
         if phase == "after import vllm":
             if device != "cuda":
                 break
@@ -194,6 +197,8 @@ def one_size(
         runner.execute(StepPlan([], [0], [], 1))
 
     out: dict[str, Any] = {}
+    if args.ab:
+        return cudnn_ab(runner_step, args)
     with torch.no_grad():
         for name, fn in (("diffusers", diffusers_step), ("model", model_step), ("runner", runner_step)):
             ms = timed(fn, args.steps)
@@ -202,6 +207,22 @@ def one_size(
     say(f"  model / diffusers {out['model']['ms_per_step'] / out['diffusers']['ms_per_step']:.3f}, "
         f"runner / diffusers {out['runner']['ms_per_step'] / out['diffusers']['ms_per_step']:.3f}")  # fmt: skip
     return out
+
+
+def cudnn_ab(runner_step: Any, args: Any) -> dict[str, Any]:
+    """The runner's step with SDPA's cuDNN kernel allowed and not, alternated --ab times
+    (launch-bound sizes vary run to run: alternating keeps host noise out of the ratio)."""
+    times: dict[str, list[float]] = {"cudnn on": [], "cudnn off": []}
+    with torch.no_grad():
+        for _ in range(args.ab):
+            for name, flag in (("cudnn on", True), ("cudnn off", False)):
+                torch.backends.cuda.enable_cudnn_sdp(flag)
+                times[name].append(timed(runner_step, args.steps))
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    say(f"  runner step, median of {args.ab}: cuDNN on {med['cudnn on']:.1f} ms, off {med['cudnn off']:.1f} ms "
+        f"(on / off {med['cudnn on'] / med['cudnn off']:.3f}); all: {times}")  # fmt: skip
+    return {"ab_ms": times, "median_ms": med}
 
 
 def _dit_class() -> Any:

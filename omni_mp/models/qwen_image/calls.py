@@ -22,6 +22,12 @@ with T = image tokens + padded text length. Where the constants come from (H200,
 - LAUNCH: an eager call of the 60-block DiT is bound by kernel launches below ~4000 tokens
   of work (512x512, ~1000 tokens a row: 130 ms a call, barely less than a 2-row call).
 
+These were measured with SDPA's cuDNN kernel off (as vLLM leaves it). The stage now turns it
+on (`diffusion.cudnn_attention`), and cuDNN's kernel takes masks without that penalty (H100,
+512x512: the masked CFG pair's attention 10.8 ms a step with it, 17.0 ms without), so the model
+over-prices masked calls: at 1024x1024 it still splits the CFG pair, which costs what one call
+would there (compute-bound); at 512x512 it merges anyway. Left as measured.
+
 Consequences: rows of equal length always share one unmasked call; at 512x512 a CFG pair
 (prompt and " ") shares one masked call (launch-bound: splitting would double the launches);
 at 1024x1024 it runs as two unmasked calls (attention-bound). Many requests of one size
