@@ -150,43 +150,29 @@ def one_size(
     cond = model.condition(window)
     x = start.x[None].clone()
     t = start.grid[:1].float()
-    dt = float(start.grid[1] - start.grid[0])
     shape = cond.shape
     say(f"{side}x{side}: {x.shape[1]} image tokens, text {prompt.shape[0]} / {negative.shape[0]} rows")
 
     # diffusers' step: two calls, no mask, the CFG combination of QwenImagePipeline
-    pe, ne = cond.prompt[None], cond.negative[None]  # type: ignore[index]
     timestep = model.schedule.model_time(t).to(dtype)
+
+    def call(lat: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        kw = {"encoder_hidden_states_mask": None, "img_shapes": [[shape]], "return_dict": False}
+        return model.transformer(hidden_states=lat, timestep=timestep, encoder_hidden_states=text[None], **kw)[0]
 
     def diffusers_step() -> None:
         lat = x.to(dtype)
-        c = model.transformer(
-            hidden_states=lat,
-            timestep=timestep,
-            encoder_hidden_states=pe,
-            encoder_hidden_states_mask=None,
-            img_shapes=[[shape]],
-            return_dict=False,
-        )[0]
-        n = model.transformer(
-            hidden_states=lat,
-            timestep=timestep,
-            encoder_hidden_states=ne,
-            encoder_hidden_states_mask=None,
-            img_shapes=[[shape]],
-            return_dict=False,
-        )[0]
+        c, n = call(lat, cond.prompt), call(lat, cond.negative)  # type: ignore[arg-type]
         comb = n + CFG_SCALE * (c - n)
         out = comb * (torch.norm(c, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
-        x.add_(out.float(), alpha=0.0 * dt)  # the update, kept a no-op so every step sees the same x
+        x.add_(out.float(), alpha=0.0)  # the update's kernel, kept a no-op so every step sees the same x
 
     batch = model.collate([cond], torch.tensor([CFG_SCALE]))
     say(f"  model plan: {len(batch.calls)} call(s), rows per call {[c.text.shape[0] for c in batch.calls]}, "
         f"masked {[c.mask is not None for c in batch.calls]}")  # fmt: skip
 
     def model_step() -> None:
-        v = model.velocity(batch, x, t)
-        x.add_(v, alpha=0.0 * dt)
+        x.add_(model.velocity(batch, x, t), alpha=0.0)
 
     runner = DiffusionRunner(model, crossfade=0)
     runner.execute(StepPlan([TrajectorySpec(0, window, one_shot(0))], [0], [], 1))
@@ -196,9 +182,9 @@ def one_size(
         tr.k = 1  # stay mid-trajectory: every timed step is a middle step
         runner.execute(StepPlan([], [0], [], 1))
 
-    out: dict[str, Any] = {}
     if args.ab:
         return cudnn_ab(runner_step, args)
+    out: dict[str, Any] = {}
     with torch.no_grad():
         for name, fn in (("diffusers", diffusers_step), ("model", model_step), ("runner", runner_step)):
             ms = timed(fn, args.steps)

@@ -40,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.omni_gpu import T2W_DTYPES  # noqa: E402
 from omni_mp.engines.diffusion.batcher import StepPlan, TrajectorySpec  # noqa: E402
 from omni_mp.engines.diffusion.chunking import one_shot  # noqa: E402
 from omni_mp.engines.diffusion.graphs import GraphSet  # noqa: E402
@@ -127,6 +128,18 @@ def velocity_replay_is_eager(runner: DiffusionRunner, wins: list[Window]) -> boo
     return torch.equal(runner._velocity(batch, x, t), model.velocity(batch, x, t))  # type: ignore[misc]
 
 
+def wall_ms(fn: Any) -> float:
+    """Wall ms of one call of `fn`, synchronized on a GPU."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - t0)
+
+
 def warm_up_check(model: Token2WavModel, cfg: DiffusionStageConfig, kw: dict[str, Any], batches: list[int]) -> bool:
     """The start-up capture (`DiffusionRunner.warm_up_graphs`): its cost, then streamed-size
     windows and a last chunk's odd length at each batch size, which must capture nothing
@@ -150,19 +163,11 @@ def warm_up_check(model: Token2WavModel, cfg: DiffusionStageConfig, kw: dict[str
     print(f"- graphs after the requests: {after} (must equal the warm-up's)")
     ok &= after == before
     mel = torch.randn(1, model.state_dim, 140, device=model.device)
-
-    def timed(fn: Any) -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return 1000 * (time.perf_counter() - t0)
-
     model._vocode(mel)  # kernels loaded
-    eager = sorted(timed(lambda: model._vocode(mel)) for _ in range(5))[2]
+    eager = sorted(wall_ms(lambda: model._vocode(mel)) for _ in range(5))[2]
     one = GraphSet(cfg.max_graphs).wrap(model._vocode, "vocoder-140")
-    capture = timed(lambda: one.ready(mel))
-    replay = sorted(timed(lambda: one(mel)) for _ in range(5))[2]
+    capture = wall_ms(lambda: one.ready(mel))
+    replay = sorted(wall_ms(lambda: one(mel)) for _ in range(5))[2]
     print(f"- vocoder, one 140-frame window: eager {eager:.1f} ms, capture {capture:.1f} ms, replay {replay:.1f} ms")
     return ok
 
@@ -171,7 +176,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--matmul", choices=["highest", "high"], default="highest")
     ap.add_argument(
-        "--dtype", choices=["float32", "bfloat16-dit", "bfloat16"], default="float32",
+        "--dtype", choices=list(T2W_DTYPES), default="float32",
         help="token2wav's model_options: bf16 DiT (bfloat16-dit) or DiT and vocoder (bfloat16), opt-in precisions",
     )  # fmt: skip
     ap.add_argument("--batches", default="1,8,32")
@@ -193,9 +198,7 @@ def main() -> int:
     torch.set_float32_matmul_precision(args.matmul)
     spec = TOKEN2WAV_SPECS["tiny-token2wav" if args.tiny else "token2wav-default-size"]
     t0 = time.perf_counter()
-    options = {"float32": {}, "bfloat16-dit": {"dit_dtype": "bfloat16"},
-               "bfloat16": {"dit_dtype": "bfloat16", "vocoder_dtype": "bfloat16"}}[args.dtype]  # fmt: skip
-    model = Token2WavModel.from_checkpoint(build_token2wav(spec), device, **options)
+    model = Token2WavModel.from_checkpoint(build_token2wav(spec), device, **T2W_DTYPES[args.dtype])
     print(f"# {torch.cuda.get_device_name(0) if cuda else 'CPU'}; {'tiny' if args.tiny else 'default-size'} "
           f"token2wav, float32_matmul {args.matmul}, weights {args.dtype}; "
           f"loaded in {time.perf_counter() - t0:.1f}s")  # fmt: skip
@@ -262,16 +265,8 @@ def main() -> int:
     print("\n## vocoder alone, eager, b 168-frame windows (84 codes): ms, best of 3")
     for b in batches:
         mel = torch.randn(b, model.state_dim, 168, device=device) - 4.0
-        best = float("inf")
-        for _ in range(4):
-            if cuda:
-                torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            model._vocode(mel)
-            if cuda:
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t1)
-        print(f"- b={b}: {best * 1000:.1f} ms", flush=True)
+        best = min(wall_ms(lambda: model._vocode(mel)) for _ in range(4))  # noqa: B023 (called at once)
+        print(f"- b={b}: {best:.1f} ms", flush=True)
     procs: list[subprocess.Popen[bytes]] = []
     if cuda and args.contenders:
         try:
