@@ -104,7 +104,12 @@ def verdict(t: Talk) -> dict[str, Any]:
     got = codes_of_rows(rows)[t.prompt_len :] if rows.shape[0] else rows
     want = t.run.codes
     same = t.tokens == t.run.talker_tokens and got.shape == want.shape and torch.equal(got, want)
-    return {"frames": int(want.shape[0]), "got_frames": int(got.shape[0]), "agree": bool(same)}
+    out = {"frames": int(want.shape[0]), "got_frames": int(got.shape[0]), "agree": bool(same)}
+    n = min(got.shape[0], want.shape[0])
+    diff = (got[:n] != want[:n]).nonzero()
+    if diff.shape[0]:  # where it starts: group 0 is the decoder's token, 1..15 the code predictor's
+        out["first_diff"] = {"frame": int(diff[0, 0]), "group": int(diff[0, 1]), "codes_differing": int(diff.shape[0])}
+    return out
 
 
 def run_one(label: str, device: str) -> dict[str, Any]:
@@ -147,7 +152,7 @@ def main() -> int:
         print(f"[check] {label} on {name}: {result['info']}")
         for row in result["requests"]:
             ok &= row["agree"]
-            verdict_s = "AGREE" if row["agree"] else "DIFFER"
+            verdict_s = "AGREE" if row["agree"] else f"DIFFER {row.get('first_diff', '')}"
             print(f"  {row['request']} {row['case']:5s} {row['speaker']:7s} frames {row['frames']:3d}: {verdict_s}")
     args.out.write_text(json.dumps(report, indent=2))
     print(f"[check] {'AGREE' if ok else 'DIFFER'} (report: {args.out})", flush=True)

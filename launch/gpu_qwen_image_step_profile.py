@@ -72,8 +72,9 @@ def timed(fn: Any, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
-def kernels(fn: Any, top: int) -> list[dict[str, Any]]:
-    """One call of `fn` under torch.profiler: its CUDA kernels by total device time."""
+def kernels(fn: Any, top: int) -> dict[str, Any]:
+    """One call of `fn` under torch.profiler: how many CUDA kernels it launched, their device
+    time, and the `top` kernels by total device time."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -92,7 +93,7 @@ def kernels(fn: Any, top: int) -> list[dict[str, Any]]:
     say(f"  kernels: {sum(r['count'] for r in rows)} launches, {total:.1f} ms of device time")
     for r in rows[:top]:
         say(f"    {r['ms']:8.2f} ms  x{r['count']:<5d} {r['name']}")
-    return rows[:top]
+    return {"launches": sum(r["count"] for r in rows), "device_ms": total, "top": rows[:top]}
 
 
 def main() -> int:

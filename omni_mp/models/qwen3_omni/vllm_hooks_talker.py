@@ -40,6 +40,7 @@ How the step is split between vLLM and this model:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import torch
@@ -53,6 +54,7 @@ from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import SupportsMRoPE
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeModel
 from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
@@ -84,9 +86,42 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
 
 
+class EagerKernels:
+    """The kernels the code predictor's vLLM layers run. The talker's decoder is compiled, and
+    with Inductor vLLM 0.25.0 switches its custom ops off (RMSNorm's IR op priority is
+    `native`; rotary embedding and SiluAndMul run `forward_native`) for Inductor to fuse. The
+    code predictor runs outside that compiled region (eager Python, recorded into the FULL CUDA
+    graph as is), where the native forms stay separate kernels: about 8 per RMSNorm and 15 per
+    rotary embedding, 75 layer passes per frame. With `fused`, it runs vLLM's own CUDA kernels
+    for them instead (those vLLM uses without Inductor): one kernel each."""
+
+    def __init__(self, fused: bool) -> None:
+        self.fused = fused
+
+    def scope(self) -> AbstractContextManager[Any]:
+        """While open, RMSNorm layers dispatch to vLLM's CUDA kernel (IR provider `vllm_c`)."""
+        stack = ExitStack()
+        if self.fused:
+            from vllm import ir
+
+            for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
+                stack.enter_context(op.set_priority([p for p in ("vllm_c",) if p in op.impls] + ["native"]))
+        return stack
+
+    def rope(
+        self, rope: Any, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope.forward_cuda(positions, q, k) if self.fused else rope(positions, q, k)
+
+    def silu_and_mul(self, act: SiluAndMul, x: torch.Tensor) -> torch.Tensor:
+        return act.forward_cuda(x) if self.fused else act(x)
+
+
 class CodePredictorLayer(nn.Module):
     """One Qwen3 dense decoder layer (q/k norms, GQA, gated SiLU MLP) over a fixed-shape batch
-    of short sequences; its KV lives in the caller's tensors."""
+    of short sequences; its KV lives in the caller's tensors. q/k/v and gate/up are one matmul
+    each (`load_weights` stacks transformers' separate weights), and the residual stream is
+    carried between layers, so each norm is one fused add + norm."""
 
     def __init__(self, cfg: Any, prefix: str) -> None:
         super().__init__()
@@ -97,51 +132,85 @@ class CodePredictorLayer(nn.Module):
         eps = float(_get(cfg, "rms_norm_eps", 1e-6))
         inter = int(_get(cfg, "intermediate_size"))
         d = self.head_dim
+        self.q_size, self.kv_size = self.heads * d, self.kv_heads * d
+        q, kv = self.q_size, self.kv_size
+        # transformers' weight -> (our stacked parameter, its rows)
+        self.stacked = {
+            "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0, q),
+            "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", q, q + kv),
+            "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", q + kv, q + 2 * kv),
+            "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0, inter),
+            "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", inter, 2 * inter),
+        }
         self.self_attn = nn.Module()
         attn = self.self_attn
-        attn.q_proj = ReplicatedLinear(hidden, self.heads * d, bias=False, prefix=f"{prefix}.self_attn.q_proj")
-        attn.k_proj = ReplicatedLinear(hidden, self.kv_heads * d, bias=False, prefix=f"{prefix}.self_attn.k_proj")
-        attn.v_proj = ReplicatedLinear(hidden, self.kv_heads * d, bias=False, prefix=f"{prefix}.self_attn.v_proj")
-        attn.o_proj = ReplicatedLinear(self.heads * d, hidden, bias=False, prefix=f"{prefix}.self_attn.o_proj")
+        attn.qkv_proj = ReplicatedLinear(hidden, q + 2 * kv, bias=False, prefix=f"{prefix}.self_attn.qkv_proj")
+        attn.o_proj = ReplicatedLinear(q, hidden, bias=False, prefix=f"{prefix}.self_attn.o_proj")
         attn.q_norm = RMSNorm(d, eps=eps)
         attn.k_norm = RMSNorm(d, eps=eps)
         self.mlp = nn.Module()
-        self.mlp.gate_proj = ReplicatedLinear(hidden, inter, bias=False, prefix=f"{prefix}.mlp.gate_proj")
-        self.mlp.up_proj = ReplicatedLinear(hidden, inter, bias=False, prefix=f"{prefix}.mlp.up_proj")
+        self.mlp.gate_up_proj = ReplicatedLinear(hidden, 2 * inter, bias=False, prefix=f"{prefix}.mlp.gate_up_proj")
         self.mlp.down_proj = ReplicatedLinear(inter, hidden, bias=False, prefix=f"{prefix}.mlp.down_proj")
         self.act = SiluAndMul()
         self.input_layernorm = RMSNorm(hidden, eps=eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps=eps)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: Any, k_cache: torch.Tensor, v_cache: torch.Tensor, t0: int
-    ) -> torch.Tensor:
-        """x [R, T, hidden] at positions t0..t0+T-1 (the same for every row); `k_cache`/`v_cache`
-        [R, kv_heads, CP_POSITIONS, head_dim] hold positions < t0 and get these."""
-        r, t, hidden = x.shape
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rope: Any,
+        kernels: EagerKernels,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        t0: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [R*T, hidden]: R rows of T new positions t0..t0+T-1 each, row-major (T > 1 only
+        from t0 = 0); `residual` its residual stream (None at the first layer); `positions`
+        [R*T] for `rope`. `k_cache`/`v_cache` [R, kv_heads, CP_POSITIONS, head_dim] hold positions < t0
+        and get these. Returns (output, residual stream): their sum is the layer's hidden state."""
         d, attn = self.head_dim, self.self_attn
-        h = self.input_layernorm(x.reshape(r * t, hidden))
-        q = attn.q_norm(attn.q_proj(h)[0].view(r * t, self.heads, d)).view(r * t, self.heads * d)
-        k = attn.k_norm(attn.k_proj(h)[0].view(r * t, self.kv_heads, d)).view(r * t, self.kv_heads * d)
-        v = attn.v_proj(h)[0]
-        q, k = rope(positions.repeat(r), q, k)
+        n, r = h.shape[0], k_cache.shape[0]
+        t = n // r
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        q, k, v = attn.qkv_proj(h)[0].split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = attn.q_norm(q.view(n, self.heads, d)).view(n, self.q_size)
+        k = attn.k_norm(k.view(n, self.kv_heads, d)).view(n, self.kv_size)
+        q, k = kernels.rope(rope, positions, q, k)
         k_cache[:, :, t0 : t0 + t] = k.view(r, t, self.kv_heads, d).transpose(1, 2)
         v_cache[:, :, t0 : t0 + t] = v.view(r, t, self.kv_heads, d).transpose(1, 2)
-        keys, values = k_cache[:, :, : t0 + t], v_cache[:, :, : t0 + t]
-        if self.kv_heads != self.heads:
-            rep = self.heads // self.kv_heads
-            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
-        qh = q.view(r, t, self.heads, d).transpose(1, 2)
-        # Causal within the new positions; every earlier position is visible.
-        mask = None
-        if t > 1:
-            mask = torch.ones(t, t0 + t, dtype=torch.bool, device=x.device).tril(diagonal=t0)
-        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask)
-        out = attn.o_proj(out.transpose(1, 2).reshape(r * t, self.heads * d))[0]
-        x = x + out.view(r, t, hidden)
-        h = self.post_attention_layernorm(x.reshape(r * t, hidden))
-        gate_up = torch.cat([self.mlp.gate_proj(h)[0], self.mlp.up_proj(h)[0]], dim=-1)
-        return x + self.mlp.down_proj(self.act(gate_up))[0].view(r, t, hidden)
+        # Causal within the new positions (several only from position 0); every earlier
+        # position is visible.
+        out = F.scaled_dot_product_attention(
+            q.view(r, t, self.heads, d).transpose(1, 2),
+            k_cache[:, :, : t0 + t],
+            v_cache[:, :, : t0 + t],
+            is_causal=t > 1,
+            enable_gqa=self.kv_heads != self.heads,
+        )
+        h = attn.o_proj(out.transpose(1, 2).reshape(n, self.q_size))[0]
+        h, residual = self.post_attention_layernorm(h, residual)
+        h = self.mlp.down_proj(kernels.silu_and_mul(self.act, self.mlp.gate_up_proj(h)[0]))[0]
+        return h, residual
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """transformers' names; q/k/v and gate/up go into their rows of the stacked matrices."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, w in weights:
+            if name in self.stacked:
+                name, a, b = self.stacked[name]
+                if tuple(w.shape) != (b - a, params[name].shape[1]):
+                    raise ValueError(f"code predictor: a {tuple(w.shape)} weight for rows {a}:{b} of {name}")
+                params[name].data[a:b].copy_(w)
+            else:
+                default_weight_loader(params[name], w)
+            loaded.add(name)
+        return loaded
 
 
 class CodePredictorModel(nn.Module):
@@ -157,7 +226,8 @@ class CodePredictorModel(nn.Module):
 
 class CodePredictor(nn.Module):
     """transformers' `Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration`, run as
-    15 greedy AR steps over a fixed-shape batch (module names follow it)."""
+    15 greedy AR steps over a fixed-shape batch (module names follow it, but for the stacked q/k/v
+    and gate/up projections)."""
 
     def __init__(self, cfg: Any, prefix: str) -> None:
         super().__init__()
@@ -173,6 +243,7 @@ class CodePredictor(nn.Module):
             max_position=CP_POSITIONS,
             rope_parameters=dict(_get(cfg, "rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0}),
         )
+        self.fused_kernels = True  # EagerKernels' choice on CUDA (off: vLLM's default dispatch, for A/B runs)
 
     def forward(
         self, h_prev: torch.Tensor, e0: torch.Tensor, sample: torch.Tensor
@@ -184,23 +255,32 @@ class CodePredictor(nn.Module):
         shape = (r, layers[0].kv_heads, CP_POSITIONS, layers[0].head_dim)
         k_caches = [h_prev.new_empty(shape) for _ in layers]
         v_caches = [h_prev.new_empty(shape) for _ in layers]
-        positions = torch.arange(CP_POSITIONS, device=h_prev.device)
-        x = torch.stack([h_prev, e0], dim=1)
-        t0 = 0
+        # [position, row]: every row of a call sits at the same positions.
+        table = torch.arange(CP_POSITIONS, device=h_prev.device)[:, None].expand(CP_POSITIONS, r).contiguous()
+        kernels = EagerKernels(self.fused_kernels and h_prev.is_cuda)
+        x = torch.stack([h_prev, e0], dim=1).view(2 * r, hidden)  # positions 0, 1 of each row
+        positions = table[:2].t().reshape(2 * r)
         codes: list[torch.Tensor] = []
         total = torch.zeros_like(h_prev)
-        for g in range(CP_STEPS):
-            t = x.shape[1]
-            for i, layer in enumerate(layers):
-                x = layer(x, positions[t0 : t0 + t], self.rope, k_caches[i], v_caches[i], t0)
-            t0 += t
-            last = self.model.norm(x[:, -1])
-            logits = self.lm_head[g](last)
-            code = torch.where(sample, sample_top_k_top_p(logits), logits.argmax(dim=-1))
-            codes.append(code)
-            emb = self.model.codec_embedding[g](code)
-            total = total + emb
-            x = emb[:, None]
+        with kernels.scope():
+            for g in range(CP_STEPS):
+                t0 = 0 if g == 0 else g + 1
+                h, residual = x, None
+                for i, layer in enumerate(layers):
+                    h, residual = layer(h, residual, positions, self.rope, kernels, k_caches[i], v_caches[i], t0)
+                if g == 0:  # each row's last position
+                    h, residual = (
+                        h.view(r, 2, hidden)[:, 1].contiguous(),
+                        residual.view(r, 2, hidden)[:, 1].contiguous(),
+                    )
+                last, _ = self.model.norm(h, residual)
+                logits = self.lm_head[g](last)
+                code = torch.where(sample, sample_top_k_top_p(logits), logits.argmax(dim=-1))
+                codes.append(code)
+                emb = self.model.codec_embedding[g](code)
+                total = total + emb
+                if g + 1 < CP_STEPS:
+                    x, positions = emb, table[g + 2]
         return torch.stack(codes, dim=1), total
 
 
