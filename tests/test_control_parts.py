@@ -16,7 +16,7 @@ from omni_mp.config import parse_config
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.requests import Rejected, RequestTable, check_submit
-from omni_mp.control.stage_handle import StageHandle
+from omni_mp.control.stage_handle import StageHandle, gpu_stage_threads, stage_env
 from omni_mp.control.wiring import Wiring
 from omni_mp.wire.codec import Limits, decode, encode
 from omni_mp.wire.messages import (
@@ -37,13 +37,31 @@ from omni_mp.wire.transport import MessageSender
 LIMITS = Limits()
 
 
-def chain_cfg(**extra: object):
-    stages = [
+def chain_cfg_stages() -> list[dict[str, object]]:
+    return [
         {"id": 0, "model": "tiny-qwen2"},
         {"id": 1, "model": "tiny-qwen2", "inputs": [0], "processor": "continue_tokens"},
         {"id": 2, "model": "tiny-qwen2", "inputs": [1], "processor": "continue_tokens", "final_output": True},
     ]
-    return parse_config({"name": "t", "stages": stages, **extra}, check_engine_args=False)
+
+
+def chain_cfg(**extra: object):
+    return parse_config({"name": "t", "stages": chain_cfg_stages(), **extra}, check_engine_args=False)
+
+
+def test_gpu_stages_share_the_host_cores_and_cpu_stages_get_their_own() -> None:
+    """A GPU stage's process gets an equal share of the host's cores for torch's intra-op
+    threads (unless the user set OMP_NUM_THREADS); a CPU stage gets as many as its pinned cores."""
+    stages = [{**s, "devices": [0]} for s in chain_cfg_stages()]
+    gpu = parse_config({"name": "g", "stages": stages}, check_engine_args=False)
+    env = stage_env(gpu, gpu.stages[1], base={})
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env["OMP_NUM_THREADS"] == str(gpu_stage_threads(3))
+    assert [gpu_stage_threads(3, c) for c in (1, 4, 16, 64)] == [1, 1, 4, 16]
+    assert stage_env(gpu, gpu.stages[1], base={"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+    cpu = chain_cfg()
+    env = stage_env(cpu, cpu.stages[2], base={"OMP_NUM_THREADS": "7"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["OMP_NUM_THREADS"] == "1"
 
 
 # ---- wiring -------------------------------------------------------------------------------------

@@ -27,6 +27,12 @@ def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | No
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if stage.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, stage.devices))
+        # torch's intra-op threads default to every core, in each stage: with several stages
+        # on a host their host-side work (prefills, input handling) fights for the cores. Each
+        # gets an equal share, one share kept for the coordinator and its client; a value the
+        # user set is kept. Measured: three Qwen3-Omni stages on one H200 host of 16 cores,
+        # first audio 336 -> 275 ms at 1 request and 1469 -> 745 ms at 8 (docs/benchmarks.md).
+        env.setdefault("OMP_NUM_THREADS", str(gpu_stage_threads(len(cfg.stages))))
     else:
         # CPU stage: its own KV cache budget and its own cores (by default one core per stage,
         # round-robin), so several engines on one host neither take all RAM nor share cores.
@@ -43,6 +49,12 @@ def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | No
         env["OMNI_MP_CPU_CORES"] = cores
         env["OMP_NUM_THREADS"] = str(len(parse_core_list(cores)))
     return env
+
+
+def gpu_stage_threads(num_stages: int, cores: int | None = None) -> int:
+    """Intra-op CPU threads for each GPU stage process of a pipeline of `num_stages` on a host
+    of `cores` (default: this one's): an equal share of the cores, one share for the coordinator."""
+    return max(1, (cores or os.cpu_count() or 1) // (num_stages + 1))
 
 
 def exiting_code(pid: int) -> int | None:
