@@ -64,6 +64,12 @@ PHASES = ["stream", "nostream"]
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15
 SHARES = (0.70, 0.14, 0.10)  # thinker / talker / code2wav of GPU 0
+# Prefill and mixed steps (a prompt chunk, with or without decodes) replayed from vLLM's
+# piecewise CUDA graphs up to the step budget (vLLM's default list stops at 2 x max_num_seqs),
+# as stage_configs/qwen3_omni.yaml captures them: on an H200, a step outside the graphs costs
+# ~48 ms whatever its size (1024 tokens as 2048), one inside them what its tokens cost.
+PREFILL_GRAPH_SIZES = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048)
+MAX_BATCHED_TOKENS = 2048  # vLLM's online default, stated: the graph sizes above reach it
 FRAMES_PER_S = 12.5
 # Published numbers (issue 22): vllm-omni nightly, 3 H100s, 2500 tokens in, 900 out.
 PUBLISHED = {
@@ -141,6 +147,13 @@ def chat_prompts(config: dict[str, Any], n: int, length: int, seed: int) -> list
     return out
 
 
+def capture_sizes(max_num_seqs: int, prefill: bool) -> list[int]:
+    """CUDA graph sizes of an AR stage: vLLM's default decode sizes (1, 2, 4, then every 8 up to
+    2 x max_num_seqs), and with `prefill` the sizes of PREFILL_GRAPH_SIZES above them."""
+    decode = [1, 2, 4, *range(8, 2 * max_num_seqs + 1, 8)]
+    return decode + [n for n in PREFILL_GRAPH_SIZES if prefill and decode[-1] < n <= MAX_BATCHED_TOKENS]
+
+
 def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     """stage_configs/qwen3_omni.yaml's three stages at the benchmark's lengths."""
     model = str(model_dir(args))
@@ -151,7 +164,11 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         common: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
     else:
         devs = [[0], [0], [0]]
-        common = {"dtype": "bfloat16"}
+        common = {
+            "dtype": "bfloat16",
+            "max_num_batched_tokens": MAX_BATCHED_TOKENS,
+            "compilation_config": {"cudagraph_capture_sizes": capture_sizes(conc, args.prefill_graphs == "on")},
+        }
     common.update({"seed": 0, "max_num_seqs": conc, "load_format": "dummy"})
     layer = int(config["talker_config"]["accept_hidden_layer"])
     talker_vocab = int(config["talker_config"]["text_config"]["vocab_size"])
@@ -211,6 +228,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name()}
     out["layer"] = int(config["talker_config"]["accept_hidden_layer"])
     out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
+    out["graph_sizes"] = cfg.stages[0].engine_args.get("compilation_config", {}).get("cudagraph_capture_sizes")
     t0 = time.perf_counter()
     t_last = time.time()
     with embedded_pipeline(cfg, progress=say) as coord:
@@ -295,6 +313,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             lines.append(f"| {c} | " + " | ".join(cells) + " |")
     if "cold_start_s" in st:
         lines.append(f"\ncold start to Ready (stages start in parallel): {st['cold_start_s']:.1f} s")
+    if st.get("graph_sizes"):
+        lines.append(f"thinker and talker CUDA graph sizes (tokens per step): {st['graph_sizes']}")
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
     return "\n".join(lines)
@@ -368,6 +388,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--thinker-tokens", type=int, default=None)
     p.add_argument("--talker-frames", type=int, default=None)
+    p.add_argument(
+        "--prefill-graphs",
+        choices=("on", "off"),
+        default="on",
+        help="thinker and talker: capture prefill step sizes up to 2048 tokens (off: vLLM's decode sizes only)",
+    )
     p.add_argument("--deadline-s", type=float, default=None, help="stop starting phases past this (whole run)")
     p.add_argument("--phase-timeout-s", type=float, default=1800)
     p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3_omni_gpu")

@@ -34,6 +34,12 @@ def main() -> int:
     p.add_argument("--model-dir", type=Path, default=Path("/tmp/qwen3_omni_gpu/qwen3_omni-released"))
     p.add_argument("--lengths", default="16,128,452,1024,2048,2500")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--max-num-seqs", type=int, default=64, help="the stage's (benchmarks/qwen3_omni_gpu.py)")
+    p.add_argument(
+        "--capture-sizes",
+        default="",
+        help="comma list: vLLM's cudagraph_capture_sizes (default: vLLM's own, up to 2 x max_num_seqs)",
+    )
     p.add_argument("--out", type=Path, default=Path("prefill_probe.json"))
     args = p.parse_args()
     if not (args.model_dir / "config.json").is_file():
@@ -50,11 +56,17 @@ def main() -> int:
             "dtype": "bfloat16", "load_format": "dummy", "skip_tokenizer_init": True, "max_model_len": 4096,
             "limit_mm_per_prompt": {"audio": 0, "image": 0, "video": 0}, "gpu_memory_utilization": 0.8, "seed": 0,
             "max_num_batched_tokens": 2048,  # the stage's (vLLM's online default); offline LLM takes more
+            "max_num_seqs": args.max_num_seqs,
+            **({"compilation_config": {"cudagraph_capture_sizes": [int(x) for x in args.capture_sizes.split(",")]}}
+               if args.capture_sizes else {}),
         },
     )  # fmt: skip
     t0 = time.perf_counter()
     llm = LLM(model=em.model, **em.engine_args)
-    print(f"[probe] engine ready in {time.perf_counter() - t0:.1f}s", flush=True)
+    ready_s = time.perf_counter() - t0
+    print(f"[probe] engine ready in {ready_s:.1f}s", flush=True)
+    comp = llm.llm_engine.vllm_config.compilation_config
+    graphs = {"capture_sizes": list(comp.cudagraph_capture_sizes or []), "mode": str(comp.cudagraph_mode)}
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
     rng = random.Random(0)
     results: dict[str, float] = {}
@@ -68,7 +80,8 @@ def main() -> int:
                 times.append((time.perf_counter() - t) * 1000)
         results[str(n)] = statistics.median(times)
         print(f"[probe] {n:5d} prompt tokens: {results[str(n)]:7.1f} ms (median of {args.reps})", flush=True)
-    args.out.write_text(json.dumps({"lengths_ms": results, "engine_args": em.engine_args}, indent=1, default=str))
+    doc = {"lengths_ms": results, "ready_s": ready_s, "graphs": graphs, "engine_args": em.engine_args}
+    args.out.write_text(json.dumps(doc, indent=1, default=str))
     return 0
 
 

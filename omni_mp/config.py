@@ -248,6 +248,20 @@ IMPORT_CAPABLE_ENGINE_ARGS = frozenset(
     }
 )  # fmt: skip
 
+# `compilation_config` keys that only size or switch vLLM's CUDA graphs: they name no backend,
+# pass, op or path, so a YAML may set them without the opt-in (e.g. graphs for prefill steps).
+GRAPH_ONLY_COMPILATION_KEYS = frozenset({"cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mode"})
+
+
+def _runs_no_code(key: str, value: Any) -> bool:
+    """An import-capable engine arg whose value here imports and runs nothing."""
+    if key == "load_format":
+        return value in BUILTIN_LOAD_FORMATS
+    if key == "compilation_config":
+        return isinstance(value, dict) and set(value) <= GRAPH_ONLY_COMPILATION_KEYS
+    return False
+
+
 # Set by the diffusion engine (omni_mp.engines.diffusion.engine): its scheduler, worker, fp32...
 _DIFFUSION_ENGINE_ARGS = {
     "scheduler_cls",
@@ -385,8 +399,8 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
                     f"`{where}.cpu_cores`: expected a core list like '0-3' or '0,2', got {s.cpu_cores!r}"
                 ) from None
         for key in s.engine_args:
-            builtin = key == "load_format" and s.engine_args[key] in BUILTIN_LOAD_FORMATS
-            if key in IMPORT_CAPABLE_ENGINE_ARGS and not builtin and not cfg.security.allow_code_import:
+            safe = _runs_no_code(key, s.engine_args[key])
+            if key in IMPORT_CAPABLE_ENGINE_ARGS and not safe and not cfg.security.allow_code_import:
                 raise ConfigError(
                     f"`{where}.engine_args.{key}`: lets vLLM import or run code named in the YAML; refused unless "
                     "`security.allow_code_import: true` (only for YAML you trust as much as code)"

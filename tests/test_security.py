@@ -63,6 +63,21 @@ def test_import_capable_engine_args_need_the_opt_in(arg: str) -> None:
     assert cfg.stages[0].engine_args == {arg: "os.system"}
 
 
+def test_graph_sizes_need_no_opt_in_but_other_compilation_keys_do() -> None:
+    """CUDA graph sizes (what stage_configs/qwen3_omni.yaml sets for its prefill steps) name
+    no code; a compilation backend or pass does, and still needs the opt-in."""
+    graphs = {"cudagraph_capture_sizes": [1, 2, 4, 8, 512, 2048], "cudagraph_mode": "FULL_AND_PIECEWISE"}
+    cfg = parse_config({"name": "p", "stages": [{**STAGES[0], "engine_args": {"compilation_config": graphs}}]})
+    assert cfg.stages[0].engine_args["compilation_config"] == graphs
+    for extra in ({"backend": "mypkg.compile"}, {"pass_config": {}}):
+        stages = [{**STAGES[0], "engine_args": {"compilation_config": {**graphs, **extra}}}]
+        with pytest.raises(ConfigError, match=r"engine_args.compilation_config`: .*allow_code_import"):
+            parse_config({"name": "p", "stages": stages})
+    stages = [{**STAGES[0], "engine_args": {"compilation_config": "mypkg.compile"}}]
+    with pytest.raises(ConfigError, match=r"engine_args.compilation_config`: .*allow_code_import"):
+        parse_config({"name": "p", "stages": stages})
+
+
 def test_every_import_capable_name_is_an_engine_arg() -> None:
     """If vLLM renames one, the refusal would silently stop applying."""
     import dataclasses
