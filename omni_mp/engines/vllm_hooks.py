@@ -36,6 +36,10 @@ Why here, and why it works with CUDA graphs and torch.compile on (vLLM's GPU def
   input needs its previous step's hidden state) define `omni_prepare_step(StepBatch)`: the
   mixin calls it before every forward with the step's requests and token layout, so the
   model can write its own static index buffers (read by captured graphs) outside the graph.
+- Models with a part vLLM's CUDA graphs hold only in FULL (decode) graphs, which then runs
+  eager in every other step, define `omni_capture_graphs()`: the mixin calls it once, after
+  vLLM's own `capture_model`, so the model can capture that part alone (e.g. Qwen3-Omni's
+  code predictor, which runs outside the compiled decoder).
 - Everything runs in the stage process (UniProcExecutor), so the stage loop, scheduler and
   runner share `StepIO` directly: no serialization of hidden states inside vLLM.
 """
@@ -222,6 +226,20 @@ class OmniRunnerMixin:
             hidden, aux = out if io.capture_layers else (out, [])
             self._omni_capture(req_ids, qsl, starts, hidden, aux)
         return out
+
+    def capture_model(self) -> int:
+        """vLLM's CUDA graph capture, then the model's own (`omni_capture_graphs`)."""
+        from vllm.config import CUDAGraphMode
+
+        size = super().capture_model()  # type: ignore[misc]
+        runner: Any = self
+        capture = getattr(runner.get_model(), "omni_capture_graphs", None)
+        graphs = runner.compilation_config.cudagraph_mode != CUDAGraphMode.NONE
+        if capture is not None and graphs and runner.device.type == "cuda":
+            free = torch.cuda.mem_get_info()[0]
+            capture()
+            size += max(0, free - torch.cuda.mem_get_info()[0])
+        return size
 
     def _omni_prepare_step(
         self,
