@@ -197,7 +197,7 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "id": 2, "model": model, "kind": "diffusion", "devices": devs[2], "inputs": [1],
         "processor": "qwen3_omni_code2wav", "final_output": True, "engine_args": {"max_model_len": 4096},
         "diffusion": {
-            "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, 64),
+            "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, 64), "float32_matmul": args.code2wav_matmul,
             "streaming": {"first_chunk": 16, "chunk": 192, "left_context": 0, "right_context": 16, "crossfade_ms": 0.0},
         },
     }  # fmt: skip
@@ -313,6 +313,10 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             lines.append(f"| {c} | " + " | ".join(cells) + " |")
     if "cold_start_s" in st:
         lines.append(f"\ncold start to Ready (stages start in parallel): {st['cold_start_s']:.1f} s")
+    lines.append(
+        f"code2wav float32 matmuls and convolutions: {args.code2wav_matmul} "
+        f"({'exact fp32' if args.code2wav_matmul == 'highest' else 'TF32'})"
+    )
     if st.get("graph_sizes"):
         lines.append(f"thinker and talker CUDA graph sizes (tokens per step): {st['graph_sizes']}")
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
@@ -393,6 +397,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("on", "off"),
         default="on",
         help="thinker and talker: capture prefill step sizes up to 2048 tokens (off: vLLM's decode sizes only)",
+    )
+    p.add_argument(
+        "--code2wav-matmul",
+        choices=("highest", "high"),
+        default="highest",
+        help="code2wav's float32 matmuls and convolutions: highest = exact fp32, high = TF32 tensor cores",
     )
     p.add_argument("--deadline-s", type=float, default=None, help="stop starting phases past this (whole run)")
     p.add_argument("--phase-timeout-s", type=float, default=1800)
