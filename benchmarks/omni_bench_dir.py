@@ -18,6 +18,15 @@ processor need, which shapes.py does not write (omni_mp's thinker starts with
   processors, as the released checkpoint's.
 
 Cached next to the shapes dir (omni_mp.models.cache), keyed by the shapes dir's name.
+
+Qwen3-Omni (`qwen3_with_processor`, for benchmarks/qwen3_omni_gpu.py's released dir and
+vllm-omni's Qwen3-Omni pipeline): the same byte-level BPE of 151643 regular tokens with the
+released Qwen3-Omni tokenizer's 33 special tokens at their ids 151643..151675 (`<|im_start|>` =
+151644, `<|vision_start|>` = 151652, `<|image_pad|>` = 151655, `<|audio_start|>` = 151669,
+`<tts_pad>` = 151671, `<|audio_pad|>` = 151675, ...: the ids of
+omni_mp.models.qwen3_omni.tiny.RELEASED_TOKEN_IDS), and the processor, chat template and named
+tokens that the tiny Qwen3-Omni checkpoint saves (tiny._save_processor: Qwen3OmniMoeProcessor,
+Whisper features at 128 mel bins, Qwen2-VL image/video processors at patch 16).
 """
 
 from __future__ import annotations
@@ -54,6 +63,43 @@ SPECIAL_TOKENS = (
     "<|repo_name|>",
     "<|file_sep|>",
 )
+# The released Qwen3-Omni tokenizer's special tokens, in id order from 151643: Qwen3's, then
+# the audio and TTS tokens of Qwen3-Omni.
+QWEN3_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<tts_text_bos_single>",
+    "<|audio_pad|>",
+)
 REGULAR_TOKENS = 151643
 NAMED_TOKENS = {
     "audio_token": "<|AUDIO|>",
@@ -71,8 +117,8 @@ class BenchDirSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     layout: int = 2  # bumped when what is written here changes
 
 
-def _byte_level_bpe() -> object:
-    """A byte-level BPE with REGULAR_TOKENS tokens and SPECIAL_TOKENS after them."""
+def _byte_level_bpe(specials: tuple[str, ...] = SPECIAL_TOKENS) -> object:
+    """A byte-level BPE with REGULAR_TOKENS tokens and `specials` after them."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -97,7 +143,7 @@ def _byte_level_bpe() -> object:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return tok
 
 
@@ -132,11 +178,42 @@ def _write_processor(out: Path) -> None:
         tokenizer=tok,
         chat_template=CHAT_TEMPLATE,
     ).save_pretrained(out)
-    # The released checkpoint also has the legacy one-file form (feature extractor and image
-    # processor settings in one preprocessor_config.json), which older loaders read.
-    legacy = {**Qwen2VLImageProcessor().to_dict(), **WhisperFeatureExtractor(feature_size=128).to_dict()}
-    legacy["processor_class"] = "Qwen2_5OmniProcessor"
+    _write_legacy(out, "Qwen2_5OmniProcessor", {})
+
+
+def _write_legacy(out: Path, processor_class: str, image_kwargs: dict[str, int]) -> None:
+    """The released checkpoints also have the legacy one-file form (feature extractor and image
+    processor settings in one preprocessor_config.json), which older loaders read."""
+    from transformers import Qwen2VLImageProcessor, WhisperFeatureExtractor
+
+    legacy = {**Qwen2VLImageProcessor(**image_kwargs).to_dict(), **WhisperFeatureExtractor(feature_size=128).to_dict()}
+    legacy["processor_class"] = processor_class
     (out / "preprocessor_config.json").write_text(json.dumps(legacy, indent=2, sort_keys=True, default=str))
+
+
+def _write_qwen3_processor(out: Path) -> None:
+    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
+
+    from omni_mp.models.qwen3_omni.chat_template import NAMED_TOKENS
+    from omni_mp.models.qwen3_omni.tiny import RELEASED_TOKEN_IDS, _save_processor
+
+    kwargs = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "model_max_length": 65536}
+    PreTrainedTokenizerFast(tokenizer_object=_byte_level_bpe(QWEN3_SPECIAL_TOKENS), **kwargs).save_pretrained(out)
+    tok = Qwen2Tokenizer.from_pretrained(out, **kwargs, **NAMED_TOKENS)
+    for i, t in enumerate(QWEN3_SPECIAL_TOKENS):
+        if tok.convert_tokens_to_ids(t) != REGULAR_TOKENS + i:
+            raise RuntimeError(f"tokenizer put {t} at {tok.convert_tokens_to_ids(t)}, not {REGULAR_TOKENS + i}")
+    named = {  # config ids (tiny.RELEASED_TOKEN_IDS) -> the token each names in the released tokenizer
+        "audio_token_id": "<|audio_pad|>", "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+        "audio_start_token_id": "<|audio_start|>", "vision_start_token_id": "<|vision_start|>",
+        "im_start_token_id": "<|im_start|>", "im_end_token_id": "<|im_end|>", "tts_pad_token_id": "<tts_pad>",
+        "tts_bos_token_id": "<tts_text_bos>", "tts_eos_token_id": "<tts_text_eod>",
+    }  # fmt: skip
+    for key, t in named.items():
+        if tok.convert_tokens_to_ids(t) != RELEASED_TOKEN_IDS[key]:
+            raise RuntimeError(f"{t} is {tok.convert_tokens_to_ids(t)}, the config's {key} {RELEASED_TOKEN_IDS[key]}")
+    _save_processor(tok, out)  # the tiny checkpoint's processor and chat template, with this tokenizer
+    _write_legacy(out, "Qwen3OmniMoeProcessor", {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2})
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -146,12 +223,15 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def with_processor(shapes_dir: Path) -> Path:
-    """`shapes_dir`'s files plus tokenizer and processor files, in a cached sibling dir."""
+def with_processor(shapes_dir: Path, family: str = "qwen2_5_omni") -> Path:
+    """`shapes_dir`'s files plus tokenizer and processor files (of `family`: qwen2_5_omni or
+    qwen3_omni), in a cached sibling dir."""
     from omni_mp.models.cache import build_cached
 
+    write = {"qwen2_5_omni": _write_processor, "qwen3_omni": _write_qwen3_processor}[family]
+
     def build(out: Path) -> None:
-        _write_processor(out)
+        write(out)
         for f in sorted(shapes_dir.iterdir()):  # after: the shapes dir's config.json wins
             if f.is_file():
                 if (out / f.name).exists():
@@ -159,4 +239,4 @@ def with_processor(shapes_dir: Path) -> Path:
                 _link_or_copy(f, out / f.name)
 
     spec = BenchDirSpec(shapes=shapes_dir.name)
-    return build_cached("qwen2_5_omni-bench", spec, build, cache_dir=shapes_dir.parent)
+    return build_cached(f"{family}-bench", spec, build, cache_dir=shapes_dir.parent)

@@ -1,5 +1,7 @@
 """vllm-omni 0.25.0rc1 as a black box, measured like benchmarks/omni_gpu.py measures omni_mp's
-stream phase (issue 20): same model dir, same prompts, same fixed lengths, same fields.
+stream phase (issue 20; --family qwen2_5_omni, the default) or like benchmarks/qwen3_omni_gpu.py
+measures omni_mp's Qwen3-Omni-30B-A3B (--family qwen3_omni): same model dir, same prompts, same
+fixed lengths, same fields.
 
 vllm-omni runs through its own offline API, `vllm_omni.AsyncOmni(model=DIR, deploy_config=YAML)`
 (the engine behind `vllm serve DIR --omni --deploy-config YAML`, without HTTP): one `generate()`
@@ -15,14 +17,52 @@ shapes.py plus tokenizer and processor files, benchmarks/omni_bench_dir.py), ran
 (`load_format: dummy` on every stage; vllm-omni builds the audio and vision towers too).
 Per request: a distinct prompt of --prompt-len ids (omni_gpu.prompts, the same seeds), the
 thinker writes exactly --thinker-tokens tokens (ignore_eos), the talker exactly --talker-codes
-codes (ignore_eos; `allowed_token_ids` = the 8192 real codec ids, as omni_mp suppresses the
-control ids: a random talker never stops early and token2wav gets real codes only). Every
+codes (ignore_eos; logit_bias -100 on every id past the 8192 real codec ids, as omni_mp
+suppresses the control ids: a random talker never stops early and token2wav gets real codes only). Every
 request's thinker token count and audio length are checked (a round that differs fails).
 Output: `<out>/vllm_omni_<config>.json` with omni_gpu's stream-phase fields per level
 ("1", "8", ...: wall_s, first_audio_p50_s, first_audio_p90_s, rtf_mean, audio_s_per_s,
 thinker_tok_s, audio_s_per_request) plus cold_start_s, and "error" / per-level "errors" when a
 run fails: a failed run is written with its error, never dropped. omni_gpu.py's report reads
 these files from its --out (`peer_table` below).
+
+Qwen3-Omni (--family qwen3_omni; FAMILIES below): vllm-omni's shipped deploy/qwen3_omni_moe.yaml
+(thinker -> talker -> code2wav, async chunks: code2wav decodes 4 frames first, then 25 at a
+time, and each decoded chunk reaches the caller as its own output) on one GPU through
+benchmarks/peer/qwen3_omni_1gpu.yaml (`shipped`; every override and its reason is in that file).
+Model dir: qwen3_omni_gpu.model_dir's (config.json of tiny.released_config(), random code2wav
+tensors) plus a tokenizer with the released special-token ids and the tiny checkpoint's
+processor and chat template (omni_bench_dir.with_processor(dir, "qwen3_omni")), cached beside it
+in qwen3_omni_gpu's --work-dir (/tmp/qwen3_omni_gpu): the same checkpoint files, hard-linked.
+Prompts: qwen3_omni_gpu.chat_prompts (distinct chat-format user turns of --prompt-len ids, the
+warm-up's seed 1 and the levels' seeds 1000 x level). Per request the thinker writes exactly
+--thinker-tokens tokens and the talker exactly --talker-frames frames (min = max tokens =
+frames + 1: the last sampled code makes no frame; the codec control ids >= the codebook
+suppressed by logit_bias, the stop id masked by min_tokens: a random talker never stops early
+and code2wav gets real codes only). The code2wav stage's outputs are DELTA (each carries the
+audio decoded since the previous): first audio = the first output with audio samples, last
+audio = the last one, a request's audio = their sum, checked against frames x 1920 samples at
+24 kHz (16.0 s for 200): every request of a round alike, none longer, at most one frame short
+(--audio-tolerance; vllm-omni's causal decoder leaves a fixed tail of samples off the first
+chunk). Result file: `<out>/vllm_omni_qwen3_omni_<config>[.<part>].json` (same fields, "family":
+"qwen3_omni"); qwen3_omni_gpu.py's report and plot read it from their --out.
+
+GPU command (one H200, kind nvidia-h200, carry [".gpu/peer1"]: vllm-omni installed into
+/tmp/peer-site from benchmarks/peer/wheels.txt's wheels, as docs/benchmarks.md's PEER line does):
+  export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn \
+         HF_HUB_OFFLINE=1 VLLM_MM_HASHER_ALGORITHM=sha256
+  (test -d /tmp/peer-site/vllm_omni || (mkdir -p /tmp/peer-whl && cat .gpu/peer1/peerpart* | tar x -C /tmp/peer-whl \
+     && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer-site /tmp/peer-whl/*.whl))
+  python3 benchmarks/peer_vllm_omni.py --family qwen3_omni --deadline-s 550 --out $OUT/qwen3_omni_gpu
+  (levels 1 8 32 64, 2500-id prompts, 200 thinker tokens, 200 frames. If one call's 10 minutes do
+  not hold the cold start and all four levels, split it: --part a --concurrency 1,8,32 and
+  --part b --concurrency 64; the report merges the parts. To show it beside omni_mp, put the
+  fetched files in one dir with qwen3_omni_gpu.py's and run: python benchmarks/qwen3_omni_gpu.py
+  --phases '' --out DIR.)
+CPU check of the Qwen3-Omni path (fails at vllm-omni's first stage, as below; the tiny
+checkpoint's dir, the overlay, the prompts and the sampling parameters are exercised):
+  PYTHONPATH=$PWD python benchmarks/peer_vllm_omni.py --family qwen3_omni --smoke --peer-site /work/peer-site \
+      --out /tmp/peer3_smoke
 
 Isolation: vllm-omni registers a vLLM plugin that patches vLLM classes. It is never installed in
 the project's environment: install it into a directory of its own (`pip install --no-deps
@@ -54,6 +94,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,22 +121,72 @@ PREFLIGHT = (
     "vllm_omni.diffusion.data",
 )
 RATE_KEYS = ("sr", "sample_rate", "audio_sample_rate", "sampling_rate")
+QWEN3_PREFLIGHT = (
+    "vllm_omni.entrypoints.async_omni",
+    "vllm_omni.model_executor.models.qwen3_omni.pipeline",
+    "vllm_omni.model_executor.models.qwen3_omni.qwen3_omni",
+    "vllm_omni.model_executor.models.qwen3_omni.qwen3_omni_moe_thinker",
+    "vllm_omni.model_executor.models.qwen3_omni.qwen3_omni_moe_talker",
+    "vllm_omni.model_executor.models.qwen3_omni.qwen3_omni_code2wav",
+    "vllm_omni.model_executor.stage_input_processors.qwen3_omni",
+    "vllm_omni.distributed.omni_connectors.connectors.shm_connector",
+    "vllm_omni.worker.gpu_ar_worker",
+    "vllm_omni.worker.gpu_generation_worker",
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What differs between the Qwen2.5-Omni and the Qwen3-Omni runs."""
+
+    configs: dict[str, str]  # --config -> overlay in benchmarks/peer/
+    base_yaml: str  # vllm-omni's shipped deploy config that the overlays build on
+    preflight: tuple[str, ...]  # modules its run imports in its stage processes
+    samples_per_code: int  # audio samples per talker code (Qwen2.5) or frame (Qwen3), 24 kHz
+    streams: bool  # audio in chunks (DELTA outputs, summed) or in one final tensor
+    prefix: str  # result files: <prefix><config>[.<part>].json
+    work_dir: str  # under the temp dir: where the omni_mp benchmark builds the same model dir
+    gpu: dict[str, Any] = field(default_factory=dict)  # default lengths and levels
+    smoke: dict[str, Any] = field(default_factory=dict)
+
+
+FAMILIES = {
+    "qwen2_5_omni": Family(
+        CONFIGS, BASE_YAML, PREFLIGHT, omni_gpu.SAMPLES_PER_CODE, False, "vllm_omni_", "omni_gpu-models",
+        gpu={"concurrency": [1, 8, 32, 64], "thinker_tokens": 128, "talker_codes": 200, "prompt_len": 64},
+        smoke={"concurrency": [1, 2], "thinker_tokens": 8, "talker_codes": 36, "prompt_len": 16},
+    ),
+    "qwen3_omni": Family(
+        {"shipped": "qwen3_omni_1gpu.yaml"}, "qwen3_omni_moe.yaml", QWEN3_PREFLIGHT, 1920, True,
+        "vllm_omni_qwen3_omni_", "qwen3_omni_gpu",
+        # qwen3_omni_gpu.py's lengths (its parse_args: the published 2500-id prompts; --smoke its small ones)
+        gpu={"concurrency": [1, 8, 32, 64], "thinker_tokens": 200, "talker_codes": 200, "prompt_len": 2500},
+        smoke={"concurrency": [1, 4], "thinker_tokens": 12, "talker_codes": 16, "prompt_len": 48},
+    ),
+}  # fmt: skip
 
 
 def say(msg: str) -> None:
     print(f"[peer_vllm_omni] {msg}", flush=True)
 
 
-def result_path(out: Path, config: str, part: str | None = None) -> Path:
-    return out / f"vllm_omni_{config}{'.' + part if part else ''}.json"
+def result_path(out: Path, config: str, part: str | None = None, family: str = "qwen2_5_omni") -> Path:
+    return out / f"{FAMILIES[family].prefix}{config}{'.' + part if part else ''}.json"
 
 
-def peer_docs(out: Path) -> dict[str, dict[str, Any]]:
-    """Every vllm_omni_<config>[.<part>].json in `out`, the parts of one config merged (levels
-    measured in separate device calls: a later part's level wins; every error is kept)."""
+def out_file(args: argparse.Namespace) -> Path:
+    return result_path(args.out, args.config, args.part, args.family)
+
+
+def peer_docs(out: Path, family: str = "qwen2_5_omni") -> dict[str, dict[str, Any]]:
+    """Every vllm_omni_*<config>[.<part>].json of `family` in `out`, the parts of one config
+    merged (levels measured in separate device calls: a later part's level wins; every error is
+    kept). Files without a "family" are Qwen2.5-Omni's (written before Qwen3-Omni was added)."""
     merged: dict[str, dict[str, Any]] = {}
     for f in sorted(out.glob("vllm_omni_*.json")):
         doc = json.loads(f.read_text())
+        if doc.get("family", "qwen2_5_omni") != family:
+            continue
         m = merged.setdefault(doc.get("config", f.stem), {"run_errors": [], "errors": {}, "cold_start_s": []})
         m.update({k: v for k, v in doc.items() if k in ("system", "config", "overlay", "device", "lengths")})
         for c, level in doc.items():
@@ -111,18 +202,44 @@ def peer_docs(out: Path) -> dict[str, dict[str, Any]]:
 
 
 # ---- parent: model dir, overlay, child process -------------------------------------------------
-def render_overlay(config: str, peer_site: Path, run_dir: Path) -> tuple[Path, dict[str, str]]:
+def render_overlay(
+    config: str, peer_site: Path, run_dir: Path, family: str = "qwen2_5_omni"
+) -> tuple[Path, dict[str, str]]:
     """Our overlay chain and the installed base YAML, copied into run_dir (base_config paths are
     resolved next to the overlay); returns the overlay to load and each file's sha256."""
-    base = peer_site / "vllm_omni" / "deploy" / BASE_YAML
+    fam = FAMILIES[family]
+    base = peer_site / "vllm_omni" / "deploy" / fam.base_yaml
     if not base.is_file():
         raise FileNotFoundError(f"{base} missing: is vllm-omni installed in --peer-site {peer_site}?")
     run_dir.mkdir(parents=True, exist_ok=True)
     shas = {}
-    for src in [base, *(HERE / "peer" / name for name in CONFIGS.values())]:
+    for src in [base, *(HERE / "peer" / name for name in fam.configs.values())]:
         shutil.copyfile(src, run_dir / src.name)
         shas[src.name] = hashlib.sha256(src.read_bytes()).hexdigest()
-    return run_dir / CONFIGS[config], shas
+    return run_dir / fam.configs[config], shas
+
+
+def model_dir(args: argparse.Namespace) -> Path:
+    """The omni_mp benchmark's model dir of the family, with what vllm-omni also loads (its
+    tokenizer and the thinker's processor)."""
+    if args.family == "qwen2_5_omni":
+        return omni_gpu.model_dir(args)
+    import qwen3_omni_gpu  # benchmarks/qwen3_omni_gpu.py: the released-shapes dir (or --smoke's tiny view)
+    from omni_bench_dir import with_processor
+
+    base = qwen3_omni_gpu.model_dir(args)
+    if (base / "tokenizer_config.json").exists():  # --smoke: the tiny checkpoint has its processor
+        return base
+    return with_processor(base, "qwen3_omni")
+
+
+def prompts(args: argparse.Namespace, model: Path, n: int, seed: int) -> list[list[int]]:
+    """The omni_mp benchmark's prompts for `n` requests with `seed`."""
+    if args.family == "qwen2_5_omni":
+        return omni_gpu.prompts(n, args.prompt_len, seed)
+    import qwen3_omni_gpu
+
+    return qwen3_omni_gpu.chat_prompts(json.loads((model / "config.json").read_text()), n, args.prompt_len, seed)
 
 
 def installed_version(peer_site: Path) -> str:
@@ -140,35 +257,39 @@ def child_env(peer_site: Path) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    out_file = result_path(args.out, args.config, args.part)
+    path = out_file(args)
+    units = "talker_codes" if args.family == "qwen2_5_omni" else "talker_frames"
     doc: dict[str, Any] = {
         "system": f"vllm-omni {installed_version(args.peer_site)}",
+        "family": args.family,
         "config": args.config,
-        "overlay": f"benchmarks/peer/{CONFIGS[args.config]}",
+        "overlay": f"benchmarks/peer/{FAMILIES[args.family].configs[args.config]}",
         "lengths": {
-            "prompt_len": args.prompt_len, "thinker_tokens": args.thinker_tokens, "talker_codes": args.talker_codes,
-            "audio_s": args.talker_codes * omni_gpu.SAMPLES_PER_CODE / omni_gpu.SAMPLE_RATE,
+            "prompt_len": args.prompt_len, "thinker_tokens": args.thinker_tokens, units: args.talker_codes,
+            "audio_s": expected_audio_s(args),
         },
         "concurrency": args.concurrency,
         "device": device_name(),
     }  # fmt: skip
     t0 = time.perf_counter()
     try:
-        model = omni_gpu.model_dir(args)
+        model = model_dir(args)
         doc["model_dir"] = str(model)
         doc["sizes"] = model_sizes(model)
-        overlay, doc["yaml_sha256"] = render_overlay(args.config, args.peer_site, args.out / f"peer-{args.config}")
+        run_dir = args.out / f"peer-{FAMILIES[args.family].prefix.removeprefix('vllm_omni_')}{args.config}"
+        overlay, doc["yaml_sha256"] = render_overlay(args.config, args.peer_site, run_dir, args.family)
+        doc["prompt_head"] = prompts(args, model, 1, 1)[0][:8]  # the prompt builder, run before any stage starts
     except Exception as err:  # noqa: BLE001 - written to the result file
         doc["error"] = f"setup: {type(err).__name__}: {err}"
-        out_file.write_text(json.dumps(doc, indent=1))
+        path.write_text(json.dumps(doc, indent=1))
         say(doc["error"])
         return doc
-    partial = args.out / f".{result_path(args.out, args.config, args.part).stem}.partial.json"
+    partial = args.out / f".{path.stem}.partial.json"
     partial.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--child", str(overlay), "--model", str(model), "--partial", str(partial)]
     cmd += [a for a in sys.argv[1:]]
     timeout = args.deadline_s - (time.perf_counter() - t0) if args.deadline_s else None
-    log = result_path(args.out, args.config, args.part).with_suffix(".log")
+    log = path.with_suffix(".log")
     say(f"{doc['system']}, config {args.config} ({overlay.name}), levels {args.concurrency}; log: {log}")
     with open(log, "w") as logf:
         proc = subprocess.Popen(
@@ -189,8 +310,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if code != 0 and "error" not in doc:
         doc["error"] = f"child exit {code}; last log lines: {tail(log, 15)}"
     doc["run_s"] = time.perf_counter() - t0
-    out_file.write_text(json.dumps(doc, indent=1))
-    say(f"wrote {out_file}" + (f" (FAILED: {doc['error'][:300]})" if "error" in doc else ""))
+    path.write_text(json.dumps(doc, indent=1))
+    say(f"wrote {path}" + (f" (FAILED: {doc['error'][:300]})" if "error" in doc else ""))
     return doc
 
 
@@ -225,44 +346,96 @@ def tail(path: Path, n: int) -> str:
 
 def model_sizes(model: Path) -> dict[str, Any]:
     cfg = json.loads((model / "config.json").read_text())
-    text, talker = cfg["thinker_config"]["text_config"], cfg["talker_config"]
+    text = cfg["thinker_config"]["text_config"]
+    talker = cfg["talker_config"].get("text_config", cfg["talker_config"])  # Qwen3-Omni nests it
     keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
     return {
-        "thinker": {k: text[k] for k in (*keys, "vocab_size")},
-        "talker": {k: talker.get(k) for k in (*keys, "head_dim", "vocab_size", "embedding_size")},
+        "thinker": {k: text.get(k) for k in (*keys, "vocab_size", "num_experts")},
+        "talker": {k: talker.get(k) for k in (*keys, "head_dim", "vocab_size", "embedding_size", "num_experts")},
     }
+
+
+def expected_audio_s(args: argparse.Namespace) -> float:
+    return args.talker_codes * FAMILIES[args.family].samples_per_code / omni_gpu.SAMPLE_RATE
 
 
 # ---- child: vllm-omni in this process ----------------------------------------------------------
 TALKER_VOCAB = 8448  # the released talker's codec vocabulary (model_sizes reads it from config.json)
 
 
-def sampling_params_list(omni: Any, args: argparse.Namespace) -> list[Any]:
+def talker_overrides(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    """The talker's fixed length, and its codec control ids suppressed through logit_bias: vLLM
+    sized an `allowed_token_ids` mask by the checkpoint's top-level vocab (the thinker's 152064)
+    while vllm-omni's Qwen2.5 talker logits are 8448 wide, which failed every request on an H200
+    (2026-11-24: "expanded size of the tensor (8448) must match ... (152064)"); a bias indexes
+    the logits by id, whatever width vLLM takes the vocab to be."""
+    if args.family == "qwen2_5_omni":
+        tokens, first, vocab = args.talker_codes, omni_gpu.CODEC_IDS, TALKER_VOCAB
+    else:
+        # Qwen3-Omni: a talker step feeds back the last sampled code and runs the code predictor
+        # on it; the last sampled code makes no frame, so frames + 1 tokens (omni_mp's talker
+        # does the same). Control ids: the codebook's top (2048) up to the talker vocab (3072);
+        # min_tokens also masks the pipeline's stop id (codec eos 2150) until the last token.
+        talker = json.loads((model / "config.json").read_text())["talker_config"]
+        tokens = args.talker_codes + 1
+        first, vocab = talker["code_predictor_config"]["vocab_size"], talker["text_config"]["vocab_size"]
+    return {
+        "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True,
+        "logit_bias": {i: -100.0 for i in range(first, vocab)},
+    }  # fmt: skip
+
+
+def sampling_params_list(defaults: list[Any], args: argparse.Namespace, model: Path) -> list[Any]:
     """The deploy config's per-stage defaults (its sampling constraints included) with the fixed
-    lengths, the talker's control ids suppressed (logit_bias), and the LLM stages' outputs final-only."""
+    lengths and the talker's control ids suppressed; the thinker's and talker's outputs
+    final-only, the audio stage's final-only (Qwen2.5: one tensor) or DELTA (Qwen3: each chunk
+    as it is decoded, as vllm-omni's streaming server asks for it)."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     overrides: dict[int, dict[str, Any]] = {
         0: {"max_tokens": args.thinker_tokens, "min_tokens": args.thinker_tokens, "ignore_eos": True},
-        1: {
-            "max_tokens": args.talker_codes, "min_tokens": args.talker_codes, "ignore_eos": True,
-            # The control ids (>= CODEC_IDS) suppressed through logit_bias: vLLM sizes an
-            # `allowed_token_ids` mask by the checkpoint's top-level vocab (the thinker's 152064),
-            # and vllm-omni's talker logits are 8448 wide, so that mask failed every request on
-            # an H200 (2026-11-24: "expanded size of the tensor (8448) must match ... (152064)").
-            "logit_bias": {i: -100.0 for i in range(omni_gpu.CODEC_IDS, TALKER_VOCAB)},
-        },
-    }  # fmt: skip
+        1: talker_overrides(args, model),
+    }
+    streams = FAMILIES[args.family].streams
     out = []
-    for i, sp in enumerate(omni.default_sampling_params_list):
+    for i, sp in enumerate(defaults):
         if not isinstance(sp, SamplingParams):  # a stage that is not an LLM: as configured
             out.append(copy.deepcopy(sp))
             continue
         fields = {f: copy.deepcopy(getattr(sp, f)) for f in sp.__struct_fields__ if not f.startswith("_")}
         fields.update(overrides.get(i, {}))
-        fields["output_kind"] = RequestOutputKind.FINAL_ONLY
+        audio_stage = i == len(defaults) - 1
+        fields["output_kind"] = RequestOutputKind.DELTA if streams and audio_stage else RequestOutputKind.FINAL_ONLY
         out.append(SamplingParams(**fields))  # built anew: derived fields (stop ids) recomputed
     return out
+
+
+def sampling_summary(sp: Any) -> dict[str, Any] | str:
+    """What a stage's SamplingParams fix (its repr leaves out the bias and the output kind)."""
+    if not hasattr(sp, "max_tokens"):
+        return repr(sp)[:400]
+    keys = ("max_tokens", "min_tokens", "ignore_eos", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
+    out: dict[str, Any] = {k: getattr(sp, k) for k in keys}
+    out["stop_token_ids"] = list(sp.stop_token_ids or [])
+    out["output_kind"] = sp.output_kind.name
+    bias = sp.logit_bias or {}
+    out["logit_bias"] = f"{len(bias)} ids {min(bias)}..{max(bias)}: {set(bias.values())}" if bias else None
+    return out
+
+
+def planned_defaults(overlay: Path, model: Path) -> list[Any]:
+    """Each stage's default SamplingParams as vllm-omni's own config merge makes them from the
+    overlay chain and the pipeline's sampling constraints, without starting a stage: the
+    sampling parameters of a run are built (and recorded) even where no stage can start."""
+    from transformers import AutoConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm_omni.config.config_factory import StageConfigFactory
+    from vllm_omni.config.stage_config import load_deploy_config, merge_pipeline_deploy
+
+    hf = AutoConfig.from_pretrained(model)
+    pipeline = StageConfigFactory.resolve_pipeline_config(hf.model_type, hf)
+    stages = merge_pipeline_deploy(pipeline, load_deploy_config(overlay))
+    return [SamplingParams(**s.yaml_extras.get("default_sampling_params", {})) for s in stages]
 
 
 def audio_of(mm: Any) -> tuple[int, int | None, str]:
@@ -297,7 +470,12 @@ def audio_of(mm: Any) -> tuple[int, int | None, str]:
     return 0, rate, f"no audio key; keys {sorted(items)}"
 
 
-async def one_request(omni: Any, prompt: list[int], rid: str, sps: list[Any], t0: float) -> dict[str, Any]:
+async def one_request(
+    omni: Any, prompt: list[int], rid: str, sps: list[Any], t0: float, streams: bool
+) -> dict[str, Any]:
+    """One generate(): first audio = the first audio output with samples to reach this caller;
+    a request's audio = the last audio output's (final-only, the whole audio) or, with `streams`
+    (DELTA outputs: each the audio decoded since the previous), their sum."""
     first, last, samples, rate, thinker_tokens, found, n_audio = None, None, 0, None, None, "", 0
     gen = omni.generate(
         {"prompt_token_ids": prompt}, request_id=rid, sampling_params_list=sps, output_modalities=["text", "audio"]
@@ -314,7 +492,7 @@ async def one_request(omni: Any, prompt: list[int], rid: str, sps: list[Any], t0
             if n:
                 n_audio += 1
                 first = now if first is None else first
-                last, samples, rate = now, n, r or rate  # the final output carries the whole audio
+                last, samples, rate = now, samples + n if streams else n, r or rate
     done = time.perf_counter()
     if first is None:
         raise RuntimeError(f"request {rid}: no audio output ({found or 'no audio-type output'})")
@@ -328,16 +506,17 @@ async def one_request(omni: Any, prompt: list[int], rid: str, sps: list[Any], t0
 def check_round(batch: list[list[int]], reqs: list[dict[str, Any]], args: argparse.Namespace) -> None:
     """Distinct prompts, every request's thinker token count exact and every request's audio as
     long as every other's: what makes requests and systems comparable. The audio length against
-    omni_mp's (codes x 480 samples) is exact unless --audio-tolerance allows a vllm-omni that
-    trims a few samples (the difference is then written into the result and the report)."""
+    omni_mp's (codes x 480 / frames x 1920 samples) is exact unless --audio-tolerance allows a
+    vllm-omni that trims a few samples (never more audio: a round with more fails too; the
+    difference is written into the result and the report)."""
     if len({tuple(p) for p in batch}) != len(batch):
         raise RuntimeError("prompts of a round are not distinct")
-    audio_s = args.talker_codes * omni_gpu.SAMPLES_PER_CODE / omni_gpu.SAMPLE_RATE
+    audio_s = expected_audio_s(args)
     lengths = sorted({round(r["audio_s"], 6) for r in reqs})
     bad = [
         r
         for r in reqs
-        if abs(r["audio_s"] - audio_s) > args.audio_tolerance * audio_s + 1e-6
+        if not audio_s - args.audio_tolerance * audio_s - 1e-6 <= r["audio_s"] <= audio_s + 1e-6
         or r["thinker_tokens"] != args.thinker_tokens
     ]
     if bad or len(lengths) > 1:
@@ -363,7 +542,7 @@ def summarize(batch: list[list[int]], reqs: list[dict[str, Any]], wall: float, a
         "audio_s_per_s": audio / wall,
         "thinker_tok_s": sum(r["thinker_tokens"] for r in reqs) / wall,
         "audio_s_per_request": audio / len(reqs),
-        "audio_s_expected": args.talker_codes * omni_gpu.SAMPLES_PER_CODE / omni_gpu.SAMPLE_RATE,
+        "audio_s_expected": expected_audio_s(args),
         "done_p50_s": statistics.median(r["done_s"] for r in reqs),
         "audio_outputs_per_request": max(r["audio_outputs"] for r in reqs),
     }
@@ -371,8 +550,9 @@ def summarize(batch: list[list[int]], reqs: list[dict[str, Any]], wall: float, a
 
 async def a_round(omni: Any, batch: list[list[int]], sps: list[Any], tag: str, args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
+    streams = FAMILIES[args.family].streams
     got = await asyncio.gather(
-        *(one_request(omni, p, f"{tag}-{i}", sps, t0) for i, p in enumerate(batch)), return_exceptions=True
+        *(one_request(omni, p, f"{tag}-{i}", sps, t0, streams) for i, p in enumerate(batch)), return_exceptions=True
     )  # every request ends before the round does (a failed one must not leak into the next level)
     errors = [g for g in got if isinstance(g, BaseException)]
     if errors:
@@ -401,7 +581,7 @@ def child(args: argparse.Namespace) -> int:
     async def main() -> None:
         import importlib
 
-        for mod in PREFLIGHT:  # a missing wheel fails here in seconds, not after a stage start
+        for mod in FAMILIES[args.family].preflight:  # a missing wheel fails here in seconds, not after a stage start
             try:
                 importlib.import_module(mod)
             except Exception as err:
@@ -409,6 +589,9 @@ def child(args: argparse.Namespace) -> int:
         from vllm_omni.entrypoints.async_omni import AsyncOmni
 
         res["max_num_seqs"] = max_num_seqs(args.child)
+        planned = sampling_params_list(planned_defaults(args.child, args.model), args, args.model)
+        res["sampling_planned"] = [sampling_summary(s) for s in planned]  # recorded before any stage starts
+        save()
         t0 = time.perf_counter()
         omni = AsyncOmni(
             model=str(args.model), deploy_config=str(args.child), stage_init_timeout=1500, init_timeout=1500
@@ -417,20 +600,20 @@ def child(args: argparse.Namespace) -> int:
         say(f"ready in {res['cold_start_s']:.1f}s")
         save()
         try:
-            sps = sampling_params_list(omni, args)
-            res["sampling"] = [repr(s)[:600] for s in sps]
+            sps = sampling_params_list(omni.default_sampling_params_list, args, args.model)
+            res["sampling"] = [sampling_summary(s) for s in sps]
             # One warm-up round (first runs of each batch size, allocator growth): at the highest
             # level, but no more requests than the stages batch (at max_num_seqs 1, 2 requests
             # already overlap all stages; more would only queue).
             n = min(max(args.concurrency), max(2, res["max_num_seqs"]))
-            warm = await a_round(omni, omni_gpu.prompts(n, args.prompt_len, 1), sps, "warm", args)
+            warm = await a_round(omni, prompts(args, args.model, n, 1), sps, "warm", args)
             res["warmup"] = {"requests": n, "wall_s": warm["wall_s"], "audio_payload": warm["audio_payload"]}
             say(f"warm-up round of {n}: {warm['wall_s']:.1f}s; audio payload: {warm['audio_payload']}")
             save()
             for c in args.concurrency:
                 runs = []
                 for r in range(args.rounds):
-                    batch = omni_gpu.prompts(c, args.prompt_len, 1000 * c + r)  # omni_gpu's seeds
+                    batch = prompts(args, args.model, c, 1000 * c + r)  # the omni_mp benchmark's seeds
                     try:
                         runs.append(await a_round(omni, batch, sps, f"c{c}r{r}", args))
                     except Exception as err:  # noqa: BLE001 - recorded per level, the run goes on
@@ -471,11 +654,12 @@ def child(args: argparse.Namespace) -> int:
 
 
 # ---- omni_gpu.py's report: the peer next to omni_mp --------------------------------------------
-def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any]) -> list[str]:
-    """Markdown lines for the vllm-omni results in `out` (peer_docs): its levels next to omni_mp's
-    streaming ones (`stream`: omni_gpu's stream.json), and every error."""
+def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any], family: str = "qwen2_5_omni") -> list[str]:
+    """Markdown lines for the vllm-omni results of `family` in `out` (peer_docs): its levels next
+    to omni_mp's streaming ones (`stream`: omni_gpu's or qwen3_omni_gpu's stream.json), and every
+    error."""
     lines: list[str] = []
-    for config, doc in peer_docs(out).items():
+    for config, doc in peer_docs(out, family).items():
         name = f"{doc.get('system', 'vllm-omni')}, config {config} ({doc.get('overlay', '')})"
         colds = ", ".join(f"{x:.0f} s" for x in doc["cold_start_s"])
         lines += ["", f"**{name}**" + (f": cold start {colds}" if colds else "")]
@@ -508,45 +692,61 @@ def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any]) -> lis
             )
         lines += [f"run failed: {e[:1500]}" for e in doc["run_errors"]]
     if lines:
-        head = "vllm-omni on the same GPU, same model dir, prompts and lengths (its first audio is its last):"
-        lines.insert(0, "\n" + head)
+        first = {
+            "qwen2_5_omni": "its first audio is its last",
+            "qwen3_omni": "its first audio is its first streamed chunk at the caller",
+        }[family]
+        lines.insert(0, f"\nvllm-omni on the same GPU, same model dir, prompts and lengths ({first}):")
     return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", choices=sorted(CONFIGS), default="shipped")
+    p.add_argument("--family", choices=sorted(FAMILIES), default="qwen2_5_omni", help="which model's pipeline")
+    p.add_argument("--config", default="shipped", help="of the family's overlays (FAMILIES[family].configs)")
     p.add_argument("--part", help="write vllm_omni_<config>.<part>.json: levels of one config run in several calls")
     p.add_argument("--peer-site", type=Path, default=Path("/tmp/peer-site"), help="where vllm-omni is installed")
-    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
-    p.add_argument("--thinker-tokens", type=int, default=128)
-    p.add_argument("--talker-codes", type=int, default=200, help="codes per request (50 = 1 s of audio)")
-    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    p.add_argument("--thinker-tokens", type=int, default=None, help="default: the family's (128 / 200)")
+    p.add_argument(
+        "--talker-codes",
+        "--talker-frames",
+        dest="talker_codes",
+        type=int,
+        default=None,
+        help="talker codes (Qwen2.5: 50 = 1 s) or frames (Qwen3: 12.5 = 1 s) per request; default 200",
+    )
+    p.add_argument("--prompt-len", type=int, default=None, help="default: the family's (64 / 2500)")
     p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
     p.add_argument(
         "--audio-tolerance",
         type=float,
-        default=0.0,
-        help="relative difference allowed between a request's audio and codes x 480 samples (0: exact)",
+        default=None,
+        help="relative shortfall allowed of a request's audio against codes x 480 / frames x 1920 samples "
+        "(default: Qwen2.5 0, exact; Qwen3 just under one frame, the tail vllm-omni's decoder leaves off)",
     )
     p.add_argument("--talker", choices=["released", "default"], default="released", help="as omni_gpu.py's")
-    p.add_argument("--smoke", action="store_true", help="the tiny model dir of omni_gpu.py --smoke")
-    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "omni_gpu-models")
-    p.add_argument("--out", type=Path, default=omni_gpu.REPO / "outputs" / "omni_gpu")
+    p.add_argument("--smoke", action="store_true", help="the tiny model dir of omni_gpu.py / qwen3_omni_gpu.py --smoke")
+    p.add_argument("--work-dir", type=Path, default=None, help="default: the omni_mp benchmark's, same model dir")
+    p.add_argument("--out", type=Path, default=None, help="default: outputs/omni_gpu or outputs/qwen3_omni_gpu")
     p.add_argument("--deadline-s", type=float, help="the child (and its stages) is killed after this; results kept")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # the rendered overlay
     p.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--partial", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.smoke:
-        for flag, attr, value in (
-            ("--concurrency", "concurrency", [1, 2]),
-            ("--thinker-tokens", "thinker_tokens", 8),
-            ("--talker-codes", "talker_codes", 36),
-            ("--prompt-len", "prompt_len", 16),
-        ):
-            if flag not in (argv or sys.argv):
-                setattr(args, attr, value)
+    fam = FAMILIES[args.family]
+    if args.config not in fam.configs:
+        p.error(f"--config {args.config}: {args.family} has {sorted(fam.configs)}")
+    for attr, value in (fam.smoke if args.smoke else fam.gpu).items():
+        if getattr(args, attr) is None:
+            setattr(args, attr, value)
+    if args.audio_tolerance is None:  # Qwen3: less than one frame short, never longer
+        one_frame = (fam.samples_per_code - 1) / (args.talker_codes * fam.samples_per_code)
+        args.audio_tolerance = one_frame if fam.streams else 0.0
+    args.work_dir = args.work_dir or Path(tempfile.gettempdir()) / fam.work_dir
+    args.out = args.out or omni_gpu.REPO / "outputs" / (
+        "omni_gpu" if args.family == "qwen2_5_omni" else "qwen3_omni_gpu"
+    )
     return args
 
 
@@ -560,7 +760,7 @@ def main() -> int:
 
 
 def run_errors(args: argparse.Namespace) -> dict[str, str]:
-    return json.loads(result_path(args.out, args.config, args.part).read_text()).get("errors", {})
+    return json.loads(out_file(args).read_text()).get("errors", {})
 
 
 if __name__ == "__main__":

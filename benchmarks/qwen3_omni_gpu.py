@@ -35,6 +35,9 @@ of it (thinker ~57 GiB of bf16 weights without towers + KV; talker + code predic
   ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
         VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
   $ENV && python3 benchmarks/qwen3_omni_gpu.py --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
+vllm-omni's Qwen3-Omni pipeline on the same GPU, model dir, prompts and lengths:
+benchmarks/peer_vllm_omni.py --family qwen3_omni (its docstring has the command); the report
+and plot show its result files (vllm_omni_qwen3_omni_*.json) from --out next to omni_mp's.
 Locally, to re-render from fetched phase files: python benchmarks/qwen3_omni_gpu.py --phases '' --out DIR
 CPU smoke of the whole path on the tiny checkpoint (the same stage configs, fp32, eager):
   PYTHONPATH=$PWD python benchmarks/qwen3_omni_gpu.py --smoke --out /tmp/q3_smoke
@@ -319,6 +322,9 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     )
     if st.get("graph_sizes"):
         lines.append(f"thinker and talker CUDA graph sizes (tokens per step): {st['graph_sizes']}")
+    from peer_vllm_omni import peer_table  # vllm-omni's Qwen3-Omni runs in --out, if any
+
+    lines += peer_table(args.out, args.concurrency, st, "qwen3_omni")
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
     return "\n".join(lines)
@@ -342,6 +348,14 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
         if xs:
             ax.plot(xs, [results[phase][str(c)]["first_audio_p50_s"] for c in xs], marker="o", label=label)
             ax2.plot(xs, [results[phase][str(c)]["rtf_mean"] for c in xs], marker="o", label=label)
+    from peer_vllm_omni import peer_docs  # vllm-omni's Qwen3-Omni runs in --out, if any
+
+    for config, peer in peer_docs(args.out, "qwen3_omni").items():
+        xs = [c for c in args.concurrency if str(c) in peer]
+        if xs:
+            label = f"vllm-omni {config}, same GPU"
+            ax.plot(xs, [peer[str(c)]["first_audio_p50_s"] for c in xs], marker="^", ls="-.", label=label)
+            ax2.plot(xs, [peer[str(c)]["rtf_mean"] for c in xs], marker="^", ls="-.", label=label)
     pub = PUBLISHED["vllm-omni, 3x H100 (first audio mean, RTF)"]
     ax.plot(list(pub), [v[0] for v in pub.values()], marker="s", ls="--", label="vllm-omni, 3x H100 (published)")
     ax2.plot(list(pub), [v[1] for v in pub.values()], marker="s", ls="--", label="vllm-omni, 3x H100 (published)")

@@ -183,3 +183,78 @@ def test_parts_of_one_config_merge_in_the_report(tmp_path: Path) -> None:
     assert "| 1 | 8000 / 12000 ms | 300 ms |" in md and "| 10.0x |" in md  # omni_mp's 40 vs its 4 audio s/s
     assert "| 32 | RuntimeError: boom |" in md and "| 64 | failed (below) |" in md
     assert "run failed: vllm_omni_shipped.b.json: child exit killed at 540 s" in md
+
+
+def test_qwen3_round_check_allows_a_short_tail_only() -> None:
+    """Qwen3-Omni: 200 frames x 1920 samples = 16.0 s; less than one frame short passes (vllm-omni's
+    causal decoder leaves a tail off), a frame short or any sample more fails the round."""
+    import peer_vllm_omni as peer
+
+    args = peer.parse_args(["--family", "qwen3_omni", "--thinker-tokens", "8"])
+    assert (args.prompt_len, args.talker_codes, args.concurrency) == (2500, 200, [1, 8, 32, 64])
+    batch = [[i] * 4 for i in range(2)]
+    one = {"thinker_tokens": 8, "sample_rate": 24000, "audio_outputs": 8, "found": "audio"}
+
+    def reqs(samples: int) -> list[dict]:
+        return [{"first_s": 1.0, "last_audio_s": 2.0, "done_s": 2.0, "audio_s": samples / 24000, **one}] * 2
+
+    assert peer.summarize(batch, reqs(384000 - 555), 4.0, args)["audio_s_expected"] == 16.0
+    for samples in (384000 - 1920, 384001):
+        with pytest.raises(RuntimeError, match="2 of 2 requests differ"):
+            peer.summarize(batch, reqs(samples), 4.0, args)
+
+
+def test_peer_docs_keep_families_apart(tmp_path: Path) -> None:
+    import peer_vllm_omni as peer
+
+    (tmp_path / "vllm_omni_shipped.json").write_text(json.dumps({"config": "shipped", "error": "q25"}))
+    doc = {"config": "shipped", "family": "qwen3_omni", "error": "q3"}
+    (tmp_path / "vllm_omni_qwen3_omni_shipped.json").write_text(json.dumps(doc))
+    assert peer.peer_docs(tmp_path)["shipped"]["run_errors"] == ["vllm_omni_shipped.json: q25"]
+    assert peer.peer_docs(tmp_path, "qwen3_omni")["shipped"]["run_errors"] == ["vllm_omni_qwen3_omni_shipped.json: q3"]
+    md = "\n".join(peer.peer_table(tmp_path, [1], {}, "qwen3_omni"))
+    assert "first streamed chunk" in md and "q25" not in md
+
+
+def test_qwen3_bench_dir_has_the_released_special_ids(tmp_path: Path) -> None:
+    """The Qwen3-Omni processor files beside a config dir: every config id names the released token."""
+    from omni_bench_dir import with_processor
+    from transformers import AutoProcessor, AutoTokenizer
+
+    from omni_mp.models.qwen3_omni.tiny import RELEASED_TOKEN_IDS
+
+    src = tmp_path / "released"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"stand_in": True}))  # the tokenizer does not read it
+    bench = with_processor(src, "qwen3_omni")
+    assert (bench / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    tok = AutoTokenizer.from_pretrained(bench)
+    assert len(tok) == 151676
+    assert tok.convert_tokens_to_ids("<|audio_pad|>") == RELEASED_TOKEN_IDS["audio_token_id"]
+    assert tok.convert_tokens_to_ids("<tts_text_eod>") == RELEASED_TOKEN_IDS["tts_eos_token_id"]
+    proc = AutoProcessor.from_pretrained(bench)
+    assert type(proc).__name__ == "Qwen3OmniMoeProcessor" and (bench / "preprocessor_config.json").is_file()
+
+
+@needs_peer
+def test_qwen3_overlay_resolves_on_one_device(tmp_path: Path) -> None:
+    import peer_vllm_omni as peer
+
+    code = (
+        "import json, sys\n"
+        "from vllm_omni.config.stage_config import load_deploy_config\n"
+        "d = load_deploy_config(sys.argv[1])\n"
+        "print(json.dumps([d.async_chunk, [[s.devices, s.gpu_memory_utilization, s.max_num_seqs, s.load_format,"
+        " s.default_sampling_params] for s in d.stages]]))\n"
+    )
+    overlay, shas = peer.render_overlay("shipped", PEER_SITE, tmp_path, "qwen3_omni")
+    assert set(shas) == {"qwen3_omni_moe.yaml", "qwen3_omni_1gpu.yaml"}
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(overlay)], env=peer.child_env(PEER_SITE), capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    chunk, stages = json.loads(run.stdout.strip().splitlines()[-1])
+    assert chunk and [s[0] for s in stages] == ["0", "0", "0"] and [s[2] for s in stages] == [64] * 3
+    assert [s[3] for s in stages] == ["dummy", "dummy", None] and sum(s[1] for s in stages) <= 0.9 + 1e-9
+    assert stages[0][4]["max_tokens"] == 200 and stages[1][4]["max_tokens"] == 201
+    assert stages[1][4]["temperature"] == 0.9  # the rest as shipped
