@@ -415,8 +415,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--code2wav-matmul",
         choices=("highest", "high"),
-        default="highest",
-        help="code2wav's float32 matmuls and convolutions: highest = exact fp32, high = TF32 tensor cores",
+        default="high",
+        help="code2wav's float32 matmuls and convolutions: high = TF32 tensor cores (stage_configs/qwen3_omni.yaml's), "
+        "highest = exact fp32",
     )
     p.add_argument("--deadline-s", type=float, default=None, help="stop starting phases past this (whole run)")
     p.add_argument("--phase-timeout-s", type=float, default=1800)
