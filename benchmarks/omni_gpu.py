@@ -462,7 +462,7 @@ def run_t2w_precision(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"codes": args.talker_codes}
     wavs = {}
     for precision in ("highest", "high", "highest", "high"):  # the first pair warms up
-        torch.set_float32_matmul_precision(precision)
+        use_precision(precision)
         torch.manual_seed(0)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -520,7 +520,7 @@ def t2w_engine_precisions(path: Path, codes: Any) -> dict[str, dict[str, float]]
     }
     ref, ref_s, out = None, 0.0, {}
     for name, (precision, options) in variants.items():
-        torch.set_float32_matmul_precision(precision)
+        use_precision(precision)
         model = Token2WavModel.from_checkpoint(path, device, **options)
         wav, secs = one_shot_wav(model)
         del model
@@ -536,8 +536,18 @@ def t2w_engine_precisions(path: Path, codes: Any) -> dict[str, dict[str, float]]
         }  # fmt: skip
         say(f"t2w precision {name}: {secs * 1000:.0f} ms, rel. L2 {out[name]['rel_l2']:.2e}, "
             f"SNR {out[name]['snr_db']:.1f} dB")  # fmt: skip
-    torch.set_float32_matmul_precision("highest")
+    use_precision("highest")
     return out
+
+
+def use_precision(precision: str) -> None:
+    """What a diffusion stage with `float32_matmul: <precision>` runs with (use_kernel_settings):
+    matmuls AND cuDNN convolutions, so "highest" is exact fp32 throughout (PyTorch lets cuDNN
+    convolutions use TF32 by default, whatever the matmul precision)."""
+    from omni_mp.engines.diffusion.params import DiffusionStageConfig
+    from omni_mp.engines.vllm_hooks_diffusion import use_kernel_settings
+
+    use_kernel_settings(DiffusionStageConfig(float32_matmul=precision))  # type: ignore[arg-type]
 
 
 def stage_step_summary(profile_dir: Path, windows: dict[int, tuple[float, float]]) -> dict[str, Any]:
