@@ -77,6 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -376,18 +377,61 @@ async def _round(endpoint: str, batch: list[list[int]], args: argparse.Namespace
         wall = time.perf_counter() - t0
     if args is not None:
         check_round(batch, reqs, args.thinker_tokens, args.talker_codes * SAMPLES_PER_CODE / SAMPLE_RATE)
+    return round_summary(list(reqs), wall)
+
+
+async def closed_loop(
+    one: Callable[[list[int], float], Awaitable[dict[str, Any]]], batch: list[list[int]], concurrency: int
+) -> tuple[list[dict[str, Any]], float]:
+    """`batch`'s requests with at most `concurrency` in flight, each finished one replaced by the
+    next: what vLLM's `bench serve --max-concurrency C --num-prompts N` does, and how the
+    published vllm-omni figures were taken. After the first C, requests arrive one at a time into
+    a running batch instead of all at once. `one(prompt, t_submit)` runs one request and times it
+    from its own submission. Returns the requests (in completion order) and the wall time."""
+    todo = iter(batch)
+    reqs: list[dict[str, Any]] = []
+
+    async def worker() -> None:
+        for prompt in todo:  # one shared iterator: each prompt is taken once
+            reqs.append(await one(prompt, time.perf_counter()))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(batch)))))
+    return reqs, time.perf_counter() - t0
+
+
+def round_summary(reqs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    """The stream-phase fields of a round or a closed loop (`_request`'s per-request times)."""
     firsts = [r["first_s"] for r in reqs]
     audio = sum(r["audio_s"] for r in reqs)
     return {
+        "requests": len(reqs),
         "wall_s": wall,
         "first_audio_p50_s": statistics.median(firsts),
         "first_audio_p90_s": percentile(firsts, 0.9),
+        "first_audio_mean_s": statistics.fmean(firsts),
         # per request: time from submit to its last audio over the audio's length
         "rtf_mean": statistics.fmean(r["done_s"] / r["audio_s"] for r in reqs if r["audio_s"]),
         "audio_s_per_s": audio / wall,
         "thinker_tok_s": sum(r["thinker_tokens"] for r in reqs) / wall,
         "audio_s_per_request": audio / len(reqs),
     }
+
+
+async def closed_loop_round(
+    endpoint: str,
+    batch: list[list[int]],
+    concurrency: int,
+    check: Callable[[list[list[int]], list[dict[str, Any]]], None] | None = None,
+) -> dict[str, Any]:
+    """`closed_loop` of omni_mp's client, the requests checked by `check` (lengths) if given."""
+    from omni_mp.client import AsyncOmniClient
+
+    async with AsyncOmniClient(endpoint) as client:
+        reqs, wall = await closed_loop(lambda p, t0: _request(client, p, t0), batch, concurrency)
+    if check is not None:
+        check(batch, reqs)
+    return {**round_summary(reqs, wall), "concurrency": concurrency}
 
 
 def device_name() -> str:

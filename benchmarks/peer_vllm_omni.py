@@ -193,6 +193,7 @@ def peer_docs(out: Path, family: str = "qwen2_5_omni") -> dict[str, dict[str, An
             if c.isdigit():
                 m[c] = level
                 m["errors"].pop(c, None)
+        m.setdefault("closed", {}).update(doc.get("closed", {}))
         m["errors"].update(doc.get("errors", {}))
         if "error" in doc:
             m["run_errors"].append(f"{f.name}: {doc['error']}")
@@ -565,6 +566,26 @@ async def a_round(omni: Any, batch: list[list[int]], sps: list[Any], tag: str, a
     return out
 
 
+async def closed_loop(omni: Any, sps: list[Any], c: int, args: argparse.Namespace) -> dict[str, Any]:
+    """--closed-loop x c requests, c in flight (omni_gpu.closed_loop; the omni_mp benchmarks'
+    closed-loop prompts: seed 5000 x c), checked and summarized like a round."""
+    batch = prompts(args, args.model, args.closed_loop * c, 5000 * c)
+    streams = FAMILIES[args.family].streams
+    ids = iter(range(len(batch)))
+
+    async def one(prompt: list[int], t0: float) -> dict[str, Any]:
+        return await one_request(omni, prompt, f"closed{c}-{next(ids)}", sps, t0, streams)
+
+    reqs, wall = await omni_gpu.closed_loop(one, batch, c)
+    out = summarize(batch, reqs, wall, args)
+    return {
+        **out,
+        "requests": len(reqs),
+        "concurrency": c,
+        "first_audio_mean_s": statistics.fmean(r["first_s"] for r in reqs),
+    }
+
+
 def max_num_seqs(overlay: Path) -> int:
     from vllm_omni.config.stage_config import load_deploy_config
 
@@ -626,6 +647,20 @@ def child(args: argparse.Namespace) -> int:
                         f"c={c}: first audio p50 {best['first_audio_p50_s'] * 1000:.0f} ms, "
                         f"p90 {best['first_audio_p90_s'] * 1000:.0f} ms, RTF {best['rtf_mean']:.3f}, "
                         f"{best['audio_s_per_s']:.2f} audio s/s, {best['thinker_tok_s']:.0f} thinker tok/s"
+                    )
+                save()
+            for c in (c for c in args.concurrency if c > 1 and args.closed_loop):
+                try:
+                    res.setdefault("closed", {})[str(c)] = await closed_loop(omni, sps, c, args)
+                except Exception as err:  # noqa: BLE001 - recorded per level, the run goes on
+                    res.setdefault("errors", {})[f"closed {c}"] = f"{type(err).__name__}: {err}"[:2000]
+                    say(f"closed loop c={c} FAILED: {res['errors'][f'closed {c}']}")
+                else:
+                    r = res["closed"][str(c)]
+                    say(
+                        f"closed loop c={c}, {r['requests']} requests: first audio mean "
+                        f"{r['first_audio_mean_s'] * 1000:.0f} ms, p50 {r['first_audio_p50_s'] * 1000:.0f} ms, "
+                        f"RTF {r['rtf_mean']:.3f}, {r['audio_s_per_s']:.2f} audio s/s"
                     )
                 save()
         finally:
@@ -695,6 +730,7 @@ def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any], family
         if odd:
             theirs = {c: want[c] for c in odd}
             lines.append(f"audio per request (s) differs from omni_mp's {theirs}: {odd}")
+        lines += closed_loop_rows(doc.get("closed") or {}, stream.get("closed") or {})
         lines += [f"run failed: {e[:1500]}" for e in doc["run_errors"]]
     if lines:
         first = {
@@ -702,6 +738,30 @@ def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any], family
             "qwen3_omni": "its first audio is its first streamed chunk at the caller",
         }[family]
         lines.insert(0, f"\nvllm-omni on the same GPU, same model dir, prompts and lengths ({first}):")
+    return lines
+
+
+def closed_loop_rows(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """The closed-loop levels (--closed-loop) of the peer beside omni_mp's."""
+    if not theirs:
+        return []
+    lines = [
+        "closed loop (c in flight, each finished request replaced):",
+        "| concurrency | requests | first audio mean / p50 | omni_mp mean / p50 | RTF | omni_mp RTF | audio s/s "
+        "| omni_mp / it |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c, p in theirs.items():
+        o = ours.get(c, {})
+        om = f"{o['first_audio_mean_s'] * 1000:.0f} / {o['first_audio_p50_s'] * 1000:.0f} ms" if o else "-"
+        ratio = f"{o['audio_s_per_s'] / p['audio_s_per_s']:.1f}x" if o else "-"
+        lines.append(
+            f"| {c} | {p['requests']} | {p['first_audio_mean_s'] * 1000:.0f} / {p['first_audio_p50_s'] * 1000:.0f} ms "
+            f"| {om} | {p['rtf_mean']:.3f} | {o['rtf_mean']:.3f} | {p['audio_s_per_s']:.2f} | {ratio} |"
+            if o
+            else f"| {c} | {p['requests']} | {p['first_audio_mean_s'] * 1000:.0f} / "
+            f"{p['first_audio_p50_s'] * 1000:.0f} ms | - | {p['rtf_mean']:.3f} | - | {p['audio_s_per_s']:.2f} | - |"
+        )
     return lines
 
 
@@ -722,7 +782,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="talker codes (Qwen2.5: 50 = 1 s) or frames (Qwen3: 12.5 = 1 s) per request; default 200",
     )
     p.add_argument("--prompt-len", type=int, default=None, help="default: the family's (64 / 2500)")
-    p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept; 0: none"
+    )
+    p.add_argument(
+        "--closed-loop",
+        type=int,
+        default=0,
+        metavar="X",
+        help="after the rounds, per level c > 1: X x c requests with c in flight (as qwen3_omni_gpu.py's); 0: off",
+    )
     p.add_argument(
         "--audio-tolerance",
         type=float,

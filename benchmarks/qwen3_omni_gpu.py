@@ -60,7 +60,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.omni_gpu import _round, device_name, stage_step_summary, transport_summary  # noqa: E402
+from benchmarks.omni_gpu import (  # noqa: E402
+    _round,
+    check_round,
+    closed_loop_round,
+    device_name,
+    stage_step_summary,
+    transport_summary,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ["stream", "nostream"]
@@ -201,7 +208,10 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "processor": "qwen3_omni_code2wav", "final_output": True, "engine_args": {"max_model_len": 4096},
         "diffusion": {
             "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, 64), "float32_matmul": args.code2wav_matmul,
-            "streaming": {"first_chunk": 16, "chunk": 192, "left_context": 0, "right_context": 16, "crossfade_ms": 0.0},
+            "streaming": {
+                "first_chunk": 16, "chunk": 16 * args.code2wav_chunk, "left_context": 0, "right_context": 16,
+                "crossfade_ms": 0.0,
+            },
         },
     }  # fmt: skip
     stages = [thinker, talker, code2wav]
@@ -253,10 +263,46 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
                 f"{best['audio_s_per_s']:.2f} audio s/s, {best['thinker_tok_s']:.0f} thinker tok/s, "
                 f"{best['audio_s_per_request']:.2f} s audio/request"
             )
+        if args.closed_loop:
+            out["closed"], closed_windows = closed_loops(args, coord.client_endpoint, config)
     out["transport"] = transport_summary(profile_dir, t_last)
     out["stage_steps"] = stage_step_summary(profile_dir, windows)
+    if args.closed_loop:
+        out["closed_stage_steps"] = stage_step_summary(profile_dir, closed_windows)
     shutil.copytree(profile_dir, args.out / f"profile-{name}", dirs_exist_ok=True)
     return out
+
+
+def closed_loops(
+    args: argparse.Namespace, endpoint: str, config: dict[str, Any]
+) -> tuple[dict[str, Any], dict[int, tuple[float, float]]]:
+    """Per level above 1: --closed-loop x c requests with c in flight (omni_gpu.closed_loop: the
+    published vllm-omni figures' method), each request's lengths checked. Levels of 1 are
+    skipped: one request at a time is what the burst round of 1 measures already."""
+
+    def check(batch: list[list[int]], reqs: list[dict[str, Any]]) -> None:
+        # every request as long as the first, which is --talker-frames frames less the decoder's
+        # fixed look-ahead tail (under one frame)
+        audio_s = reqs[0]["audio_s"]
+        if not 0 <= args.talker_frames / FRAMES_PER_S - audio_s < 1 / FRAMES_PER_S:
+            raise RuntimeError(f"{audio_s:.4f} s of audio for {args.talker_frames} frames")
+        check_round(batch, reqs, args.thinker_tokens, audio_s)
+
+    out: dict[str, Any] = {}
+    windows: dict[int, tuple[float, float]] = {}
+    for c in (c for c in args.concurrency if c > 1):
+        n = args.closed_loop * c
+        batch = chat_prompts(config, n, args.prompt_len, 5000 * c)
+        t0 = time.time()
+        res = asyncio.run(closed_loop_round(endpoint, batch, c, check))
+        windows[c] = (t0, time.time())
+        out[str(c)] = res
+        say(
+            f"closed loop c={c}, {n} requests: first audio mean {res['first_audio_mean_s'] * 1000:.0f} ms, "
+            f"p50 {res['first_audio_p50_s'] * 1000:.0f} ms, p90 {res['first_audio_p90_s'] * 1000:.0f} ms, "
+            f"RTF {res['rtf_mean']:.3f}, {res['audio_s_per_s']:.2f} audio s/s"
+        )
+    return out, windows
 
 
 def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> str:
@@ -292,6 +338,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         + "; ".join(f"{name}: " + ", ".join(_published(d)) for name, d in PUBLISHED.items())
         + ". Targets on one H200: first audio <= 250 ms at 1 and <= 2x that at 32; RTF <= 0.15 at 1, <= 0.30 at 32."
     )
+    lines += closed_loop_lines(st, args)
+    lines += target_lines(st)
     tr = st.get("transport", {})
     if "thinker" in tr:
         t = tr["thinker"]
@@ -316,6 +364,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             lines.append(f"| {c} | " + " | ".join(cells) + " |")
     if "cold_start_s" in st:
         lines.append(f"\ncold start to Ready (stages start in parallel): {st['cold_start_s']:.1f} s")
+    lines.append(f"code2wav chunks: the first 1 frame, then {args.code2wav_chunk} frames")
     lines.append(
         f"code2wav float32 matmuls and convolutions: {args.code2wav_matmul} "
         f"({'exact fp32' if args.code2wav_matmul == 'highest' else 'TF32'})"
@@ -328,6 +377,67 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
     return "\n".join(lines)
+
+
+def closed_loop_lines(st: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    closed = st.get("closed") or {}
+    if not closed:
+        return []
+    pub = PUBLISHED["vllm-omni, 3x H100 (first audio mean, RTF)"]
+    lines = [
+        "",
+        "closed loop (per level c: X x c requests, c in flight, each finished one replaced; vLLM bench serve's "
+        "--max-concurrency c --num-prompts X*c, the method of the published vllm-omni figures):",
+        "| concurrency | requests | first audio mean / p50 / p90 | RTF | audio s/s | vllm-omni, 3x H100, published "
+        "(first audio mean / RTF) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c, r in closed.items():
+        p = pub.get(int(c))
+        lines.append(
+            f"| {c} | {r['requests']} | {r['first_audio_mean_s'] * 1000:.0f} / {r['first_audio_p50_s'] * 1000:.0f} / "
+            f"{r['first_audio_p90_s'] * 1000:.0f} ms | {r['rtf_mean']:.3f} | {r['audio_s_per_s']:.2f} | "
+            + (f"{p[0] * 1000:.0f} ms / {p[1]:.3f} |" if p else "- |")
+        )
+    steps = st.get("closed_stage_steps") or {}
+    if steps:
+        names = {"0": "thinker", "1": "talker", "2": "code2wav"}
+        lines += ["", "per-stage timeline (closed loop): steps, step p50 / mean ms, busy share"]
+        lines += ["| concurrency | " + " | ".join(names.values()) + " |", "|---|---|---|---|"]
+        for c, level in steps.items():
+            cells = [
+                f"{v['steps']} steps, {v['step_ms_p50']:.1f} / {v['step_ms_mean']:.1f} ms, busy {100 * v['busy']:.0f}%"
+                if (v := level.get(sid))
+                else "-"
+                for sid in names
+            ]
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def target_lines(st: dict[str, Any]) -> list[str]:
+    """Issue 22's targets on one H200 against what this run measured, burst rounds and (where
+    run) the closed loop."""
+    one = st.get("1", {})
+    if "first_audio_p50_s" not in one:
+        return []
+    first1 = one["first_audio_p50_s"]
+
+    def verdict(value: float, limit: float) -> str:
+        return "met" if value <= limit else "NOT met"
+
+    lines = ["", "Targets (issue 22, one H200), as measured here:"]
+    lines.append(f"- first audio p50 at 1 request {first1 * 1000:.0f} ms (<= 250 ms): {verdict(first1, 0.25)}")
+    lines.append(f"- RTF at 1 request {one['rtf_mean']:.3f} (<= 0.15): {verdict(one['rtf_mean'], 0.15)}")
+    for label, level in (("burst round", st.get("32")), ("closed loop", (st.get("closed") or {}).get("32"))):
+        if not level:
+            continue
+        f = level["first_audio_p50_s"]
+        lines.append(
+            f"- at 32, {label}: first audio p50 {f * 1000:.0f} ms (<= 2 x {first1 * 1000:.0f} ms): "
+            f"{verdict(f, 2 * first1)}; RTF {level['rtf_mean']:.3f} (<= 0.30): {verdict(level['rtf_mean'], 0.30)}"
+        )
+    return lines
 
 
 def _published(levels: dict[int, tuple[float | None, float]]) -> list[str]:
@@ -348,6 +458,11 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
         if xs:
             ax.plot(xs, [results[phase][str(c)]["first_audio_p50_s"] for c in xs], marker="o", label=label)
             ax2.plot(xs, [results[phase][str(c)]["rtf_mean"] for c in xs], marker="o", label=label)
+    closed = results.get("stream", {}).get("closed") or {}
+    if closed:
+        xs = [int(c) for c in closed]
+        ax.plot(xs, [closed[str(c)]["first_audio_p50_s"] for c in xs], marker="o", ls=":", label="omni_mp, closed loop")
+        ax2.plot(xs, [closed[str(c)]["rtf_mean"] for c in xs], marker="o", ls=":", label="omni_mp, closed loop")
     from peer_vllm_omni import peer_docs  # vllm-omni's Qwen3-Omni runs in --out, if any
 
     for config, peer in peer_docs(args.out, "qwen3_omni").items():
@@ -418,6 +533,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="high",
         help="code2wav's float32 matmuls and convolutions: high = TF32 tensor cores (stage_configs/qwen3_omni.yaml's), "
         "highest = exact fp32",
+    )
+    p.add_argument(
+        "--code2wav-chunk",
+        type=int,
+        default=12,
+        metavar="FRAMES",
+        help="code2wav's later chunks, in frames (stage_configs/qwen3_omni.yaml's: 12); each re-runs the "
+        "convolutions over 11 frames of left context",
+    )
+    p.add_argument(
+        "--closed-loop",
+        type=int,
+        default=0,
+        metavar="X",
+        help="after the rounds, per level c > 1: X x c requests with c in flight, each finished one replaced "
+        "(vLLM bench serve's --max-concurrency c --num-prompts X*c, the published figures' method); 0: off",
     )
     p.add_argument("--deadline-s", type=float, default=None, help="stop starting phases past this (whole run)")
     p.add_argument("--phase-timeout-s", type=float, default=1800)

@@ -258,3 +258,54 @@ def test_qwen3_overlay_resolves_on_one_device(tmp_path: Path) -> None:
     assert [s[3] for s in stages] == ["dummy", "dummy", None] and sum(s[1] for s in stages) <= 0.9 + 1e-9
     assert stages[0][4]["max_tokens"] == 200 and stages[1][4]["max_tokens"] == 201
     assert stages[1][4]["temperature"] == 0.9  # the rest as shipped
+
+
+def test_closed_loop_keeps_c_in_flight_and_times_each_request_from_its_submit() -> None:
+    """omni_gpu.closed_loop (vLLM bench serve's --max-concurrency): never more than c requests in
+    flight, each prompt run once, the next submitted as one finishes, each request's times from its
+    own submission."""
+    import asyncio
+    import time
+
+    import omni_gpu
+
+    running, peak, submits = 0, 0, []
+
+    async def one(prompt: list[int], t0: float) -> dict:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        submits.append(t0)
+        await asyncio.sleep(0.02 * (1 + prompt[0] % 3))  # requests of different lengths
+        running -= 1
+        return {"prompt": prompt[0], "first_s": time.perf_counter() - t0}
+
+    batch = [[i] for i in range(10)]
+    reqs, wall = asyncio.run(omni_gpu.closed_loop(one, batch, 3))
+    assert peak == 3 and sorted(r["prompt"] for r in reqs) == list(range(10))
+    assert all(0.02 <= r["first_s"] < 0.2 for r in reqs)  # from its own submission, not the loop's start
+    assert max(submits) - min(submits) > 0.03 and wall >= 0.02 * 10 * 2 / 3 - 1e-3  # staggered, not a burst
+    reqs, _ = asyncio.run(omni_gpu.closed_loop(one, batch[:2], 8))  # fewer prompts than c: no idle workers
+    assert sorted(r["prompt"] for r in reqs) == [0, 1]
+
+
+def test_closed_loop_rows_beside_omni_mps_and_merged_from_parts(tmp_path: Path) -> None:
+    import peer_vllm_omni as peer
+
+    def closed(mean: float, rtf: float, audio: float) -> dict[str, float]:
+        return {"requests": 128, "first_audio_mean_s": mean, "first_audio_p50_s": mean * 0.9,
+                "rtf_mean": rtf, "audio_s_per_s": audio}  # fmt: skip
+
+    base = {"system": "vllm-omni 0.25.0rc1", "config": "shipped", "overlay": "o.yaml", "family": "qwen3_omni"}
+    (tmp_path / "vllm_omni_qwen3_omni_shipped.a.json").write_text(
+        json.dumps({**base, "closed": {"8": closed(1.0, 0.5, 16.0)}})
+    )
+    (tmp_path / "vllm_omni_qwen3_omni_shipped.b.json").write_text(
+        json.dumps({**base, "closed": {"32": closed(3.0, 1.0, 32.0)}})
+    )
+    doc = peer.peer_docs(tmp_path, "qwen3_omni")["shipped"]
+    assert sorted(doc["closed"]) == ["32", "8"]
+    ours = {"closed": {"32": closed(0.4, 0.4, 80.0)}}
+    md = "\n".join(peer.peer_table(tmp_path, [8, 32], ours, "qwen3_omni"))
+    assert "| 32 | 128 | 3000 / 2700 ms | 400 / 360 ms | 1.000 | 0.400 | 32.00 | 2.5x |" in md
+    assert "| 8 | 128 | 1000 / 900 ms | - | 0.500 | - | 16.00 | - |" in md
