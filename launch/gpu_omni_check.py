@@ -7,8 +7,9 @@ the talker codes and the audio agree; with `--oracle`, also against transformers
     python launch/gpu_omni_check.py                # every stage on GPU 0
     python launch/gpu_omni_check.py --gpus 2       # thinker on GPU 0, talker + token2wav on GPU 1
     python launch/gpu_omni_check.py --gpus 0       # CPU: torch.compile without graphs
+    python launch/gpu_omni_check.py --compare sync,graphs   # async scheduling vs synchronous
 
-Exit code 0 when eager and graphs agree everywhere, 1 otherwise. On hosts whose vLLM lacks
+Exit code 0 when the two modes agree everywhere, 1 otherwise. On hosts whose vLLM lacks
 `blake3` (the lent GPU machines), set VLLM_MM_HASHER_ALGORITHM=sha256 (vLLM hashes media).
 """
 
@@ -51,14 +52,34 @@ REQUESTS: list[dict[str, Any]] = [
 ]
 
 
-def config(eager: bool, gpus: int) -> Any:
+# What each mode sets on the thinker and talker: eager (no compile, no graphs), graphs (vLLM's
+# default: torch.compile + CUDA graphs, async scheduling), sync (graphs, async scheduling off).
+MODES: dict[str, dict[str, Any]] = {
+    "eager": {"enforce_eager": True},
+    "graphs": {"enforce_eager": False},
+    "sync": {"enforce_eager": False, "async_scheduling": False},
+}
+COMPARE_HELP = (
+    f"two of {sorted(MODES)}: eager,graphs (the default) checks the CUDA graphs; sync,graphs checks async "
+    "scheduling (the talker's gate included) against synchronous scheduling"
+)
+
+
+def compare_modes(p: argparse.ArgumentParser, value: str) -> list[str]:
+    modes = value.split(",")
+    if len(modes) != 2 or not set(modes) <= set(MODES):
+        p.error(f"--compare: two of {sorted(MODES)}, comma-separated")
+    return modes
+
+
+def config(mode: str, gpus: int) -> Any:
     """The YAML's pipeline with every stage on the GPU(s) (gpus 0: on the CPU, as in the YAML)."""
     raw = yaml.safe_load((REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml").read_text())
-    raw["name"] = f"tiny_qwen2_5_omni_{'eager' if eager else 'graphs'}"
+    raw["name"] = f"tiny_qwen2_5_omni_{mode}"
     for stage in raw["stages"]:
         args = stage.setdefault("engine_args", {})
         if stage.get("kind") != "diffusion":
-            args["enforce_eager"] = eager
+            args.update(MODES[mode])
         if gpus == 0:
             continue
         stage["devices"] = [0] if gpus == 1 or stage["id"] == 0 else [1]
@@ -99,18 +120,19 @@ def main() -> int:
     p.add_argument("--gpus", type=int, choices=(0, 1, 2), default=1, help="0: on the CPU (torch.compile, no graphs)")
     p.add_argument("--oracle", action="store_true", help="also compare with transformers on the CPU")
     p.add_argument("--out", type=Path, default=Path("omni_check.json"))
+    p.add_argument("--compare", default="eager,graphs", help=COMPARE_HELP)
     args = p.parse_args()
+    modes = compare_modes(p, args.compare)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     results = {}
-    for eager in (True, False):
-        label = "eager" if eager else "graphs"
+    for label in modes:
         print(f"[check] {label} ({device}, {args.gpus} GPU(s))", flush=True)
-        results[label], wall = asyncio.run(run(config(eager, args.gpus)))
+        results[label], wall = asyncio.run(run(config(label, args.gpus)))
         print(f"[check] {label}: {len(REQUESTS)} requests in {wall:.1f}s", flush=True)
     ok = True
     rows = []
     for i, r in enumerate(REQUESTS):
-        (te, ce, ae), (tg, cg, ag) = outputs(results["eager"][i]), outputs(results["graphs"][i])
+        (te, ce, ae), (tg, cg, ag) = outputs(results[modes[0]][i]), outputs(results[modes[1]][i])
         rel = float((ae - ag).norm() / ae.norm()) if ae.shape == ag.shape else math.inf
         agree = te == tg and ce == cg and rel <= AUDIO_RTOL
         row = {

@@ -8,8 +8,9 @@ whether the thinker tokens, the talker's frames (group 0) and the audio agree; w
     python launch/gpu_qwen3_omni_check.py                # every stage on GPU 0
     python launch/gpu_qwen3_omni_check.py --gpus 2       # thinker on GPU 0, talker + code2wav on GPU 1
     python launch/gpu_qwen3_omni_check.py --gpus 0       # CPU: torch.compile without graphs
+    python launch/gpu_qwen3_omni_check.py --compare sync,graphs   # async scheduling vs synchronous
 
-Exit code 0 when eager and graphs agree everywhere, 1 otherwise. On hosts whose vLLM lacks
+Exit code 0 when the two modes agree everywhere, 1 otherwise. On hosts whose vLLM lacks
 `blake3` (the lent GPU machines), set VLLM_MM_HASHER_ALGORITHM=sha256 (vLLM hashes media).
 """
 
@@ -29,6 +30,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from launch.gpu_omni_check import COMPARE_HELP, MODES, compare_modes  # noqa: E402
 from omni_mp.client import AsyncOmniClient  # noqa: E402
 from omni_mp.config import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
@@ -50,14 +52,14 @@ REQUESTS: list[dict[str, Any]] = [
 ]
 
 
-def config(eager: bool, gpus: int) -> Any:
+def config(mode: str, gpus: int) -> Any:
     """The YAML's pipeline with every stage on the GPU(s) (gpus 0: on the CPU, as in the YAML)."""
     raw = yaml.safe_load((REPO / "stage_configs" / "tiny_qwen3_omni.yaml").read_text())
-    raw["name"] = f"tiny_qwen3_omni_{'eager' if eager else 'graphs'}"
+    raw["name"] = f"tiny_qwen3_omni_{mode}"
     for stage in raw["stages"]:
         args = stage.setdefault("engine_args", {})
         if stage.get("kind") != "diffusion":
-            args["enforce_eager"] = eager
+            args.update(MODES[mode])
         if gpus == 0:
             continue
         stage["devices"] = [0] if gpus == 1 or stage["id"] == 0 else [1]
@@ -94,18 +96,19 @@ def main() -> int:
     p.add_argument("--gpus", type=int, choices=(0, 1, 2), default=1, help="0: on the CPU (torch.compile, no graphs)")
     p.add_argument("--oracle", action="store_true", help="also compare with transformers on the CPU")
     p.add_argument("--out", type=Path, default=Path("qwen3_omni_check.json"))
+    p.add_argument("--compare", default="eager,graphs", help=COMPARE_HELP)
     args = p.parse_args()
+    modes = compare_modes(p, args.compare)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     results = {}
-    for eager in (True, False):
-        label = "eager" if eager else "graphs"
+    for label in modes:
         print(f"[check] {label} ({device}, {args.gpus} GPU(s))", flush=True)
-        results[label], wall = asyncio.run(run(config(eager, args.gpus)))
+        results[label], wall = asyncio.run(run(config(label, args.gpus)))
         print(f"[check] {label}: {len(REQUESTS)} requests in {wall:.1f}s", flush=True)
     ok = True
     rows = []
     for i, r in enumerate(REQUESTS):
-        (te, ce, ae), (tg, cg, ag) = outputs(results["eager"][i]), outputs(results["graphs"][i])
+        (te, ce, ae), (tg, cg, ag) = outputs(results[modes[0]][i]), outputs(results[modes[1]][i])
         rel = float((ae - ag).norm() / ae.norm()) if ae.shape == ag.shape and ae.norm() > 0 else math.inf
         agree = te == tg and ce == cg and rel <= AUDIO_RTOL
         row: dict[str, Any] = {
@@ -123,7 +126,7 @@ def main() -> int:
             from omni_mp.models.registry import resolve_model
             from tests.hf_oracle_qwen3_omni import omni_generate
 
-            thinker_tokens = int(config(True, 0).stages[0].sampling.max_tokens)
+            thinker_tokens = int(config("eager", 0).stages[0].sampling.max_tokens)
             want = omni_generate(
                 resolve_model("tiny-qwen3-omni"), r["text"],
                 audio=tone(1.0) if r.get("audio") else None, image=pattern(64) if r.get("image") else None,
@@ -144,7 +147,7 @@ def main() -> int:
         ok &= agree
         rows.append(row)
         print(f"[check] req{i} {'AGREE' if agree else 'DIFFER'}: {json.dumps(row)}", flush=True)
-    args.out.write_text(json.dumps({"device": device, "gpus": args.gpus, "requests": rows}, indent=2))
+    args.out.write_text(json.dumps({"device": device, "gpus": args.gpus, "compare": modes, "requests": rows}, indent=2))
     print(f"[check] {'ALL AGREE' if ok else 'MISMATCH'} -> {args.out}")
     return 0 if ok else 1
 

@@ -29,7 +29,7 @@ from omni_mp.engines.vllm_hooks import (
     StepIO,
     build_engine_core,
     engine_core_cls,
-    gated_scheduler_cls,
+    install_gated_scheduler,
 )
 from omni_mp.engines.vllm_hooks_warmup import MoeWarmup, warm_up_moe_kernels
 from omni_mp.wire.messages import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg
@@ -97,10 +97,10 @@ class AREngine:
             # Step embeddings are added into the persistent inputs_embeds buffer (vllm_hooks),
             # which the model reads only when prompt embeddings are enabled.
             args["enable_prompt_embeds"] = True
-        if features.step_embeds:
-            # Synchronous scheduling: the gate decides from the inputs of the step it schedules.
-            args["scheduler_cls"] = gated_scheduler_cls(self.io)
-            args["async_scheduling"] = False
+        # The gate holds back decode steps whose extra row has not arrived; it subclasses the
+        # scheduler vLLM resolves, async (CUDA's default: the host prepares step N+1 while the GPU
+        # runs step N) or not.
+        configure = install_gated_scheduler(self.io) if features.step_embeds else None
         # Requests are prepared on another thread than the one that adds them (omni_mp.stage):
         # vLLM's multimodal processor cache assumes the engine receives every processed item in
         # order, which a request failing or aborted between the two would break.
@@ -108,7 +108,9 @@ class AREngine:
         # The hooks override the V1 runner's `_model_forward`; vLLM 0.25.0 picks its V2 runner
         # on CUDA by default, which has no such override point.
         env = {"VLLM_USE_V2_MODEL_RUNNER": "0"} if hooked else {}
-        core = build_engine_core(EngineArgs(model=model, **args), engine_core_cls(self.io) if hooked else None, env)
+        core = build_engine_core(
+            EngineArgs(model=model, **args), engine_core_cls(self.io) if hooked else None, env, configure
+        )
         self.driver = CoreDriver(core, self.io if hooked else None)
         vllm_config = core.vllm_config
         if hooked and vllm_config.parallel_config.world_size != 1:

@@ -50,7 +50,7 @@ import contextlib
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -437,16 +437,40 @@ def env_overrides(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def build_engine_core(engine_args: Any, core_cls: type | None = None, env: dict[str, str] | None = None) -> Any:
+def build_engine_core(
+    engine_args: Any,
+    core_cls: type | None = None,
+    env: dict[str, str] | None = None,
+    configure: Callable[[Any], None] | None = None,
+) -> Any:
     """An `EngineCore` in this process for `EngineArgs` (vLLM 0.25.0), with `env` set while it
-    is configured and built."""
+    is configured and built; `configure(vllm_config)` edits the resolved config before the core
+    is built from it."""
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.executor import Executor
 
     with env_overrides(env or {}):
         vllm_config = engine_args.create_engine_config()
+        if configure is not None:
+            configure(vllm_config)
         core = (core_cls or EngineCore)(vllm_config, Executor.get_class(vllm_config), log_stats=False)
     return core
+
+
+def install_gated_scheduler(io: StepIO) -> Callable[[Any], None]:
+    """A `build_engine_core` `configure` that makes the resolved scheduler class the gated one
+    (`gated_scheduler_cls`). vLLM decides async scheduling while it resolves the config (on by
+    default where the executor supports it, off on the CPU platform) and picks `AsyncScheduler`
+    or `Scheduler` from that: the gate subclasses whichever it picked (or a configured class).
+    Async scheduling holds no hazard for the gate: a step is scheduled (and its extra rows
+    checked) for the request's `num_computed_tokens` after the step in flight, and the runner
+    adds rows by the positions the step computes, so the gate and the rows agree either way."""
+
+    def configure(vllm_config: Any) -> None:
+        sched = vllm_config.scheduler_config
+        sched.scheduler_cls = gated_scheduler_cls(io, sched.get_scheduler_cls())
+
+    return configure
 
 
 class CoreDriver:
