@@ -434,6 +434,21 @@ async def closed_loop_round(
     return {**round_summary(reqs, wall), "concurrency": concurrency}
 
 
+def stage_steps_table(title: str, steps: dict[str, dict[str, Any]], names: tuple[str, ...]) -> list[str]:
+    """Markdown lines of `stage_step_summary`'s levels: per stage (named in stage-id order) its
+    steps, step p50 / mean and busy share."""
+    lines = [title, "| concurrency | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for c, level in steps.items():
+        cells = [
+            f"{v['steps']} steps, {v['step_ms_p50']:.1f} / {v['step_ms_mean']:.1f} ms, busy {100 * v['busy']:.0f}%"
+            if (v := level.get(str(sid)))
+            else "-"
+            for sid in range(len(names))
+        ]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def device_name() -> str:
     import torch
 
@@ -811,18 +826,11 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     else:
         lines.append(f"- talker receive side: not measured ({tr.get('talker_error', 'no streaming phase')})")
     if st.get("stage_steps"):
-        names = {"0": "thinker", "1": "talker", "2": "token2wav"}
-        lines.append("\nengine steps per stage (streaming, last round of each level): steps, step p50 / mean ms, busy")
-        lines.append("| concurrency | " + " | ".join(names.values()) + " |")
-        lines.append("|---|---|---|---|")
-        for c, level in st["stage_steps"].items():
-            cells = [
-                f"{v['steps']} steps, {v['step_ms_p50']:.1f} / {v['step_ms_mean']:.1f} ms, busy {100 * v['busy']:.0f}%"
-                if (v := level.get(sid))
-                else "-"
-                for sid in names
-            ]
-            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        lines += stage_steps_table(
+            "\nengine steps per stage (streaming, last round of each level): steps, step p50 / mean ms, busy",
+            st["stage_steps"],
+            ("thinker", "talker", "token2wav"),
+        )
     colds = {k: v["ready_s"] for k, v in results.items() if k.startswith("cold") and "ready_s" in v}
     if "cold_start_s" in st:
         alone = ", ".join(f"stage {k[4:]} {v:.1f} s" for k, v in sorted(colds.items())) or "not measured"

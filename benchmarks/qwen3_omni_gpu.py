@@ -66,6 +66,7 @@ from benchmarks.omni_gpu import (  # noqa: E402
     closed_loop_round,
     device_name,
     stage_step_summary,
+    stage_steps_table,
     transport_summary,
 )
 
@@ -81,6 +82,7 @@ SHARES = (0.70, 0.14, 0.10)  # thinker / talker / code2wav of GPU 0
 PREFILL_GRAPH_SIZES = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048)
 MAX_BATCHED_TOKENS = 2048  # vLLM's online default, stated: the graph sizes above reach it
 FRAMES_PER_S = 12.5
+STAGE_NAMES = ("thinker", "talker", "code2wav")
 # Published numbers (issue 22): vllm-omni nightly, 3 H100s, 2500 tokens in, 900 out.
 PUBLISHED = {
     "vllm-omni, 3x H100 (first audio mean, RTF)": {8: (0.325, 0.169), 16: (0.603, 0.209), 32: (1.024, 0.279)},
@@ -350,18 +352,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             f"thinker step p50 {t['step_ms_p50']:.2f} ms"
         )
     if st.get("stage_steps"):
-        names = {"0": "thinker", "1": "talker", "2": "code2wav"}
-        lines.append("\nper-stage timeline (last round of each level): steps, step p50 / mean ms, busy share")
-        lines.append("| concurrency | " + " | ".join(names.values()) + " |")
-        lines.append("|---|---|---|---|")
-        for c, level in st["stage_steps"].items():
-            cells = [
-                f"{v['steps']} steps, {v['step_ms_p50']:.1f} / {v['step_ms_mean']:.1f} ms, busy {100 * v['busy']:.0f}%"
-                if (v := level.get(sid))
-                else "-"
-                for sid in names
-            ]
-            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        title = "\nper-stage timeline (last round of each level): steps, step p50 / mean ms, busy share"
+        lines += stage_steps_table(title, st["stage_steps"], STAGE_NAMES)
     if "cold_start_s" in st:
         lines.append(f"\ncold start to Ready (stages start in parallel): {st['cold_start_s']:.1f} s")
     lines.append(f"code2wav chunks: the first 1 frame, then {args.code2wav_chunk} frames")
@@ -401,17 +393,8 @@ def closed_loop_lines(st: dict[str, Any], args: argparse.Namespace) -> list[str]
         )
     steps = st.get("closed_stage_steps") or {}
     if steps:
-        names = {"0": "thinker", "1": "talker", "2": "code2wav"}
-        lines += ["", "per-stage timeline (closed loop): steps, step p50 / mean ms, busy share"]
-        lines += ["| concurrency | " + " | ".join(names.values()) + " |", "|---|---|---|---|"]
-        for c, level in steps.items():
-            cells = [
-                f"{v['steps']} steps, {v['step_ms_p50']:.1f} / {v['step_ms_mean']:.1f} ms, busy {100 * v['busy']:.0f}%"
-                if (v := level.get(sid))
-                else "-"
-                for sid in names
-            ]
-            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        title = "\nper-stage timeline (closed loop): steps, step p50 / mean ms, busy share"
+        lines += stage_steps_table(title, steps, STAGE_NAMES)
     return lines
 
 
