@@ -26,7 +26,9 @@ first): first audio p50/p90 (submit to the first audio chunk at the client), RTF
 request: submit to its last audio over the audio's length, mean), audio seconds per second,
 thinker tokens/s; and the per-stage timeline (OMNI_MP_PROFILE_DIR: each stage's engine steps,
 step time and how busy it was in the level's last round; the thinker -> talker transport per
-step). Phases, each in a fresh process: `stream`, and `nostream` (`wait_for_upstream: true` on
+step). With --closed-loop X, after the rounds, per level c > 1: X x c requests with c in flight,
+each finished one replaced (vLLM bench serve's --max-concurrency, the published figures' method).
+Phases, each in a fresh process: `stream`, and `nostream` (`wait_for_upstream: true` on
 talker and code2wav: what streaming gains). Outputs in --out: qwen3_omni_gpu.json, .md, .png.
 
 One H200 (kind nvidia-h200), all three stages on GPU 0 with memory budgets 0.70 / 0.14 / 0.10
