@@ -536,8 +536,10 @@ def summarize(batch: list[list[int]], reqs: list[dict[str, Any]], wall: float, a
     firsts = [r["first_s"] for r in reqs]
     audio = sum(r["audio_s"] for r in reqs)
     return {
+        "requests": len(reqs),
         "wall_s": wall,
         "first_audio_p50_s": statistics.median(firsts),
+        "first_audio_mean_s": statistics.fmean(firsts),
         "first_audio_p90_s": omni_gpu.percentile(firsts, 0.9),
         "rtf_mean": statistics.fmean(r["last_audio_s"] / r["audio_s"] for r in reqs),
         "audio_s_per_s": audio / wall,
@@ -577,13 +579,7 @@ async def closed_loop(omni: Any, sps: list[Any], c: int, args: argparse.Namespac
         return await one_request(omni, prompt, f"closed{c}-{next(ids)}", sps, t0, streams)
 
     reqs, wall = await omni_gpu.closed_loop(one, batch, c)
-    out = summarize(batch, reqs, wall, args)
-    return {
-        **out,
-        "requests": len(reqs),
-        "concurrency": c,
-        "first_audio_mean_s": statistics.fmean(r["first_s"] for r in reqs),
-    }
+    return {**summarize(batch, reqs, wall, args), "concurrency": c}
 
 
 def max_num_seqs(overlay: Path) -> int:
@@ -752,15 +748,13 @@ def closed_loop_rows(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for c, p in theirs.items():
-        o = ours.get(c, {})
+        o = ours.get(c)
         om = f"{o['first_audio_mean_s'] * 1000:.0f} / {o['first_audio_p50_s'] * 1000:.0f} ms" if o else "-"
+        om_rtf = f"{o['rtf_mean']:.3f}" if o else "-"
         ratio = f"{o['audio_s_per_s'] / p['audio_s_per_s']:.1f}x" if o else "-"
         lines.append(
             f"| {c} | {p['requests']} | {p['first_audio_mean_s'] * 1000:.0f} / {p['first_audio_p50_s'] * 1000:.0f} ms "
-            f"| {om} | {p['rtf_mean']:.3f} | {o['rtf_mean']:.3f} | {p['audio_s_per_s']:.2f} | {ratio} |"
-            if o
-            else f"| {c} | {p['requests']} | {p['first_audio_mean_s'] * 1000:.0f} / "
-            f"{p['first_audio_p50_s'] * 1000:.0f} ms | - | {p['rtf_mean']:.3f} | - | {p['audio_s_per_s']:.2f} | - |"
+            f"| {om} | {p['rtf_mean']:.3f} | {om_rtf} | {p['audio_s_per_s']:.2f} | {ratio} |"
         )
     return lines
 

@@ -342,7 +342,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         + "; ".join(f"{name}: " + ", ".join(_published(d)) for name, d in PUBLISHED.items())
         + ". Targets on one H200: first audio <= 250 ms at 1 and <= 2x that at 32; RTF <= 0.15 at 1, <= 0.30 at 32."
     )
-    lines += closed_loop_lines(st, args)
+    lines += closed_loop_lines(st)
     lines += target_lines(st)
     tr = st.get("transport", {})
     if "thinker" in tr:
@@ -373,7 +373,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     return "\n".join(lines)
 
 
-def closed_loop_lines(st: dict[str, Any], args: argparse.Namespace) -> list[str]:
+def closed_loop_lines(st: dict[str, Any]) -> list[str]:
+    """The closed-loop levels (--closed-loop) beside the published vllm-omni figures."""
     closed = st.get("closed") or {}
     if not closed:
         return []
@@ -446,8 +447,8 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
     closed = results.get("stream", {}).get("closed") or {}
     if closed:
         xs = [int(c) for c in closed]
-        ax.plot(xs, [closed[str(c)]["first_audio_p50_s"] for c in xs], marker="o", ls=":", label="omni_mp, closed loop")
-        ax2.plot(xs, [closed[str(c)]["rtf_mean"] for c in xs], marker="o", ls=":", label="omni_mp, closed loop")
+        ax.plot(xs, [r["first_audio_p50_s"] for r in closed.values()], marker="o", ls=":", label="omni_mp, closed loop")
+        ax2.plot(xs, [r["rtf_mean"] for r in closed.values()], marker="o", ls=":", label="omni_mp, closed loop")
     from peer_vllm_omni import peer_docs  # vllm-omni's Qwen3-Omni runs in --out, if any
 
     for config, peer in peer_docs(args.out, "qwen3_omni").items():

@@ -390,15 +390,11 @@ def engine_core_cls(io: StepIO) -> type:
     return type("OmniEngineCore", (EngineCore,), {"_initialize_kv_caches": _initialize_kv_caches})
 
 
-def gated_scheduler_cls(io: StepIO, base: type | None = None) -> type:
-    """A subclass of the scheduler (vLLM's default one unless `base`) that skips, for one
-    `schedule()`, every running request whose next decode step's extra embedding has not
-    arrived. Held requests stay running and keep their slot: the running-request limit
-    (`max_num_seqs`) counts them, so no more requests are admitted than the runner has room for."""
-    if base is None:
-        from vllm.v1.core.sched.scheduler import Scheduler
-
-        base = Scheduler
+def gated_scheduler_cls(io: StepIO, base: type) -> type:
+    """A subclass of the scheduler `base` that skips, for one `schedule()`, every running
+    request whose next decode step's extra embedding has not arrived. Held requests stay
+    running and keep their slot: the running-request limit (`max_num_seqs`) counts them, so no
+    more requests are admitted than the runner has room for."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         held = [r for r in self.running if not io.decode_ready(r.request_id, r.num_computed_tokens)]
