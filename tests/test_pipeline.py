@@ -166,9 +166,14 @@ def test_status_reports_each_stage_load_and_counters(client: OmniClient) -> None
     client.abort("stats-id")
     t.join(10)
     assert len(errors) == 1 and isinstance(errors[0], RequestError) and errors[0].code == "aborted", errors
-    after = _stats_when(client, lambda st: all(s.running == 0 and s.waiting == 0 for s in st.values()))
+    # A stage's heartbeat may not have ticked since it last stepped (stage 0 finishes its part
+    # long before the abort), so wait for the beats that carry this request's steps.
+    after = _stats_when(
+        client,
+        lambda st: all(s.running == 0 and s.waiting == 0 and s.steps > before[sid].steps for sid, s in st.items()),
+    )
     for sid, s in after.items():
-        assert s.steps > before[sid].steps and s.step_seconds > before[sid].step_seconds, (sid, before, after)
+        assert s.step_seconds > before[sid].step_seconds, (sid, before, after)
     assert _sent(after[0], 1) > _sent(before[0], 1)
     assert not after[1].sent  # the final stage sends to no other stage
 
