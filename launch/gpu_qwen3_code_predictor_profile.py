@@ -5,15 +5,18 @@ codes; random bf16 weights), built in memory under the vLLM config a talker stag
 compile on, so vLLM switches its custom ops off and sets RMSNorm's IR priority to `native`, as
 the worker does), for R rows (= requests in a decode step) with greedy decoding:
 
-- `default`: the layers' vLLM dispatch as it is in the stage (native torch forms of RMSNorm,
+- `native`: the layers' vLLM dispatch as it is in the stage (native torch forms of RMSNorm,
   rotary embedding and SiluAndMul, since the code predictor runs outside the compiled region);
-- `fused`: `EagerKernels` (vLLM's CUDA kernels for those ops), what the talker runs.
+- `ops`: vLLM's CUDA kernel for each of those ops;
+- `fused`: as `ops`, with q/k norms and rotary embedding in one kernel and K, V written to
+  the cache in one copy: what the talker runs (`EagerKernels`).
 
 Per mode and R: ms per frame replayed from a CUDA graph (how the talker's FULL graph runs
 it) and eager, and the CUDA kernels of one frame (torch.profiler). Both modes decode the same
-inputs: the script prints how many of the R x 15 codes agree (bf16 kernels may round
-differently, and a flip changes what follows) and exits 1 if the fused mode's graph replay
-gives other codes than its eager run.
+inputs: the script prints how many of the R x 15 codes each mode shares with `native` (bf16
+kernels may round differently, and a flip changes what follows) and exits 1 if a mode's graph
+replay gives other codes than its eager run, or the fused kernels' layer 0 is further from a
+float32 run of it than the separate kernels' (`layer_errors`).
 
     python3 launch/gpu_qwen3_code_predictor_profile.py [--rows 1,8,32,64] [--out FILE]
     python3 launch/gpu_qwen3_code_predictor_profile.py --tiny --rows 1,2   # CPU check of the script
@@ -35,6 +38,9 @@ from launch.gpu_qwen_image_step_profile import kernels, sync, timed  # noqa: E40
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 64}  # fmt: skip
+
+
+MODES = ("native", "ops", "fused")  # EagerKernels' modes, the first the reference
 
 
 def say(msg: str) -> None:
@@ -103,6 +109,41 @@ def measure(frame: Any, device: str, args: argparse.Namespace) -> tuple[dict[str
     return res, eager_codes
 
 
+def layer_errors(cp: Any, r: int, hidden: int, device: str) -> dict[str, float]:
+    """Per mode: layer 0 of the code predictor over a frame's first call (positions 0, 1 of R
+    rows) and the next (position 2, reading the cache the first wrote), in the model's dtype,
+    against the same layer in float32 with the native kernels: the largest absolute error over
+    both outputs, relative to the reference's largest value. A kernel that normed, rotated or
+    cached the wrong thing is off by O(1); rounding only, by about the dtype's epsilon."""
+    import copy
+
+    from omni_mp.models.qwen3_omni.vllm_hooks_talker import CP_POSITIONS, EagerKernels
+
+    layer = cp.model.layers[0]
+    ref_layer, ref_rope = copy.deepcopy(layer).float(), copy.deepcopy(cp.rope).float()
+    gen = torch.Generator(device=device).manual_seed(1000 + r)
+    first = torch.randn(2 * r, hidden, generator=gen, device=device)
+    second = torch.randn(r, hidden, generator=gen, device=device)
+    pos_first = torch.tensor([0, 1] * r, device=device)
+    pos_second = torch.full((r,), 2, device=device)
+    cache_shape = (r, 2, layer.kv_heads, CP_POSITIONS, layer.head_dim)
+
+    def run(lay: Any, rope: Any, mode: str, dtype: torch.dtype) -> torch.Tensor:
+        kernels = EagerKernels(mode)  # type: ignore[arg-type]
+        cache = torch.zeros(cache_shape, dtype=dtype, device=device)
+        with kernels.scope():
+            outs = [
+                sum(lay(x.to(dtype), None, pos, rope, kernels, cache, t0))
+                for x, pos, t0 in ((first, pos_first, 0), (second, pos_second, 2))
+            ]
+        return torch.cat(outs).float()
+
+    want = run(ref_layer, ref_rope, "native", torch.float32)
+    dtype = next(layer.parameters()).dtype
+    modes = MODES if device == "cuda" else MODES[:1]  # vLLM's CUDA kernels only there
+    return {m: float((run(layer, cp.rope, m, dtype) - want).abs().max() / want.abs().max()) for m in modes}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,8,32,64", help="comma-separated request counts per call")
@@ -126,18 +167,28 @@ def main() -> int:
             greedy = torch.zeros(r, dtype=torch.bool, device=device)
             row: dict[str, Any] = {}
             codes: dict[str, torch.Tensor] = {}
-            for mode in ("default", "fused"):
-                cp.fused_kernels = mode == "fused"
+            for mode in MODES:
+                cp.kernel_mode = mode
                 say(f"R={r} {mode}")
                 row[mode], codes[mode] = measure(lambda: cp(h_prev, e0, greedy), device, args)  # noqa: B023
-                ok &= mode != "fused" or row[mode].get("graph_equals_eager", True)
-            agree = float((codes["default"] == codes["fused"]).float().mean())
-            row["codes_agree"] = agree
-            say(f"R={r}: codes agree {agree:.3f}")
+                ok &= row[mode].get("graph_equals_eager", True)
+            row["layer_error"] = errs = layer_errors(cp, r, hidden, device)
+            say(f"R={r}: layer 0 vs float32, relative error " + ", ".join(f"{m} {e:.2e}" for m, e in errs.items()))
+            # The fused kernel rounds once where the separate ones round three times.
+            if device == "cuda":
+                ok &= errs["fused"] <= 1.5 * max(errs["ops"], errs["native"]) + 1e-6
+            else:
+                ok &= errs["native"] < 1e-5
+            for mode in MODES[1:]:
+                row[f"codes_agree_{mode}"] = agree = float((codes["native"] == codes[mode]).float().mean())
+                say(f"R={r}: {mode} shares {agree:.3f} of native's codes")
+            if device == "cuda":
+                ms = {m: row[m]["graph_ms"] for m in MODES}
+                say(f"R={r}: graph ms per frame " + ", ".join(f"{m} {v:.3f}" for m, v in ms.items()))
             results["rows"][str(r)] = row
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
-    say(f"wrote {args.out}; {'OK' if ok else 'FUSED GRAPH != EAGER'}")
+    say(f"wrote {args.out}; {'OK' if ok else 'FAILED (see above)'}")
     return 0 if ok else 1
 
 

@@ -41,11 +41,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, ExitStack
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from vllm import _custom_ops
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.activation import SiluAndMul
@@ -86,35 +87,74 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
 
 
+KernelMode = Literal["native", "ops", "fused"]
+
+
 class EagerKernels:
     """The kernels the code predictor's vLLM layers run. The talker's decoder is compiled, and
     with Inductor vLLM 0.25.0 switches its custom ops off (RMSNorm's IR op priority is
     `native`; rotary embedding and SiluAndMul run `forward_native`) for Inductor to fuse. The
     code predictor runs outside that compiled region (eager Python, recorded into the FULL CUDA
     graph as is), where the native forms stay separate kernels: about 8 per RMSNorm and 15 per
-    rotary embedding, 75 layer passes per frame. With `fused`, it runs vLLM's own CUDA kernels
-    for them instead (those vLLM uses without Inductor): one kernel each."""
+    rotary embedding, 75 layer passes per frame. Modes:
+    - `native`: vLLM's default dispatch there (for A/B runs);
+    - `ops`: vLLM's own CUDA kernel for each of those ops (those vLLM uses without Inductor);
+    - `fused` (CUDA default): as `ops`, and q/k norms with the rotary embedding in one kernel
+      (vLLM's `fused_qk_norm_rope`, what its compile pass puts in Qwen3 decoders; bf16 and fp16
+      only, others fall back to `ops`), whose output keeps K and V side by side, so they go
+      to the cache in one copy: 225 of a frame's 1354 kernels fewer
+      (launch/gpu_qwen3_code_predictor_profile.py)."""
 
-    def __init__(self, fused: bool) -> None:
-        self.fused = fused
+    def __init__(self, mode: KernelMode) -> None:
+        self.mode = mode
+        self.ops = mode != "native"
 
     def scope(self) -> AbstractContextManager[Any]:
         """While open, RMSNorm layers dispatch to vLLM's CUDA kernel (IR provider `vllm_c`)."""
         stack = ExitStack()
-        if self.fused:
+        if self.ops:
             from vllm import ir
 
             for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
                 stack.enter_context(op.set_priority([p for p in ("vllm_c",) if p in op.impls] + ["native"]))
         return stack
 
-    def rope(
-        self, rope: Any, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    def fuses_qk(self, qkv: torch.Tensor) -> bool:
+        return (
+            self.mode == "fused"
+            and qkv.dtype in (torch.bfloat16, torch.float16)
+            and hasattr(torch.ops._C, "fused_qk_norm_rope")
+        )
+
+    def qk_norm_rope(
+        self, layer: CodePredictorLayer, rope: Any, positions: torch.Tensor, qkv: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope.forward_cuda(positions, q, k) if self.fused else rope(positions, q, k)
+        """qkv [n, q + 2 kv] (contiguous) -> q [n, q] normed per head and rotated, and
+        [n, 2 kv]: k (normed, rotated) then v per row, for one cache write."""
+        attn, d, n = layer.self_attn, layer.head_dim, qkv.shape[0]
+        if self.fuses_qk(qkv):  # in place in qkv
+            _custom_ops.fused_qk_norm_rope(
+                qkv,
+                layer.heads,
+                layer.kv_heads,
+                layer.kv_heads,
+                d,
+                attn.q_norm.variance_epsilon,
+                attn.q_norm.weight,
+                attn.k_norm.weight,
+                rope._match_cos_sin_cache_dtype(qkv),  # vLLM's cache in the query's dtype
+                rope.is_neox_style,
+                positions,
+            )
+            return qkv[:, : layer.q_size], qkv[:, layer.q_size :]
+        q, k, v = qkv.split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+        q = attn.q_norm(q.view(n, layer.heads, d)).view(n, layer.q_size)
+        k = attn.k_norm(k.view(n, layer.kv_heads, d)).view(n, layer.kv_size)
+        q, k = rope.forward_cuda(positions, q, k) if self.ops else rope(positions, q, k)
+        return q, torch.cat([k, v], dim=-1)
 
     def silu_and_mul(self, act: SiluAndMul, x: torch.Tensor) -> torch.Tensor:
-        return act.forward_cuda(x) if self.fused else act(x)
+        return act.forward_cuda(x) if self.ops else act(x)
 
 
 class CodePredictorLayer(nn.Module):
@@ -162,33 +202,29 @@ class CodePredictorLayer(nn.Module):
         positions: torch.Tensor,
         rope: Any,
         kernels: EagerKernels,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv_cache: torch.Tensor,
         t0: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """h [R*T, hidden]: R rows of T new positions t0..t0+T-1 each, row-major (T > 1 only
         from t0 = 0); `residual` its residual stream (None at the first layer); `positions`
-        [R*T] for `rope`. `k_cache`/`v_cache` [R, kv_heads, CP_POSITIONS, head_dim] hold positions < t0
-        and get these. Returns (output, residual stream): their sum is the layer's hidden state."""
+        [R*T] for `rope`. `kv_cache` [R, 2, kv_heads, CP_POSITIONS, head_dim] (K, V) holds
+        positions < t0 and gets these. Returns (output, residual stream): their sum is the
+        layer's hidden state."""
         d, attn = self.head_dim, self.self_attn
-        n, r = h.shape[0], k_cache.shape[0]
+        n, r = h.shape[0], kv_cache.shape[0]
         t = n // r
         if residual is None:
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm(h, residual)
-        q, k, v = attn.qkv_proj(h)[0].split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = attn.q_norm(q.view(n, self.heads, d)).view(n, self.q_size)
-        k = attn.k_norm(k.view(n, self.kv_heads, d)).view(n, self.kv_size)
-        q, k = kernels.rope(rope, positions, q, k)
-        k_cache[:, :, t0 : t0 + t] = k.view(r, t, self.kv_heads, d).transpose(1, 2)
-        v_cache[:, :, t0 : t0 + t] = v.view(r, t, self.kv_heads, d).transpose(1, 2)
+        q, kv = kernels.qk_norm_rope(self, rope, positions, attn.qkv_proj(h)[0])
+        kv_cache[:, :, :, t0 : t0 + t] = kv.view(r, t, 2, self.kv_heads, d).permute(0, 2, 3, 1, 4)
         # Causal within the new positions (several only from position 0); every earlier
         # position is visible.
         out = F.scaled_dot_product_attention(
             q.view(r, t, self.heads, d).transpose(1, 2),
-            k_cache[:, :, : t0 + t],
-            v_cache[:, :, : t0 + t],
+            kv_cache[:, 0, :, : t0 + t],
+            kv_cache[:, 1, :, : t0 + t],
             is_causal=t > 1,
             enable_gqa=self.kv_heads != self.heads,
         )
@@ -243,7 +279,7 @@ class CodePredictor(nn.Module):
             max_position=CP_POSITIONS,
             rope_parameters=dict(_get(cfg, "rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0}),
         )
-        self.fused_kernels = True  # EagerKernels' choice on CUDA (off: vLLM's default dispatch, for A/B runs)
+        self.kernel_mode: KernelMode = "fused"  # EagerKernels' mode on CUDA (the others for A/B runs)
 
     def forward(
         self, h_prev: torch.Tensor, e0: torch.Tensor, sample: torch.Tensor
@@ -252,12 +288,11 @@ class CodePredictor(nn.Module):
         (codes 1..15 [R, 15] int64, sum of their embeddings [R, hidden])."""
         r, hidden = h_prev.shape
         layers = self.model.layers
-        shape = (r, layers[0].kv_heads, CP_POSITIONS, layers[0].head_dim)
-        k_caches = [h_prev.new_empty(shape) for _ in layers]
-        v_caches = [h_prev.new_empty(shape) for _ in layers]
+        shape = (r, 2, layers[0].kv_heads, CP_POSITIONS, layers[0].head_dim)
+        kv_caches = [h_prev.new_empty(shape) for _ in layers]
         # [position, row]: every row of a call sits at the same positions.
         table = torch.arange(CP_POSITIONS, device=h_prev.device)[:, None].expand(CP_POSITIONS, r).contiguous()
-        kernels = EagerKernels(self.fused_kernels and h_prev.is_cuda)
+        kernels = EagerKernels(self.kernel_mode if h_prev.is_cuda else "native")
         x = torch.stack([h_prev, e0], dim=1).view(2 * r, hidden)  # positions 0, 1 of each row
         positions = table[:2].t().reshape(2 * r)
         codes: list[torch.Tensor] = []
@@ -267,7 +302,7 @@ class CodePredictor(nn.Module):
                 t0 = 0 if g == 0 else g + 1
                 h, residual = x, None
                 for i, layer in enumerate(layers):
-                    h, residual = layer(h, residual, positions, self.rope, kernels, k_caches[i], v_caches[i], t0)
+                    h, residual = layer(h, residual, positions, self.rope, kernels, kv_caches[i], t0)
                 if g == 0:  # each row's last position
                     h, residual = (
                         h.view(r, 2, hidden)[:, 1].contiguous(),
