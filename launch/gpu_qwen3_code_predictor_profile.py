@@ -112,15 +112,14 @@ def measure(frame: Any, device: str, args: argparse.Namespace) -> tuple[dict[str
 def layer_errors(cp: Any, r: int, hidden: int, device: str) -> dict[str, float]:
     """Per mode: layer 0 of the code predictor over a frame's first call (positions 0, 1 of R
     rows) and the next (position 2, reading the cache the first wrote), in the model's dtype,
-    against the same layer in float32 with the native kernels: the largest absolute error over
-    both outputs, relative to the reference's largest value. A kernel that normed, rotated or
-    cached the wrong thing is off by O(1); rounding only, by about the dtype's epsilon."""
-    import copy
-
+    against the same layer in float32 with the native kernels: the largest absolute error of
+    what the layer adds to its input (attention and MLP: the input's own rounding would mask
+    them), relative to the reference's largest value, over both calls. A kernel that normed,
+    rotated or cached the wrong thing is off by O(1); rounding only, by about the dtype's
+    epsilon."""
     from omni_mp.models.qwen3_omni.vllm_hooks_talker import CP_POSITIONS, EagerKernels
 
-    layer = cp.model.layers[0]
-    ref_layer, ref_rope = copy.deepcopy(layer).float(), copy.deepcopy(cp.rope).float()
+    layer, rope = cp.model.layers[0], cp.rope
     gen = torch.Generator(device=device).manual_seed(1000 + r)
     first = torch.randn(2 * r, hidden, generator=gen, device=device)
     second = torch.randn(r, hidden, generator=gen, device=device)
@@ -131,17 +130,21 @@ def layer_errors(cp: Any, r: int, hidden: int, device: str) -> dict[str, float]:
     def run(lay: Any, rope: Any, mode: str, dtype: torch.dtype) -> torch.Tensor:
         kernels = EagerKernels(mode)  # type: ignore[arg-type]
         cache = torch.zeros(cache_shape, dtype=dtype, device=device)
+        outs = []
         with kernels.scope():
-            outs = [
-                sum(lay(x.to(dtype), None, pos, rope, kernels, cache, t0))
-                for x, pos, t0 in ((first, pos_first, 0), (second, pos_second, 2))
-            ]
-        return torch.cat(outs).float()
+            for x, pos, t0 in ((first, pos_first, 0), (second, pos_second, 2)):
+                xin = x.to(dtype)
+                outs.append(sum(lay(xin, None, pos, rope, kernels, cache, t0)).float() - xin.float())
+        return torch.cat(outs)
 
-    want = run(ref_layer, ref_rope, "native", torch.float32)
+    # The reference: the same weights (and rope table) cast to float32 in place, then back
+    # (bf16 -> fp32 -> bf16 is exact; vLLM's parameters do not deep-copy).
     dtype = next(layer.parameters()).dtype
+    layer.float(), rope.float()
+    want = run(layer, rope, "native", torch.float32)
+    layer.to(dtype), rope.to(dtype)
     modes = MODES if device == "cuda" else MODES[:1]  # vLLM's CUDA kernels only there
-    return {m: float((run(layer, cp.rope, m, dtype) - want).abs().max() / want.abs().max()) for m in modes}
+    return {m: float((run(layer, rope, m, dtype) - want).abs().max() / want.abs().max()) for m in modes}
 
 
 def main() -> int:
