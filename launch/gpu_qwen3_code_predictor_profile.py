@@ -121,8 +121,10 @@ def layer_errors(cp: Any, r: int, hidden: int, device: str) -> dict[str, float]:
 
     layer, rope = cp.model.layers[0], cp.rope
     gen = torch.Generator(device=device).manual_seed(1000 + r)
-    first = torch.randn(2 * r, hidden, generator=gen, device=device)
-    second = torch.randn(r, hidden, generator=gen, device=device)
+    # Inputs at the scale of the layer's increment (the input norm makes it see the same
+    # thing): at unit scale, rounding the residual sum in bf16 would hide the increment.
+    first = 0.01 * torch.randn(2 * r, hidden, generator=gen, device=device)
+    second = 0.01 * torch.randn(r, hidden, generator=gen, device=device)
     pos_first = torch.tensor([0, 1] * r, device=device)
     pos_second = torch.full((r,), 2, device=device)
     cache_shape = (r, 2, layer.kv_heads, CP_POSITIONS, layer.head_dim)
@@ -133,8 +135,8 @@ def layer_errors(cp: Any, r: int, hidden: int, device: str) -> dict[str, float]:
         outs = []
         with kernels.scope():
             for x, pos, t0 in ((first, pos_first, 0), (second, pos_second, 2)):
-                xin = x.to(dtype)
-                outs.append(sum(lay(xin, None, pos, rope, kernels, cache, t0)).float() - xin.float())
+                xin = x.to(dtype)  # the layer's fused add + norm updates its input in place: pass a copy
+                outs.append(sum(lay(xin.clone(), None, pos, rope, kernels, cache, t0)).float() - xin.float())
         return torch.cat(outs)
 
     # The reference: the same weights (and rope table) cast to float32 in place, then back
