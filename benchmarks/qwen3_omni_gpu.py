@@ -213,8 +213,8 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "diffusion": {
             "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, 64), "float32_matmul": args.code2wav_matmul,
             "streaming": {
-                "first_chunk": 16, "chunk": 16 * args.code2wav_chunk, "left_context": 0, "right_context": 16,
-                "crossfade_ms": 0.0,
+                "first_chunk": 16, "chunk": 16 * args.code2wav_chunk, "max_chunk": 16 * args.code2wav_max_chunk,
+                "left_context": 0, "right_context": 16, "crossfade_ms": 0.0,
             },
         },
     }  # fmt: skip
@@ -358,7 +358,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         lines += stage_steps_table(title, st["stage_steps"], STAGE_NAMES)
     if "cold_start_s" in st:
         lines.append(f"\ncold start to Ready (stages start in parallel): {st['cold_start_s']:.1f} s")
-    lines.append(f"code2wav chunks: the first 1 frame, then {args.code2wav_chunk} frames")
+    growth = f", doubling up to {args.code2wav_max_chunk}" if args.code2wav_max_chunk > args.code2wav_chunk else ""
+    lines.append(f"code2wav chunks: the first 1 frame, then {args.code2wav_chunk} frames{growth}")
     lines.append(
         f"code2wav float32 matmuls and convolutions: {args.code2wav_matmul} "
         f"({'exact fp32' if args.code2wav_matmul == 'highest' else 'TF32'})"
@@ -525,8 +526,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=12,
         metavar="FRAMES",
-        help="code2wav's later chunks, in frames (stage_configs/qwen3_omni.yaml's: 12); each re-runs the "
+        help="code2wav's second chunk, in frames (stage_configs/qwen3_omni.yaml's: 12); each chunk re-runs the "
         "convolutions over 11 frames of left context",
+    )
+    p.add_argument(
+        "--code2wav-max-chunk",
+        type=int,
+        default=48,
+        metavar="FRAMES",
+        help="later chunks double up to this many frames (stage_configs/qwen3_omni.yaml's: 48); 0: all "
+        "--code2wav-chunk",
     )
     p.add_argument(
         "--closed-loop",

@@ -10,6 +10,7 @@ from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, check_streamin
 from omni_mp.engines.diffusion.params import StreamingConfig
 
 CFG = StreamingConfig()
+GROWING = StreamingConfig(first_chunk=12, chunk=24, max_chunk=96)  # 12, then 24, 48, 96, 96, ...
 ALIGN = 12
 
 
@@ -27,27 +28,44 @@ def plans(total: int, per_arrival: int, cfg: StreamingConfig = CFG) -> list[Chun
     return out
 
 
+@pytest.mark.parametrize("cfg", [CFG, GROWING], ids=["fixed", "growing"])
 @pytest.mark.parametrize("total", [1, 11, 24, 30, 37, 72, 100, 150, 301])
 @pytest.mark.parametrize("per_arrival", [1, 7, 1000])
-def test_plans_tile_the_input_with_aligned_windows(total: int, per_arrival: int) -> None:
-    ps = plans(total, per_arrival)
+def test_plans_tile_the_input_with_aligned_windows(total: int, per_arrival: int, cfg: StreamingConfig) -> None:
+    ps = plans(total, per_arrival, cfg)
     assert ps[0].emit_start == 0 and ps[-1].emit_end == total and ps[-1].last
     assert all(not p.last for p in ps[:-1])
     for a, b in zip(ps, ps[1:], strict=False):
         assert a.emit_end == b.emit_start  # contiguous, no overlap
     for p in ps:
         assert p.window_start % ALIGN == 0  # attention blocks coincide with the one-shot pass's
-        assert p.window_start == max(0, p.emit_start - CFG.left_context)
-        assert p.window_end == min(total, p.emit_end + CFG.right_context) or p.last
+        assert p.window_start == max(0, p.emit_start - cfg.left_context)
+        assert p.window_end == min(total, p.emit_end + cfg.right_context) or p.last
         assert p.window_start <= p.emit_start < p.emit_end <= p.window_end
-    # Chunk sizes: a small first chunk, then regular ones (the last may take a short tail).
-    assert ps[0].emit_end - ps[0].emit_start <= CFG.first_chunk + CFG.right_context // 2
-    assert all(p.emit_end - p.emit_start <= CFG.chunk + CFG.right_context // 2 for p in ps[1:])
+    # Chunk sizes: each chunk's own (a small first chunk, then regular or growing ones), the last
+    # may take a short tail.
+    for p in ps:
+        size = p.emit_end - p.emit_start
+        assert size == cfg.chunk_at(p.index) or (p.last and size <= cfg.chunk_at(p.index) + cfg.right_context // 2)
+
+
+def test_growing_chunks_double_up_to_the_cap() -> None:
+    assert [GROWING.chunk_at(k) for k in range(7)] == [12, 24, 48, 96, 96, 96, 96]
+    assert GROWING.chunk_at(10**6) == 96 and GROWING.steady_chunk() == 96 == GROWING.largest_chunk()
+    assert [CFG.chunk_at(k) for k in range(4)] == [24, 48, 48, 48]  # max_chunk 0: fixed
+    ps = plans(400, 1000, GROWING)
+    assert [p.emit_end - p.emit_start for p in ps][:5] == [12, 24, 48, 96, 96]
 
 
 @pytest.mark.parametrize(
     "cfg",
-    [CFG, StreamingConfig(first_chunk=12, chunk=12, left_context=48), StreamingConfig(first_chunk=96, left_context=0)],
+    [
+        CFG,
+        StreamingConfig(first_chunk=12, chunk=12, left_context=48),
+        StreamingConfig(first_chunk=96, left_context=0),
+        GROWING,
+        StreamingConfig(first_chunk=12, chunk=12, max_chunk=60, left_context=96),  # the cap before the context
+    ],
 )
 def test_streamed_window_lengths_are_the_windows_streams_get(cfg: StreamingConfig) -> None:
     """What the graph warm-up plans for: every chunk before a stream's last has one of these
@@ -60,7 +78,7 @@ def test_streamed_window_lengths_are_the_windows_streams_get(cfg: StreamingConfi
             seen.update(p.window_end - p.window_start for p in ps[:-1])
             assert all(p.window_end - p.window_start <= max(lengths) for p in ps)
     assert seen == set(lengths) and len(lengths) == len(seen)
-    assert lengths[-1] == cfg.left_context + cfg.chunk + cfg.right_context
+    assert lengths[-1] == cfg.left_context + cfg.steady_chunk() + cfg.right_context
 
 
 def test_a_chunk_waits_for_its_right_context_unless_the_input_is_complete() -> None:
@@ -88,6 +106,8 @@ def test_joiner_emits_every_sample_once_and_crossfades_the_seams() -> None:
         ("first_chunk", 20, "first_chunk"),
         ("left_context", 6, "left_context"),
         ("left_context", 0, "crossfade_ms: longer than the left context"),
+        ("max_chunk", 30, "max_chunk: must be a multiple"),
+        ("max_chunk", 36, "max_chunk: smaller than chunk"),
     ],
 )
 def test_streaming_sizes_are_checked_against_the_model(field: str, value: object, message: str) -> None:

@@ -34,7 +34,8 @@ STREAM_ATOL = 2e-4
 GROUPS = 16
 FRAME = 1920  # samples per frame
 # One frame first (the first audio needs two: code2wav looks a third of a frame ahead), then 6.
-STREAMING = StreamingConfig(first_chunk=16, chunk=96, left_context=0, right_context=16, crossfade_ms=0.0)
+# One frame first, then 2, 4, 8, 8, ... frames (growing chunks, as stage_configs/qwen3_omni.yaml's).
+STREAMING = StreamingConfig(first_chunk=16, chunk=32, max_chunk=128, left_context=0, right_context=16, crossfade_ms=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +145,9 @@ def test_streamed_frame_by_frame_equals_transformers_one_shot(engine: DiffusionE
     got = torch.cat(audio["s"])
     assert got.shape == want.shape == (frames * FRAME - 555,)
     torch.testing.assert_close(got, want, atol=STREAM_ATOL, rtol=0)
-    if frames > 1:  # chunk sizes: one frame first, then the configured chunk
-        assert audio["s"][0].numel() == FRAME
-        assert all(a.numel() == 6 * FRAME for a in audio["s"][1:-1])
+    if frames > 1:  # chunk sizes: one frame first, then the configured growing chunks
+        sizes = [a.numel() for a in audio["s"]]
+        assert sizes[:-1] == [STREAMING.chunk_at(k) // GROUPS * FRAME for k in range(len(sizes) - 1)], sizes
     assert not worker_streams(engine)  # the request's keys, values and history are gone
 
 

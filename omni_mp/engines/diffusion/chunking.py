@@ -1,9 +1,10 @@
 """Streaming windows over a request's input ids, and the joining of their outputs.
 
 Chunk k emits the output of ids [start_k, end_k): a small first chunk, then fixed-size
-chunks. Its trajectory is solved on the window [start_k - left, end_k + right) (clipped to
-the input), whose start is a multiple of the model's block alignment, so the window's
-attention blocks coincide with the one-shot pass's. The noise of every frame is the
+chunks, or chunks that double up to a cap (`StreamingConfig.chunk_at`). Its trajectory is
+solved on the window [start_k - left, end_k + right) (clipped to the input), whose start is a
+multiple of the model's block alignment, so the window's attention blocks coincide with the
+one-shot pass's. The noise of every frame is the
 one-shot noise of that frame (see runner.NoiseStream), so a window differs from the one-shot
 pass only through what it cannot see beyond its edges.
 
@@ -33,9 +34,11 @@ class ChunkPlan:
 
 def check_streaming(cfg: StreamingConfig, align: int, samples_per_input: int, sample_rate: int) -> int:
     """Validate the sizes against the model; returns the crossfade length in samples."""
-    for name in ("first_chunk", "chunk", "left_context", "right_context"):
+    for name in ("first_chunk", "chunk", "max_chunk", "left_context", "right_context"):
         if getattr(cfg, name) % align:
             raise ValueError(f"streaming.{name}: must be a multiple of the model's block alignment ({align} ids)")
+    if cfg.max_chunk and cfg.max_chunk < cfg.chunk:
+        raise ValueError("streaming.max_chunk: smaller than chunk (0 turns growing chunks off)")
     crossfade = round(cfg.crossfade_ms * sample_rate / 1000)
     if crossfade > cfg.left_context * samples_per_input:
         raise ValueError("streaming.crossfade_ms: longer than the left context")
@@ -48,8 +51,7 @@ def next_chunk(cfg: StreamingConfig, index: int, emitted: int, known: int, close
     """The plan of chunk `index` (its output starts at id `emitted`), or None while the ids
     it needs (right context included) have not all arrived. `known` ids have arrived;
     `closed`: no more will come."""
-    size = cfg.first_chunk if index == 0 else cfg.chunk
-    end = emitted + size
+    end = emitted + cfg.chunk_at(index)
     if closed and known <= end + cfg.right_context // 2:
         # The rest fits (a tail shorter than half the right context joins this chunk).
         end = known
@@ -70,19 +72,22 @@ def streamed_window_lengths(cfg: StreamingConfig) -> tuple[int, ...]:
     """The window lengths (in ids) of a stream's chunks before its last one, in the order they
     first occur, the steady-state window last. No chunk's window is longer than the longest of
     them (a last chunk's window ends at `known`, at most `right_context // 2` past the chunk
-    instead of `right_context`, so it is at most its index's). Closed form of `next_chunk` on a stream whose
-    ids keep arriving: chunk 0 is [0, first + right), chunk k >= 1 starts at
-    e = first + (k - 1) * chunk and spans min(e, left) + chunk + right ids."""
+    instead of `right_context`, so it is at most its index's). Closed form of `next_chunk` on a
+    stream whose ids keep arriving: chunk 0 is [0, first + right), chunk k >= 1 starts at e_k
+    (the sizes of the chunks before it) and spans min(e_k, left) + chunk_at(k) + right ids;
+    from the chunk where e_k >= left and the size has settled, every window is the steady one."""
     lengths = [cfg.first_chunk + cfg.right_context]
-    emitted = cfg.first_chunk
+    emitted, index = cfg.first_chunk, 1
     while True:
-        n = min(emitted, cfg.left_context) + cfg.chunk + cfg.right_context
+        size = cfg.chunk_at(index)
+        n = min(emitted, cfg.left_context) + size + cfg.right_context
         if n not in lengths:
             lengths.append(n)
-        if emitted >= cfg.left_context:
+        if emitted >= cfg.left_context and size == cfg.steady_chunk():
             break
-        emitted += cfg.chunk
-    steady = lengths.pop(lengths.index(cfg.left_context + cfg.chunk + cfg.right_context))
+        emitted += size
+        index += 1
+    steady = lengths.pop(lengths.index(cfg.left_context + cfg.steady_chunk() + cfg.right_context))
     return (*lengths, steady)
 
 

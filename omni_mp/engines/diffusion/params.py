@@ -31,6 +31,11 @@ class StreamingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     first_chunk: Annotated[int, Meta(ge=1)] = 24
     chunk: Annotated[int, Meta(ge=1)] = 48
+    # Growing chunks: after the first, chunk sizes double from `chunk` up to `max_chunk`
+    # (0: every later chunk is `chunk`). A model that re-runs context per chunk does less work
+    # per id with long chunks, and a stream that has played its first chunks has the audio
+    # buffered to wait for longer ones, while the first audio stays as soon as before.
+    max_chunk: Annotated[int, Meta(ge=0)] = 0
     left_context: Annotated[int, Meta(ge=0)] = 24
     right_context: Annotated[int, Meta(ge=0)] = 12
     crossfade_ms: Annotated[float, Meta(ge=0.0, le=100.0)] = 10.0
@@ -40,6 +45,21 @@ class StreamingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # long before the previous one has played (9 steps vs 0.96 s of audio). More: a lone request
     # finishes sooner where a step has room to spare.
     max_chunks_in_flight: Annotated[int, Meta(ge=1, le=64)] = 1
+
+    def chunk_at(self, index: int) -> int:
+        """The size of chunk `index` (before its last, which may take a short tail)."""
+        if index == 0:
+            return self.first_chunk
+        if self.max_chunk <= self.chunk:
+            return self.chunk
+        return min(self.max_chunk, self.chunk << min(index - 1, 62))
+
+    def steady_chunk(self) -> int:
+        """The size later chunks settle at."""
+        return max(self.chunk, self.max_chunk)
+
+    def largest_chunk(self) -> int:
+        return max(self.first_chunk, self.steady_chunk())
 
 
 class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -44,7 +44,7 @@ class Qwen25OmniSizing:
         d = stage.diffusion
         repeats = dit.get("repeats", 2)
         s = d.streaming
-        window = max(s.first_chunk, s.chunk) + s.left_context + s.right_context
+        window = s.largest_chunk() + s.left_context + s.right_context
         frames = repeats * (window if d.stream else d.max_input_len)
         hidden = dit.get("hidden_size", 1024)
         dit_bytes = 2 * frames * hidden * (4 + 2 * dit.get("ff_mult", 2)) * 4

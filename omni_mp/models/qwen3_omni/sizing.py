@@ -47,7 +47,7 @@ class Qwen3OmniSizing:
         groups = int(c2w.get("num_quantizers", 16))
         d = stage.diffusion
         s = d.streaming
-        codes = max(s.first_chunk, s.chunk) + s.left_context + s.right_context if d.stream else d.max_input_len
+        codes = s.largest_chunk() + s.left_context + s.right_context if d.stream else d.max_input_len
         frames = -(-codes // groups) + 11  # + the convolutions' left context (code2wav.CONV_LEFT_FRAMES)
         channels, length, widest = int(c2w.get("decoder_dim", 1536)), 1, 0
         for rate in c2w.get("upsampling_ratios", [2, 2]):
