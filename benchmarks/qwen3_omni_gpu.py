@@ -211,7 +211,8 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "id": 2, "model": model, "kind": "diffusion", "devices": devs[2], "inputs": [1],
         "processor": "qwen3_omni_code2wav", "final_output": True, "engine_args": {"max_model_len": 4096},
         "diffusion": {
-            "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, 64), "float32_matmul": args.code2wav_matmul,
+            "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, args.code2wav_max_batch),
+            "float32_matmul": args.code2wav_matmul,
             "streaming": {
                 "first_chunk": 16, "chunk": 16 * args.code2wav_chunk, "max_chunk": 16 * args.code2wav_max_chunk,
                 "left_context": 0, "right_context": 16, "crossfade_ms": 0.0,
@@ -359,7 +360,10 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     if "cold_start_s" in st:
         lines.append(f"\ncold start to Ready (stages start in parallel): {st['cold_start_s']:.1f} s")
     growth = f", doubling up to {args.code2wav_max_chunk}" if args.code2wav_max_chunk > args.code2wav_chunk else ""
-    lines.append(f"code2wav chunks: the first 1 frame, then {args.code2wav_chunk} frames{growth}")
+    lines.append(
+        f"code2wav chunks: the first 1 frame, then {args.code2wav_chunk} frames{growth}; "
+        f"up to {args.code2wav_max_batch} windows a step"
+    )
     lines.append(
         f"code2wav float32 matmuls and convolutions: {args.code2wav_matmul} "
         f"({'exact fp32' if args.code2wav_matmul == 'highest' else 'TF32'})"
@@ -528,6 +532,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="FRAMES",
         help="code2wav's second chunk, in frames (stage_configs/qwen3_omni.yaml's: 12); each chunk re-runs the "
         "convolutions over 11 frames of left context",
+    )
+    p.add_argument(
+        "--code2wav-max-batch",
+        type=int,
+        default=32,
+        help="code2wav windows decoded in one step (stage_configs/qwen3_omni.yaml's: 32, sized for 48-frame chunks)",
     )
     p.add_argument(
         "--code2wav-max-chunk",
