@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 import torch
 import yaml
 
-from omni_mp.config import ConfigError, parse_config
+from omni_mp.config import ConfigError, load_config, parse_config
 from omni_mp.control.memory_budget import (
     DeviceMemory,
     GiB,
@@ -210,3 +211,31 @@ def test_talker_part_with_dummy_weights_on_a_config_only_dir(tmp_path: Path, mon
         talker_view_dir(ckpt)
     view = talker_view_dir(ckpt, require_weights=False)
     assert sorted(p.name for p in view.iterdir()) == ["config.json"]
+
+
+def test_shipped_qwen3_omni_budgets_cover_the_estimate(tmp_path: Path) -> None:
+    """Every memory budget of stage_configs/qwen3_omni.yaml holds the planner's own estimate
+    of its stage on one H200, so the launcher would not refuse the shipped config. The
+    checkpoint is a config-only dir at the released sizes: with no safetensors, each part's
+    weights are its parameter count on the meta device (the planner's fallback). Not vacuous:
+    code2wav at max_batch 64 (twice the activations) is refused, naming stage 2 alone."""
+    from omni_mp.models.qwen3_omni.tiny import released_config
+
+    released_config().save_pretrained(tmp_path)
+    shipped = load_config(REPO / "stage_configs" / "qwen3_omni.yaml")
+    cfg = msgspec.structs.replace(
+        shipped, stages=[msgspec.structs.replace(s, model=str(tmp_path)) for s in shipped.stages]
+    )
+    plan = plan_memory(cfg, H200)  # plans only the stages with a budget: all three
+    assert [p.stage_id for p in plan.stages] == [s.id for s in cfg.stages] == [0, 1, 2]
+    code2wav = cfg.stages[2]
+    assert code2wav.kind == "diffusion" and code2wav.memory is not None and code2wav.diffusion.max_batch < 64
+    assert "code2wav" in plan.stages[2].needs.weight_source
+
+    wider = msgspec.structs.replace(code2wav.diffusion, max_batch=64)
+    refused = msgspec.structs.replace(cfg, stages=[*cfg.stages[:2], msgspec.structs.replace(code2wav, diffusion=wider)])
+    with pytest.raises(MemoryBudgetError) as err:
+        plan_memory(refused, H200)
+    problems = [line.strip() for line in str(err.value).splitlines()[1:]]
+    assert len(problems) == 1, err.value
+    assert problems[0].startswith(f"stage 2: memory.gpu_gib {code2wav.memory.gpu_gib:g} "), err.value
