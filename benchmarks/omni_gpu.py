@@ -325,11 +325,29 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     return {"name": "qwen2_5_omni_bench", "timeouts": {"stage_startup_s": 900}, "stages": stages}
 
 
+class Playback:
+    """A player that starts a request's audio as its first chunk arrives and plays every chunk
+    in order: the silence it would hit after that (a chunk arriving after the audio before it
+    has played out), the stalls a streaming listener hears."""
+
+    def __init__(self) -> None:
+        self.ends_at: float | None = None  # when the audio received so far has played out
+        self.stall_s = 0.0
+        self.stalls = 0
+
+    def chunk(self, now: float, seconds: float) -> None:
+        if self.ends_at is not None and now > self.ends_at:
+            self.stall_s += now - self.ends_at
+            self.stalls += 1
+        self.ends_at = max(now, self.ends_at if self.ends_at is not None else now) + seconds
+
+
 async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:
     from omni_mp.audio import chunk_audio
     from omni_mp.wire.messages import Finished
 
     first, samples, rate, fin = None, 0, SAMPLE_RATE, None
+    playback = Playback()
     async for ev in client.stream(prompt_token_ids=prompt, timeout_s=1800):
         now = time.perf_counter()
         if isinstance(ev, Finished):
@@ -339,6 +357,7 @@ async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:
         if got is not None and got[0].numel():
             first = first if first is not None else now
             samples, rate = samples + got[0].numel(), got[1]
+            playback.chunk(now, got[0].numel() / got[1])
     done = time.perf_counter()
     assert fin is not None
     for out in fin.outputs:  # one-shot stages deliver the audio with Finished
@@ -351,6 +370,7 @@ async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:
         "done_s": done - t0,
         "audio_s": samples / rate,
         "thinker_tokens": entry.num_output_tokens,
+        "stall_s": playback.stall_s,
     }
 
 
@@ -415,6 +435,9 @@ def round_summary(reqs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         "audio_s_per_s": audio / wall,
         "thinker_tok_s": sum(r["thinker_tokens"] for r in reqs) / wall,
         "audio_s_per_request": audio / len(reqs),
+        # silence a listener playing from the first chunk would hear (`Playback`), per request
+        "stall_mean_s": statistics.fmean(r.get("stall_s", 0.0) for r in reqs),
+        "stall_max_s": max(r.get("stall_s", 0.0) for r in reqs),
     }
 
 

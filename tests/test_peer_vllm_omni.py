@@ -309,3 +309,19 @@ def test_closed_loop_rows_beside_omni_mps_and_merged_from_parts(tmp_path: Path) 
     md = "\n".join(peer.peer_table(tmp_path, [8, 32], ours, "qwen3_omni"))
     assert "| 32 | 128 | 3000 / 2700 ms | 400 / 360 ms | 1.000 | 0.400 | 32.00 | 2.5x |" in md
     assert "| 8 | 128 | 1000 / 900 ms | - | 0.500 | - | 16.00 | - |" in md
+
+
+def test_playback_counts_the_silence_a_listener_hears() -> None:
+    """omni_gpu.Playback: a player starting at the first chunk; a chunk that arrives after the
+    audio before it has played out adds the gap as silence, one that arrives in time adds none."""
+    import omni_gpu
+
+    start, first, second = 10.0, 0.08, 1.0
+    p = omni_gpu.Playback()
+    p.chunk(start, first)
+    p.chunk(start + first / 2, second)  # arrives while the first chunk plays
+    assert p.stall_s == 0 and p.stalls == 0
+    ran_out = start + first + second
+    p.chunk(ran_out + 0.42, second)
+    assert p.stalls == 1 and p.stall_s == pytest.approx(0.42)
+    assert p.ends_at == pytest.approx(ran_out + 0.42 + second)
