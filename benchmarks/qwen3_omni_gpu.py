@@ -542,16 +542,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--code2wav-max-batch",
         type=int,
-        default=32,
-        help="code2wav windows decoded in one step (stage_configs/qwen3_omni.yaml's: 32, sized for 48-frame chunks)",
+        default=64,
+        help="code2wav windows decoded in one step (stage_configs/qwen3_omni.yaml's: 64; 32 with --code2wav-max-chunk "
+        "48, whose longer windows need twice the activations)",
     )
     p.add_argument(
         "--code2wav-max-chunk",
         type=int,
-        default=48,
+        default=0,
         metavar="FRAMES",
-        help="later chunks double up to this many frames (stage_configs/qwen3_omni.yaml's: 48); 0: all "
-        "--code2wav-chunk",
+        help="later chunks double up to this many frames (streaming.max_chunk); 0 (stage_configs/qwen3_omni.yaml's): "
+        "all --code2wav-chunk",
     )
     p.add_argument(
         "--closed-loop",

@@ -218,7 +218,8 @@ def test_shipped_qwen3_omni_budgets_cover_the_estimate(tmp_path: Path) -> None:
     of its stage on one H200, so the launcher would not refuse the shipped config. The
     checkpoint is a config-only dir at the released sizes: with no safetensors, each part's
     weights are its parameter count on the meta device (the planner's fallback). Not vacuous:
-    code2wav at max_batch 64 (twice the activations) is refused, naming stage 2 alone."""
+    code2wav with 48-frame chunks (`max_chunk`) at the same max_batch (2.5x the activations)
+    is refused, naming stage 2 alone."""
     from omni_mp.models.qwen3_omni.tiny import released_config
 
     released_config().save_pretrained(tmp_path)
@@ -229,10 +230,11 @@ def test_shipped_qwen3_omni_budgets_cover_the_estimate(tmp_path: Path) -> None:
     plan = plan_memory(cfg, H200)  # plans only the stages with a budget: all three
     assert [p.stage_id for p in plan.stages] == [s.id for s in cfg.stages] == [0, 1, 2]
     code2wav = cfg.stages[2]
-    assert code2wav.kind == "diffusion" and code2wav.memory is not None and code2wav.diffusion.max_batch < 64
+    assert code2wav.kind == "diffusion" and code2wav.memory is not None
     assert "code2wav" in plan.stages[2].needs.weight_source
 
-    wider = msgspec.structs.replace(code2wav.diffusion, max_batch=64)
+    longer = msgspec.structs.replace(code2wav.diffusion.streaming, max_chunk=768)
+    wider = msgspec.structs.replace(code2wav.diffusion, streaming=longer)
     refused = msgspec.structs.replace(cfg, stages=[*cfg.stages[:2], msgspec.structs.replace(code2wav, diffusion=wider)])
     with pytest.raises(MemoryBudgetError) as err:
         plan_memory(refused, H200)

@@ -34,7 +34,7 @@ STREAM_ATOL = 2e-4
 GROUPS = 16
 FRAME = 1920  # samples per frame
 # One frame first (the first audio needs two: code2wav looks a third of a frame ahead), then 6.
-# One frame first, then 2, 4, 8, 8, ... frames (growing chunks, as stage_configs/qwen3_omni.yaml's).
+# One frame first, then 2, 4, 8, 8, ... frames (growing chunks: `max_chunk`).
 STREAMING = StreamingConfig(first_chunk=16, chunk=32, max_chunk=128, left_context=0, right_context=16, crossfade_ms=0.0)
 
 

@@ -40,7 +40,7 @@ CONFIG = REPO / "stage_configs" / "tiny_qwen3_omni.yaml"
 THINKER_TOKENS = 48  # stage 0's max_tokens in the YAML
 TALKER_FRAMES = 512  # stage 1's
 MIN_MARGIN = 1e-5
-# Streamed vs transformers' one-shot waveform (48 frames a reply, in chunks of 1, 12, 24, 11 frames),
+# Streamed vs transformers' one-shot waveform (48 frames a reply, in chunks of 1 and 12 frames),
 # measured over 12 requests (text/audio/image, three speakers) with audio of rms 0.097-0.099:
 # max abs error <= 2.5e-5, relative L2 <= 2.3e-5 (float summation order, amplified by the
 # random tiny weights; code2wav.py). The bounds are 4x that and 1000x below the signal.
