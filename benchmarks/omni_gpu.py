@@ -336,10 +336,13 @@ class Playback:
         self.stalls = 0
 
     def chunk(self, now: float, seconds: float) -> None:
-        if self.ends_at is not None and now > self.ends_at:
+        if self.ends_at is None:  # the first chunk starts playback
+            self.ends_at = now
+        elif now > self.ends_at:  # the audio ran out before this chunk came
             self.stall_s += now - self.ends_at
             self.stalls += 1
-        self.ends_at = max(now, self.ends_at if self.ends_at is not None else now) + seconds
+            self.ends_at = now
+        self.ends_at += seconds
 
 
 async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:

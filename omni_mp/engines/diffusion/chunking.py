@@ -4,9 +4,9 @@ Chunk k emits the output of ids [start_k, end_k): a small first chunk, then fixe
 chunks, or chunks that double up to a cap (`StreamingConfig.chunk_at`). Its trajectory is
 solved on the window [start_k - left, end_k + right) (clipped to the input), whose start is a
 multiple of the model's block alignment, so the window's attention blocks coincide with the
-one-shot pass's. The noise of every frame is the
-one-shot noise of that frame (see runner.NoiseStream), so a window differs from the one-shot
-pass only through what it cannot see beyond its edges.
+one-shot pass's. The noise of every frame is the one-shot noise of that frame (see
+runner.NoiseStream), so a window differs from the one-shot pass only through what it cannot
+see beyond its edges.
 
 Joining: a chunk holds back its last `crossfade` samples; the next chunk renders those
 samples too (they lie in its left context) and the two are crossfaded linearly, so a
