@@ -4,9 +4,11 @@ requests costs the sending and receiving stage in Python, split like the stage t
 
 Per step: N `StageOutputChunk`s of one new token and one hidden row ([1, 3584] bf16, a 7B
 thinker's width) are built (what `StageLoop._step` does), packed (`StageOutputBatch.pack`:
-one row buffer), encoded (`codec.encode`: validation + msgpack + tensor headers), decoded
-(`codec.decode`) and unpacked (`StageOutputBatch.unpacked`: views per chunk). No sockets: the
-bytes on the wire are one small body and one row buffer, whatever N.
+one row buffer, the chunks as columns), encoded (`codec.encode`: validation + msgpack +
+tensor headers), decoded (`codec.decode`) and unpacked (`StageOutputBatch.unpacked`: views
+per chunk). A thinker is also a final stage: "events" is the copy of the step for the
+coordinator, tokens only (no request asked for rows), built, packed and encoded. No sockets:
+the bytes on the wire are one small body and one row buffer, whatever N.
 
     python benchmarks/step_metadata.py [--requests 1,8,32,64] [--width 3584] [--steps 300]
 """
@@ -19,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -49,7 +52,17 @@ def one_step(n: int, rows: torch.Tensor, step: int) -> dict[str, float]:
     out = got.unpacked()
     t5 = time.perf_counter()
     assert len(out) == n and out[-1].hidden is not None and out[-1].hidden.last is not None
-    return {"build": t1 - t0, "pack": t2 - t1, "encode": t3 - t2, "decode": t4 - t3, "unpack": t5 - t4}
+    events = encode(StageOutputBatch.pack([msgspec.structs.replace(c, hidden=None) for c in chunks]))
+    t6 = time.perf_counter()
+    assert len(events) == 1  # no tensors
+    return {
+        "build": t1 - t0,
+        "pack": t2 - t1,
+        "encode": t3 - t2,
+        "decode": t4 - t3,
+        "unpack": t5 - t4,
+        "events": t6 - t5,
+    }
 
 
 def main() -> None:
@@ -60,18 +73,18 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"# per step, median of {args.steps} steps (microseconds); hidden width {args.width} bf16")
-    print("| requests | build | pack | encode | sender total | decode | unpack | receiver total |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| requests | build | pack | encode | events | sender total | decode | unpack | receiver total |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.requests.split(",")):
         rows = torch.randn(n, args.width).to(torch.bfloat16)
         for s in range(20):
             one_step(n, rows, s)
         runs = [one_step(n, rows, s) for s in range(args.steps)]
         med = {k: 1e6 * statistics.median(r[k] for r in runs) for k in runs[0]}
-        send = med["build"] + med["pack"] + med["encode"]
+        send = med["build"] + med["pack"] + med["encode"] + med["events"]
         recv = med["decode"] + med["unpack"]
         print(
-            f"| {n} | {med['build']:.0f} | {med['pack']:.0f} | {med['encode']:.0f} | {send:.0f} "
+            f"| {n} | {med['build']:.0f} | {med['pack']:.0f} | {med['encode']:.0f} | {med['events']:.0f} | {send:.0f} "
             f"| {med['decode']:.0f} | {med['unpack']:.0f} | {recv:.0f} |"
         )
 

@@ -102,7 +102,7 @@ async def run_requests(endpoint: str) -> list[dict[str, Any]]:
         }
         tokens: dict[int, list[int]] = {0: [], 1: []}
         rows: dict[str, list[torch.Tensor]] = {}
-        async for ev in client.stream(PROMPTS[i], sampling=sampling, timeout_s=600):
+        async for ev in client.stream(PROMPTS[i], sampling=sampling, hidden_states=True, timeout_s=600):
             if isinstance(ev, Finished):
                 break
             assert isinstance(ev, StageOutputChunk)

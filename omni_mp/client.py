@@ -273,6 +273,7 @@ class AsyncOmniClient:
         request_id: str | None = None,
         timeout_s: float | None = None,
         final_stages: Sequence[int] = (),
+        hidden_states: bool = False,
         _stream: bool = True,
     ) -> AsyncIterator[StageOutputChunk | Finished]:
         """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
@@ -287,7 +288,9 @@ class AsyncOmniClient:
         TimeoutError), for a coordinator that is gone; `deadline_s` is enforced by the
         pipeline itself. `sampling` values may also be dicts of SamplingParamsMsg fields.
         `final_stages`: the outputs wanted (default: every final stage); only those stages
-        and the ones upstream of them run the request.
+        and the ones upstream of them run the request. `hidden_states`: the chunks of final
+        stages that emit hidden states (`hidden_states:` in their config) carry them (`hidden`);
+        streaming only, since `generate` returns no per-step rows.
         Bad arguments raise `InvalidRequest` (a ValueError, and a RequestError with code
         `invalid_input`) naming them: before anything is sent, or, for what only the pipeline
         knows (a stage id it lacks, a prompt too long), from its answer.
@@ -300,6 +303,8 @@ class AsyncOmniClient:
             check_seconds("timeout_s", timeout_s)
             if rid in self._queues:
                 raise ValueError(f"`request_id` {rid!r} is already in flight on this client")
+            if hidden_states and not _stream:
+                raise ValueError("`hidden_states`: hidden rows arrive in streamed chunks; use stream()")
             submit = Submit(
                 request_id=rid,
                 prompt=prompt,
@@ -314,6 +319,7 @@ class AsyncOmniClient:
                 deadline_s=deadline_s,
                 stream=_stream,
                 final_stages=list(final_stages),
+                hidden_states=bool(hidden_states),
             )
         except ValueError as err:  # (AudioFileError and PayloadError are ValueErrors too)
             raise InvalidRequest.refused(rid, err) from None
@@ -458,9 +464,7 @@ class OmniClient:
         finally:
             self._call(agen.aclose())  # runs the stream's finally: the abort, if unfinished
 
-    def stream_audio(
-        self, prompt: str | None = None, **kwargs: Any
-    ) -> Iterator[tuple[torch.Tensor | np.ndarray, int]]:
+    def stream_audio(self, prompt: str | None = None, **kwargs: Any) -> Iterator[tuple[torch.Tensor | np.ndarray, int]]:
         """PCM chunks (float32 samples, sample rate) of an audio stage, as they are produced."""
         events = self.stream(prompt, **kwargs)
         try:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from omni_mp.client import AsyncOmniClient, OmniClient
+from omni_mp.client import AsyncOmniClient, InvalidRequest, OmniClient, RequestError
 from omni_mp.models.registry import resolve_model
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_same_tokens, embed_rows, greedy, greedy_hidden, talker_greedy, tokenize
@@ -51,7 +51,12 @@ def test_hidden_states_match_transformers(hidden_pipeline: ServedPipeline) -> No
         for prompt, n in [("Hello world, how are you?", 12), ("The quick brown fox", 20)]:
             ids = tokenize(model, prompt)
             events = list(
-                client.stream(prompt, sampling={0: SamplingParamsMsg(max_tokens=n, ignore_eos=True)}, timeout_s=120)
+                client.stream(
+                    prompt,
+                    sampling={0: SamplingParamsMsg(max_tokens=n, ignore_eos=True)},
+                    hidden_states=True,
+                    timeout_s=120,
+                )
             )
             tokens, hidden = collect(events)
             want_tokens, want_layers = greedy_hidden(model, ids, n)
@@ -75,7 +80,7 @@ def test_concurrent_requests_each_get_their_own_hidden_states(hidden_pipeline: S
 
             async def one(p: str, n: int) -> list[StageOutputChunk | Finished]:
                 sampling = {0: SamplingParamsMsg(max_tokens=n, ignore_eos=True)}
-                return [e async for e in ac.stream(p, sampling=sampling, timeout_s=180)]
+                return [e async for e in ac.stream(p, sampling=sampling, hidden_states=True, timeout_s=180)]
 
             return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths, strict=True)))
 
@@ -85,6 +90,35 @@ def test_concurrent_requests_each_get_their_own_hidden_states(hidden_pipeline: S
         want_tokens, want_layers = greedy_hidden(model, ids, n)
         assert tokens == want_tokens, prompt
         torch.testing.assert_close(hidden["hidden_states"], want_layers[-1], atol=ATOL, rtol=0)
+
+
+def test_hidden_rows_reach_a_client_only_when_its_request_asks(hidden_pipeline: ServedPipeline) -> None:
+    """Two streams at once on one stage, one asking for hidden rows: it gets all of them, the
+    other the same tokens and no rows. A request that cannot get them is refused, naming why."""
+    model = resolve_model("tiny-qwen2")
+    prompt, n = "Hello world, how are you?", 10
+    sampling = {0: SamplingParamsMsg(max_tokens=n, ignore_eos=True)}
+
+    async def run() -> tuple[list[StageOutputChunk | Finished], list[StageOutputChunk | Finished]]:
+        async with AsyncOmniClient(hidden_pipeline.endpoint) as ac:
+
+            async def one(rows: bool) -> list[StageOutputChunk | Finished]:
+                return [e async for e in ac.stream(prompt, sampling=sampling, hidden_states=rows, timeout_s=180)]
+
+            asked, plain = await asyncio.gather(one(True), one(False))
+            return asked, plain
+
+    asked, plain = asyncio.run(run())
+    want_tokens, want_layers = greedy_hidden(model, tokenize(model, prompt), n)
+    tokens, hidden = collect(asked)
+    assert tokens == want_tokens
+    torch.testing.assert_close(hidden["hidden_states"], want_layers[-1], atol=ATOL, rtol=0)
+    tokens, hidden = collect(plain)
+    assert tokens == want_tokens and hidden == {}
+    assert all(e.hidden is None for e in plain if isinstance(e, StageOutputChunk))
+    with OmniClient(hidden_pipeline.endpoint) as client:
+        with pytest.raises(InvalidRequest, match="hidden rows arrive in streamed chunks"):
+            client.generate(prompt, hidden_states=True, timeout_s=60)
 
 
 def test_prompt_embeds_equal_to_token_embeddings_give_the_same_tokens(hidden_pipeline: ServedPipeline) -> None:
@@ -136,6 +170,23 @@ def test_thinker_talker_matches_transformers(thinker_talker: ServedPipeline) -> 
             assert out[0] == want0
             # The talker outlives the thinker's reply (24 > 15 rows): the tail uses the zero fill.
             assert_same_tokens(out[1], want1, margins, f"talker({prompt!r})")
+
+
+def test_hidden_rows_go_downstream_whether_or_not_a_client_asks(thinker_talker: ServedPipeline) -> None:
+    """The talker gets the thinker's rows for a request that did not ask for them (its tokens
+    match the oracle); the client's stream carries none. Asking for rows of a final stage
+    that emits none is refused before any stage works on the request."""
+    with OmniClient(thinker_talker.endpoint) as client:
+        events = list(client.stream("The quick brown fox", timeout_s=120))
+        with pytest.raises(RequestError, match=r"none of the final stages \[1\] emits hidden states"):
+            list(client.stream("The quick brown fox", final_stages=[1], hidden_states=True, timeout_s=60))
+    assert all(e.hidden is None for e in events if isinstance(e, StageOutputChunk))
+    done = events[-1]
+    assert isinstance(done, Finished)
+    out = {o.stage_id: o.token_ids for o in done.outputs}
+    want0, want1, margins = thinker_talker_oracle("The quick brown fox", 16, 24)
+    assert out[0] == want0
+    assert_same_tokens(out[1], want1, margins, "talker, rows not asked for")
 
 
 def test_talker_streams_while_the_thinker_writes(thinker_talker: ServedPipeline) -> None:

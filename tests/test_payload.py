@@ -116,29 +116,65 @@ def hidden_rows(start: int, n: int, layers: tuple[int, ...] = (1,)) -> HiddenRow
 def test_packed_batch_restores_each_chunks_rows_and_rejects_bad_ranges() -> None:
     positions = MRopePositions(torch.arange(15).reshape(3, 5), -2)
     chunks = [
-        StageOutputChunk(request_id=f"q{i}", stage_id=0, token_ids=[i], hidden=hidden_rows(i, n))
+        StageOutputChunk(request_id=f"q{i}", stage_id=3, token_ids=[i] * (i + 1), hidden=hidden_rows(i, n))
         for i, n in enumerate([5, 1, 0, 2])
-    ] + [StageOutputChunk(request_id="plain", stage_id=0, token_ids=[9])]
+    ] + [
+        StageOutputChunk(request_id="plain", stage_id=3, token_ids=[9]),
+        StageOutputChunk(request_id="end", stage_id=3, token_ids=[], finished=True, finish_reason="stop"),
+    ]
     chunks[0].hidden.mrope = positions
-    want = [(c.hidden.start, c.hidden.last.clone(), c.hidden.layers[0].rows.clone()) for c in chunks[:4]]
+    want = {c.request_id: (c.hidden.start, c.hidden.last.clone(), c.hidden.layers[0].rows.clone()) for c in chunks[:4]}
+    tokens = {c.request_id: list(c.token_ids) for c in chunks}
     batch = StageOutputBatch.pack(chunks)
+    # Tokens-and-rows chunks travel as columns; the first chunk (M-RoPE positions), the one
+    # with no rows and the last one (an end) stay chunks.
+    assert batch.columns is not None and batch.columns.request_ids == ["q1", "q3", "plain"]
+    assert [c.request_id for c in batch.chunks] == ["q0", "q2", "end"]
     frames = encode(batch)
     assert len(frames) == 1 + 2 + 1  # one buffer per layer for the whole step, plus the positions
-    out = decode(frames).unpacked()
-    for chunk, (start, last, layer1) in zip(out[:4], want, strict=True):
-        assert chunk.hidden.packed is None and chunk.hidden.start == start
-        assert same_bits(chunk.hidden.last, last)
-        assert [lr.layer for lr in chunk.hidden.layers] == [1] and same_bits(chunk.hidden.layers[0].rows, layer1)
-    assert same_bits(out[0].hidden.mrope.positions, positions.positions) and out[0].hidden.mrope.delta == -2
-    assert out[4].hidden is None and out[4].token_ids == [9]
-    bad = decode(
-        encode(StageOutputBatch.pack([StageOutputChunk(request_id="q", stage_id=0, hidden=hidden_rows(0, 2))]))
-    )
+    out = {c.request_id: c for c in decode(frames).unpacked()}
+    assert sorted(out) == sorted(tokens)
+    for rid, chunk in out.items():
+        assert chunk.stage_id == 3 and chunk.token_ids == tokens[rid]
+    for rid, (start, last, layer1) in want.items():
+        h = out[rid].hidden
+        assert h.packed is None and h.start == start
+        assert same_bits(h.last, last)
+        assert [lr.layer for lr in h.layers] == [1] and same_bits(h.layers[0].rows, layer1)
+    assert same_bits(out["q0"].hidden.mrope.positions, positions.positions) and out["q0"].hidden.mrope.delta == -2
+    assert out["plain"].hidden is None and out["end"].finished and out["end"].finish_reason == "stop"
+
+    def fresh() -> StageOutputBatch:
+        two = [
+            StageOutputChunk(request_id="q", stage_id=0, token_ids=[1], hidden=hidden_rows(0, 2)),
+            StageOutputChunk(request_id="m", stage_id=0, hidden=hidden_rows(0, 1)),
+        ]
+        two[1].hidden.mrope = MRopePositions(torch.zeros(3, 0, dtype=torch.int64), 0)
+        return decode(encode(StageOutputBatch.pack(two)))
+
+    bad = fresh()
     bad.chunks[0].hidden.packed = RowRange(1, 5)
     with pytest.raises(
-        PayloadError, match=r"chunks\[0\]\.hidden\.packed: \[1, 5\) is not a row range \(2 packed rows\)"
+        PayloadError, match=r"chunks\[0\]\.hidden\.packed: \[1, 5\) is not a row range \(3 packed rows\)"
     ):
         bad.unpacked()
+    bad = fresh()
+    bad.columns.row_counts = [4]
+    with pytest.raises(PayloadError, match=r"columns\.row_counts: sum to 4, 3 packed rows sent"):
+        bad.unpacked()
+    bad = fresh()
+    bad.columns.token_counts = [2]
+    with pytest.raises(PayloadError, match=r"columns\.token_counts: sum to 2, 1 token ids sent"):
+        bad.unpacked()
+    bad = fresh()
+    bad.columns.row_starts = [0, 0]
+    with pytest.raises(PayloadError, match=r"columns\.row_starts: 2 entries for 1 requests"):
+        bad.unpacked()
+    # A column's request id is checked while the body decodes, like a chunk's.
+    batch = StageOutputBatch.pack([StageOutputChunk(request_id="q", stage_id=0, token_ids=[1])])
+    batch.columns.request_ids = ["bad id"]
+    with pytest.raises(PayloadError, match=r"regex .* at `\$\.columns\.request_ids\[0\]`"):
+        decode(encode(batch))
 
 
 def test_hidden_rows_shapes_are_checked_before_any_tensor_exists() -> None:

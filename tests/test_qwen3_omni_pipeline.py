@@ -124,6 +124,7 @@ def _stream(client: OmniClient, name: str, speaker: str, **kw: Any) -> Run:
         images=[torch.from_numpy(case["image"])] if "image" in case else [],
         speaker=speaker,
         deadline_s=900,
+        hidden_states=True,  # the talker's rows: each frame's 16 codes
         **kw,
     )
     return Run(list(events))

@@ -100,6 +100,7 @@ def _stream(client: OmniClient, case: dict[str, Any], **kw: Any) -> Streamed:
             audios=[(torch.from_numpy(case["audio"]), 16_000)] if "audio" in case else [],
             images=[torch.from_numpy(case["image"])] if "image" in case else [],
             deadline_s=600,
+            hidden_states=True,
             **kw,
         )
     )

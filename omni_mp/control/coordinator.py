@@ -321,7 +321,7 @@ class Coordinator:
         if chunk.finished:
             res.text = chunk.text
             res.finish_reason = chunk.finish_reason
-        if req.stream:  # as the stage sent it (hidden states included), under the client's id
+        if req.stream:  # as the stage sent it (hidden rows only if asked for), under the client's id
             try:
                 sent = self.clients.send(
                     req.client, msgspec.structs.replace(chunk, request_id=req.request_id), droppable=True
@@ -493,6 +493,7 @@ class Coordinator:
                     params=msg.params,
                     sampling_params=sampling.get(stage.id, stage.sampling),
                     deadline_s=left,
+                    hidden_states=msg.hidden_states and stage.final_output,
                 )
             )
 

@@ -76,7 +76,22 @@ def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMs
             raise Rejected("invalid_input", f"`final_stages`: stage {sid} is not a final stage (final: {finals})")
     if len(set(msg.final_stages)) != len(msg.final_stages):
         raise Rejected("invalid_input", "`final_stages`: a stage id is given twice")
+    if msg.hidden_states:
+        _check_hidden_states(cfg, msg)
     return sampling
+
+
+def _check_hidden_states(cfg: PipelineConfig, msg: Submit) -> None:
+    """`hidden_states` asks the final stages for rows that only streamed chunks carry."""
+    if not msg.stream:
+        raise Rejected("invalid_input", "`hidden_states`: hidden rows arrive in streamed chunks; stream the request")
+    wanted = set(msg.final_stages) or {s.id for s in cfg.final_stages}
+    if not any(s.hidden_states is not None for s in cfg.final_stages if s.id in wanted):
+        raise Rejected(
+            "invalid_input",
+            f"`hidden_states`: none of the final stages {sorted(wanted)} emits hidden states "
+            "(`hidden_states:` in its config)",
+        )
 
 
 def _check_media_sizes(cfg: PipelineConfig, media: MultiModalInput) -> None:

@@ -68,8 +68,10 @@ class StageLoop:
         # The voices this stage can speak in (None: it does not speak), checked at registration
         # so a bad name fails the request before any stage works on it.
         self.speakers = (self.processor.speakers if self.processor else None) or engine.speakers
-        # Its hidden rows travel packed: one tensor per layer and step, not per request.
+        # Its hidden rows go to the stages that take its output (packed: one tensor per layer
+        # and step), and to a client only for the requests that asked (Submit.hidden_states).
         self.emits_hidden = stage.hidden_states is not None
+        self.has_downstream = any(stage.id in s.inputs for s in cfg.stages)
         self.requests: dict[str, StageRequestState] = {}
         self.orphans = OrphanChunks()
         self.ended = EndedRequests()
@@ -130,6 +132,7 @@ class StageLoop:
             deadline=None if msg.deadline_s is None else time.monotonic() + msg.deadline_s,
             inputs=list(self.stage.inputs),
             ctx=RequestContext(speaker=msg.speaker, params=msg.params),
+            hidden_to_client=msg.hidden_states,
         )
         self.requests[rid] = state
         try:  # checked at registration: a bad request fails before any stage works on it
@@ -295,6 +298,8 @@ class StageLoop:
             if rid in self.requests:
                 self._fail(rid, "internal_error", f"stage {self.stage.id}: {reason}")
         chunks: list[StageOutputChunk] = []
+        to_client: list[StageOutputChunk] = []  # a final stage's chunks, hidden rows only where asked for
+        split = self.emits_hidden and self.stage.final_output
         done: list[StageDone] = []
         rows = 0
         for out in outputs:
@@ -308,27 +313,34 @@ class StageLoop:
             first = not state.sent_first
             state.sent_first = True
             final_text = out.finished and self.stage.final_output
-            chunks.append(
-                StageOutputChunk(
-                    request_id=out.request_id,
-                    stage_id=self.stage.id,
-                    token_ids=out.new_token_ids,
-                    prompt_token_ids=state.prompt_token_ids if first else None,
-                    hidden=out.hidden,
-                    additional_information=out.info,  # e.g. a diffusion stage's audio chunk
-                    finished=out.finished,
-                    finish_reason=out.finish_reason,
-                    text=self.engine.decode(state.output_token_ids) if final_text else None,
-                )
+            chunk = StageOutputChunk(
+                request_id=out.request_id,
+                stage_id=self.stage.id,
+                token_ids=out.new_token_ids,
+                prompt_token_ids=state.prompt_token_ids if first else None,
+                hidden=out.hidden,
+                additional_information=out.info,  # e.g. a diffusion stage's audio chunk
+                finished=out.finished,
+                finish_reason=out.finish_reason,
+                text=self.engine.decode(state.output_token_ids) if final_text else None,
             )
+            chunks.append(chunk)
+            if split:  # a copy either way: packing rewrites a chunk's `hidden`
+                hidden = out.hidden if state.hidden_to_client else None
+                to_client.append(msgspec.structs.replace(chunk, hidden=hidden))
             if out.finished:
                 self._end(out.request_id, in_engine=False)
                 done.append(self._done(state, out.finish_reason, now))
         step = self.timeline.steps
         self.timeline.steps += 1
-        if chunks:
-            batch = StageOutputBatch.pack(chunks) if self.emits_hidden else StageOutputBatch(chunks)
-            self._queue(Outgoing(batch, to_events=self.stage.final_output, downstream=True, step=step))
+        if chunks and not split:
+            self._queue(
+                Outgoing(StageOutputBatch.pack(chunks), to_events=self.stage.final_output, downstream=True, step=step)
+            )
+        elif chunks:
+            if self.has_downstream:
+                self._queue(Outgoing(StageOutputBatch.pack(chunks), to_events=False, downstream=True, step=step))
+            self._queue(Outgoing(StageOutputBatch.pack(to_client), to_events=True, downstream=False, step=step))
         for msg in done:  # after the chunks: the coordinator reads them in this order
             self._emit(msg)
         if executed or chunks:

@@ -34,6 +34,7 @@ class StageRequestState:
     t_registered: float = field(default_factory=time.time)
     t_started: float | None = None
     t_first_token: float | None = None
+    hidden_to_client: bool = False  # a final stage streams this request's hidden rows to its client too
 
     def add_upstream(self, chunk: StageOutputChunk) -> None:
         """Accumulate an upstream chunk; raises ProcessorError on inconsistent hidden states."""

@@ -218,14 +218,15 @@ def split_unsendable(msg: Message, err: PayloadError, limits: Limits) -> tuple[M
     names no request (a stage bug, not a request's data) raises `err` again."""
     if isinstance(msg, StageOutputBatch):
         failed: dict[str, str] = {}
-        for chunk in msg.chunks:
+        chunks = msg.unpacked()  # each chunk with its own rows, to be checked on its own
+        for chunk in chunks:
             try:
                 _check(chunk, limits, True)
             except PayloadError as chunk_err:
                 failed.setdefault(chunk.request_id, str(chunk_err))
-        keep = [chunk for chunk in msg.chunks if chunk.request_id not in failed]
+        keep = [chunk for chunk in chunks if chunk.request_id not in failed]
         if failed and keep:
-            return StageOutputBatch(chunks=keep, packed=msg.packed), failed
+            return StageOutputBatch.pack(keep), failed
         return None, failed | {chunk.request_id: str(err) for chunk in keep}
     request_id = getattr(msg, "request_id", None)
     if request_id is None:
