@@ -129,11 +129,12 @@ def test_packed_batch_restores_each_chunks_rows_and_rejects_bad_ranges() -> None
     # Tokens-and-rows chunks travel as columns; the first chunk (M-RoPE positions), the one
     # with no rows and the last one (an end) stay chunks.
     assert batch.columns is not None and batch.columns.request_ids == ["q1", "q3", "plain"]
-    assert [c.request_id for c in batch.chunks] == ["q0", "q2", "end"]
+    assert [c.request_id for c in batch.chunks] == ["q0", "q2", "end"] and batch.chunks_at == [0, 2, 5]
     frames = encode(batch)
     assert len(frames) == 1 + 2 + 1  # one buffer per layer for the whole step, plus the positions
-    out = {c.request_id: c for c in decode(frames).unpacked()}
-    assert sorted(out) == sorted(tokens)
+    got = decode(frames).unpacked()
+    assert [c.request_id for c in got] == list(tokens)  # the step's order, columns or not
+    out = {c.request_id: c for c in got}
     for rid, chunk in out.items():
         assert chunk.stage_id == 3 and chunk.token_ids == tokens[rid]
     for rid, (start, last, layer1) in want.items():
@@ -165,6 +166,14 @@ def test_packed_batch_restores_each_chunks_rows_and_rejects_bad_ranges() -> None
     bad = fresh()
     bad.columns.token_counts = [2]
     with pytest.raises(PayloadError, match=r"columns\.token_counts: sum to 2, 1 token ids sent"):
+        bad.unpacked()
+    bad = fresh()
+    bad.chunks_at = [1, 1]
+    with pytest.raises(PayloadError, match=r"chunks_at: 2 positions for 1 chunks, not increasing within 0\.\.1"):
+        bad.unpacked()
+    bad = fresh()
+    bad.chunks_at = [2]
+    with pytest.raises(PayloadError, match=r"chunks_at: 1 positions for 1 chunks"):
         bad.unpacked()
     bad = fresh()
     bad.columns.row_starts = [0, 0]

@@ -63,9 +63,9 @@ def client(pipeline: ServedPipeline) -> Iterator[RawClient]:
     c.close()
 
 
-def submit(c: RawClient, rid: str, prompt: str, p: ImageParams | dict[str, Any]) -> None:
+def submit(c: RawClient, rid: str, prompt: str, p: ImageParams | dict[str, Any], rows: bool = False) -> None:
     params = p if isinstance(p, dict) else msgspec.to_builtins(p)
-    c.send(Submit(request_id=rid, prompt=prompt, params=params, stream=True, deadline_s=300))
+    c.send(Submit(request_id=rid, prompt=prompt, params=params, stream=True, deadline_s=300, hidden_states=rows))
 
 
 def image_of(c: RawClient, rid: str) -> torch.Tensor:
@@ -87,7 +87,7 @@ def test_encoder_rows_match_diffusers_prompt_embeddings(client: RawClient, pipe:
     two sequences), each after the template's drop, vs diffusers' prompt embeddings and mask."""
     prompt, negative = "a red cube on a blue table, next to a small cat", "blurry"
     p = ImageParams(height=32, width=32, num_inference_steps=2, seed=0, negative_prompt=negative)
-    submit(client, "rows", prompt, p)
+    submit(client, "rows", prompt, p, rows=True)  # stage 0 is final: its rows come to us when asked
     assert isinstance(client.wait_terminal("rows", 300), Finished)
     enc = [e for e in client.events["rows"] if isinstance(e, StageOutputChunk) and e.stage_id == 0]
     assert len(enc) == 1 and enc[0].finished and enc[0].hidden is not None and enc[0].prompt_token_ids

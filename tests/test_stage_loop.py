@@ -181,7 +181,7 @@ def test_the_harness_stage_is_exact(harness: Harness) -> None:
         t
         for m in harness.seen
         if isinstance(m, StageOutputBatch)
-        for c in m.chunks
+        for c in m.unpacked()
         if c.request_id == "r"
         for t in c.token_ids
     ]

@@ -71,7 +71,6 @@ class StageLoop:
         # Its hidden rows go to the stages that take its output (packed: one tensor per layer
         # and step), and to a client only for the requests that asked (Submit.hidden_states).
         self.emits_hidden = stage.hidden_states is not None
-        self.has_downstream = any(stage.id in s.inputs for s in cfg.stages)
         self.requests: dict[str, StageRequestState] = {}
         self.orphans = OrphanChunks()
         self.ended = EndedRequests()
@@ -338,8 +337,7 @@ class StageLoop:
                 Outgoing(StageOutputBatch.pack(chunks), to_events=self.stage.final_output, downstream=True, step=step)
             )
         elif chunks:
-            if self.has_downstream:
-                self._queue(Outgoing(StageOutputBatch.pack(chunks), to_events=False, downstream=True, step=step))
+            self._queue(Outgoing(StageOutputBatch.pack(chunks), to_events=False, downstream=True, step=step))
             self._queue(Outgoing(StageOutputBatch.pack(to_client), to_events=True, downstream=False, step=step))
         for msg in done:  # after the chunks: the coordinator reads them in this order
             self._emit(msg)

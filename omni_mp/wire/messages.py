@@ -290,20 +290,30 @@ class StageOutputBatch(MessageBase):
 
     `pack()` builds the compact form: the chunks' hidden rows concatenated in `packed` (see
     PackedRows) and the plain chunks (tokens and rows only, the common case) as `columns`;
-    `unpacked()` gives every chunk back, its rows as views of the packed ones."""
+    `unpacked()` gives every chunk back, in the step's order, its rows as views of the packed
+    ones. (Order matters: a request's companion prompts are chunks of the same request in the
+    same step, and their rows follow the prompt's.)"""
 
     chunks: Annotated[list[StageOutputChunk], Meta(max_length=MAX_BATCH)]
     packed: PackedRows | None = None
     stage_id: StageId = 0  # of the columns' chunks
     columns: StepColumns | None = None
+    chunks_at: Counts = []  # with columns: where each of `chunks` is in the step's order
 
     @classmethod
     def pack(cls, chunks: list[StageOutputChunk]) -> StageOutputBatch:
         """The compact form of a step's chunks (one stage's; every chunk's rows have the same
         layers). Plain chunks go into `columns` and their rows first into `packed`; the other
         chunks stay chunks, their rows after those, named by `hidden.packed`."""
-        plain = [c for c in chunks if _is_plain(c)]
-        rest = [c for c in chunks if not _is_plain(c)] if len(plain) < len(chunks) else []
+        plain: list[StageOutputChunk] = []
+        rest: list[StageOutputChunk] = []
+        at: list[int] = []
+        for i, c in enumerate(chunks):
+            if _is_plain(c):
+                plain.append(c)
+            else:
+                rest.append(c)
+                at.append(i)
         last: list[Any] = []
         layers: dict[int, list[Any]] = {}
         row = 0
@@ -344,14 +354,16 @@ class StageOutputBatch(MessageBase):
         packed = None
         if last:
             packed = PackedRows(last=_concat(last), layers=[LayerRows(k, _concat(v)) for k, v in layers.items()])
-        return cls(chunks=rest, packed=packed, stage_id=chunks[0].stage_id if plain else 0, columns=columns)
+        if not plain:
+            return cls(chunks=rest, packed=packed)
+        return cls(chunks=rest, packed=packed, stage_id=plain[0].stage_id, columns=columns, chunks_at=at)
 
     def unpacked(self) -> list[StageOutputChunk]:
-        """Every chunk, with its rows as views of the packed ones (the column chunks first);
-        PayloadError on columns or row ranges that do not add up."""
+        """Every chunk in the step's order, its rows as views of the packed ones; PayloadError
+        on columns, positions or row ranges that do not add up."""
         packed = self.packed
         available = 0 if packed is None else packed.last.shape[0]
-        out: list[StageOutputChunk] = []
+        out: list[StageOutputChunk] = []  # the column chunks, then merged with `chunks`
         col = self.columns
         if col is not None:
             n = len(col.request_ids)
@@ -404,7 +416,18 @@ class StageOutputBatch(MessageBase):
                     layers=[LayerRows(lr.layer, lr.rows[rr.start : rr.stop]) for lr in packed.layers],
                     packed=None,
                 )
-            out.append(chunk)
+        at = self.chunks_at
+        if col is None and not at:
+            return self.chunks
+        total = len(out) + len(self.chunks)
+        increasing = all(a < b for a, b in zip(at, at[1:], strict=False))
+        if col is None or len(at) != len(self.chunks) or not increasing or (at and at[-1] >= total):
+            raise PayloadError(
+                f"StageOutputBatch.chunks_at: {len(at)} positions for {len(self.chunks)} chunks, "
+                f"not increasing within 0..{total - 1}"
+            )
+        for i, chunk in zip(at, self.chunks, strict=True):
+            out.insert(i, chunk)
         return out
 
 
