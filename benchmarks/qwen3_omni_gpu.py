@@ -356,7 +356,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         t = tr["thinker"]
         lines.append(
             f"\nthinker -> talker per thinker step (c={max(args.concurrency)}): build + send p50 "
-            f"{t['build_send_us_p50']:.0f} us, {t['wire_bytes_p50'] / 1024:.1f} KiB on the wire p50 "
+            f"{t['build_send_us_p50']:.0f} us ({t.get('build_send_cpu_us_p50', float('nan')):.0f} us of CPU), "
+            f"{t['wire_bytes_p50'] / 1024:.1f} KiB on the wire p50 "
             f"({t['rows_per_step_mean']:.1f} rows of the last layer and layer {st.get('layer')} per step); "
             f"thinker step p50 {t['step_ms_p50']:.2f} ms"
         )

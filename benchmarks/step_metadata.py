@@ -7,7 +7,8 @@ thinker's width) are built (what `StageLoop._step` does), packed (`StageOutputBa
 one row buffer, the chunks as columns), encoded (`codec.encode`: validation + msgpack +
 tensor headers), decoded (`codec.decode`) and unpacked (`StageOutputBatch.unpacked`: views
 per chunk). A thinker is also a final stage: "events" is the copy of the step for the
-coordinator, tokens only (no request asked for rows), built, packed and encoded. No sockets:
+coordinator, tokens only (no request asked for rows: `pack(chunks, rows_for=())`), packed
+and encoded. No sockets:
 the bytes on the wire are one small body and one row buffer, whatever N.
 
     python benchmarks/step_metadata.py [--requests 1,8,32,64] [--width 3584] [--steps 300]
@@ -21,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,7 +52,7 @@ def one_step(n: int, rows: torch.Tensor, step: int) -> dict[str, float]:
     out = got.unpacked()
     t5 = time.perf_counter()
     assert len(out) == n and out[-1].hidden is not None and out[-1].hidden.last is not None
-    events = encode(StageOutputBatch.pack([msgspec.structs.replace(c, hidden=None) for c in chunks]))
+    events = encode(StageOutputBatch.pack(chunks, rows_for=()))
     t6 = time.perf_counter()
     assert len(events) == 1  # no tensors
     return {

@@ -186,6 +186,27 @@ def test_packed_batch_restores_each_chunks_rows_and_rejects_bad_ranges() -> None
         decode(encode(batch))
 
 
+def test_a_step_packs_twice_with_rows_for_some_requests_only() -> None:
+    """A final stage packs one step twice: all rows for the stages downstream, and for the
+    coordinator the rows of the requests that asked (`rows_for`). Packing leaves the chunks
+    as they were, so the second pack sees what the first did."""
+    chunks = [
+        StageOutputChunk(request_id=f"q{i}", stage_id=0, token_ids=[i], hidden=hidden_rows(10 * i, 2)) for i in range(3)
+    ]
+    chunks[0].hidden.mrope = MRopePositions(torch.zeros(3, 2, dtype=torch.int64), 0)  # q0 stays a chunk
+    rows = {c.request_id: c.hidden.last.clone() for c in chunks}
+    for_client = decode(encode(StageOutputBatch.pack(chunks, rows_for={"q1"}))).unpacked()
+    downstream = decode(encode(StageOutputBatch.pack(chunks))).unpacked()
+    assert [c.request_id for c in for_client] == [c.request_id for c in downstream] == ["q0", "q1", "q2"]
+    assert [c.hidden is not None for c in for_client] == [False, True, False]
+    assert [c.token_ids for c in for_client] == [[0], [1], [2]]
+    assert same_bits(for_client[1].hidden.last, rows["q1"]) and for_client[1].hidden.start == 10
+    for got in downstream:
+        assert same_bits(got.hidden.last, rows[got.request_id])
+    assert downstream[0].hidden.mrope is not None
+    assert all(c.hidden is not None and c.hidden.packed is None and c.hidden.last is not None for c in chunks)
+
+
 def test_hidden_rows_shapes_are_checked_before_any_tensor_exists() -> None:
     chunk = StageOutputChunk(request_id="q", stage_id=0, hidden=HiddenRows(start=0, last=torch.zeros(4)))
     with pytest.raises(PayloadError, match=r"StageOutputChunk\.hidden\.last: must be 2-D"):

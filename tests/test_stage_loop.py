@@ -7,9 +7,11 @@ full orphan buffer losing a live request, and a hidden-row gap killing the whole
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from omni_mp.config import PipelineConfig, parse_config
 from omni_mp.control.endpoints import new_run_id
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage.loop import StageLoop
+from omni_mp.stage.timeline import PROFILE_DIR_ENV
 from omni_mp.wire.messages import (
     Abort,
     Connect,
@@ -186,6 +189,32 @@ def test_the_harness_stage_is_exact(harness: Harness) -> None:
         for t in c.token_ids
     ]
     assert tokens == greedy(resolve_model("tiny-qwen2"), ids, 8)[0]
+
+
+def test_the_step_timeline_has_wall_and_cpu_time_of_build_and_send(
+    engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`OMNI_MP_PROFILE_DIR`: every step with output records how long its messages took to
+    build (engine thread) and to encode and send (output thread), in wall time and in the
+    thread's CPU time (the wall time also holds waits for the GIL): CPU never above wall."""
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
+    h = Harness(engine, config())
+    try:
+        for rid in ("r", "s"):
+            h.register(rid)
+            h.feed(rid, prompt_ids())
+        for rid in ("r", "s"):
+            h.wait_for(done_of(rid))
+        steps = [r for r in h.loop.timeline.records if r.reqs > 0]
+    finally:
+        h.close()
+    assert len(steps) >= 8
+    for r in steps:
+        assert 0 < r.build_cpu_ms <= r.build_ms + 0.05, r
+        assert 0 < r.send_cpu_ms <= r.send_ms + 0.05, r
+    (written,) = tmp_path.glob("stage1-*.json")
+    doc = json.loads(written.read_text())
+    assert {"build_cpu_ms", "send_cpu_ms"} <= set(doc["fields"]) and len(doc["steps"]) >= len(steps)
 
 
 def test_late_chunks_of_an_ended_request_are_dropped_at_once(harness: Harness) -> None:

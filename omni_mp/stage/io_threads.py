@@ -156,7 +156,7 @@ class OutputPump(threading.Thread):
         shm: ShmPoolConfig | None,
         stop: threading.Event,
         stage_id: int,
-        on_sent: Callable[[int, float, dict[int, int]], None],
+        on_sent: Callable[[int, float, float, dict[int, int]], None],
     ) -> None:
         super().__init__(name=f"stage{stage_id}-output", daemon=True)
         self.ctx, self.events, self.limits, self.shm = ctx, events, limits, shm
@@ -204,7 +204,7 @@ class OutputPump(threading.Thread):
                     raise
 
     def _send(self, item: Outgoing) -> None:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         msg: Message | None = item.msg
         wire_bytes: dict[int, int] = {}  # downstream stage -> bytes over its socket (shared memory excluded)
         # Every link encodes with the stage's limits, so a message that cannot be encoded
@@ -219,7 +219,7 @@ class OutputPump(threading.Thread):
                 msg, failed = split_unsendable(msg, err, self.limits)
                 self._fail_unsendable(failed)
         if item.step >= 0:
-            self.on_sent(item.step, time.perf_counter() - t0, wire_bytes)
+            self.on_sent(item.step, time.perf_counter() - t0, time.thread_time() - cpu0, wire_bytes)
 
     def _deliver(self, item: Outgoing, msg: Message) -> dict[int, int]:
         """Send `msg` where `item` says; the bytes that went to each downstream stage over sockets."""

@@ -104,9 +104,9 @@ class StageLoop:
     def _alive(self) -> None:
         self._alive_at = time.monotonic()
 
-    def _sent(self, step: int, seconds: float, per_link: dict[int, int]) -> None:
+    def _sent(self, step: int, seconds: float, cpu_seconds: float, per_link: dict[int, int]) -> None:
         """Output thread: a step's messages went out, these bytes to each downstream stage."""
-        self.timeline.sent(step, seconds, sum(per_link.values()))
+        self.timeline.sent(step, seconds, sum(per_link.values()), cpu_seconds)
         self.counters.sent(per_link)
 
     def _queue(self, item: Outgoing | Connect | None) -> None:
@@ -290,15 +290,17 @@ class StageLoop:
         whether the step computed anything."""
         t0 = time.perf_counter()
         outputs, executed = self.engine.step()
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), time.thread_time()
         now = time.time()
         self.counters.stepped(t1 - t0)
         for rid, reason in self.engine.take_failed().items():
             if rid in self.requests:
                 self._fail(rid, "internal_error", f"stage {self.stage.id}: {reason}")
         chunks: list[StageOutputChunk] = []
-        to_client: list[StageOutputChunk] = []  # a final stage's chunks, hidden rows only where asked for
+        # A final stage with hidden rows sends the coordinator a copy of the step with the rows
+        # of the requests that asked for them only.
         split = self.emits_hidden and self.stage.final_output
+        rows_for: set[str] = set()
         done: list[StageDone] = []
         rows = 0
         for out in outputs:
@@ -324,9 +326,8 @@ class StageLoop:
                 text=self.engine.decode(state.output_token_ids) if final_text else None,
             )
             chunks.append(chunk)
-            if split:  # a copy either way: packing rewrites a chunk's `hidden`
-                hidden = out.hidden if state.hidden_to_client else None
-                to_client.append(msgspec.structs.replace(chunk, hidden=hidden))
+            if state.hidden_to_client:
+                rows_for.add(out.request_id)
             if out.finished:
                 self._end(out.request_id, in_engine=False)
                 done.append(self._done(state, out.finish_reason, now))
@@ -338,7 +339,7 @@ class StageLoop:
             )
         elif chunks:
             self._queue(Outgoing(StageOutputBatch.pack(chunks), to_events=False, downstream=True, step=step))
-            self._queue(Outgoing(StageOutputBatch.pack(to_client), to_events=True, downstream=False, step=step))
+            self._queue(Outgoing(StageOutputBatch.pack(chunks, rows_for), to_events=True, downstream=False, step=step))
         for msg in done:  # after the chunks: the coordinator reads them in this order
             self._emit(msg)
         if executed or chunks:
@@ -351,6 +352,7 @@ class StageLoop:
                     reqs=len(chunks),
                     rows=rows + self._rows_in,
                     build_ms=(time.perf_counter() - t1) * 1000,
+                    build_cpu_ms=(time.thread_time() - cpu1) * 1000,
                     recv_ms=self.input.take_recv_s() * 1000,
                     handle_ms=self._handle_s * 1000,
                 )

@@ -43,6 +43,10 @@ class StepRecord(msgspec.Struct, array_like=True):
     # of them (processors building rows, step embeddings handed to the engine).
     recv_ms: float = 0.0
     handle_ms: float = 0.0
+    # CPU time of the build and of the send (time.thread_time of their threads): the wall times
+    # above also hold waits for the GIL while another thread of the process runs Python.
+    build_cpu_ms: float = 0.0
+    send_cpu_ms: float = 0.0
 
 
 class StepTimeline:
@@ -63,11 +67,12 @@ class StepTimeline:
             self.records.append(record)
             self._by_step[record.step] = record
 
-    def sent(self, step: int, seconds: float, wire_bytes: int = 0) -> None:
+    def sent(self, step: int, seconds: float, wire_bytes: int = 0, cpu_seconds: float = 0.0) -> None:
         with self._lock:
             rec = self._by_step.get(step)
             if rec is not None:
                 rec.send_ms += seconds * 1000
+                rec.send_cpu_ms += cpu_seconds * 1000
                 rec.wire_bytes += wire_bytes
 
     def write(self) -> Path | None:

@@ -12,6 +12,7 @@ Adding a message type: subclass MessageBase and add the class to `Message` below
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import msgspec
@@ -301,18 +302,22 @@ class StageOutputBatch(MessageBase):
     chunks_at: Counts = []  # with columns: where each of `chunks` is in the step's order
 
     @classmethod
-    def pack(cls, chunks: list[StageOutputChunk]) -> StageOutputBatch:
+    def pack(cls, chunks: list[StageOutputChunk], rows_for: Container[str] | None = None) -> StageOutputBatch:
         """The compact form of a step's chunks (one stage's; every chunk's rows have the same
         layers). Plain chunks go into `columns` and their rows first into `packed`; the other
-        chunks stay chunks, their rows after those, named by `hidden.packed`."""
+        chunks stay chunks (copies: `chunks` are left as they are), their rows after those,
+        named by `hidden.packed`. `rows_for`: the requests whose rows go along (None: all)."""
         plain: list[StageOutputChunk] = []
+        keep: list[bool] = []  # per plain chunk: its rows go along
         rest: list[StageOutputChunk] = []
         at: list[int] = []
         for i, c in enumerate(chunks):
+            rows = rows_for is None or c.hidden is None or c.request_id in rows_for
             if _is_plain(c):
                 plain.append(c)
+                keep.append(rows)
             else:
-                rest.append(c)
+                rest.append(c if rows else msgspec.structs.replace(c, hidden=None))
                 at.append(i)
         last: list[Any] = []
         layers: dict[int, list[Any]] = {}
@@ -332,9 +337,9 @@ class StageOutputBatch(MessageBase):
             counts: list[int] = []
             starts: list[int] = []
             tokens: list[int] = []
-            for c in plain:
+            for c, rows in zip(plain, keep, strict=True):
                 tokens.extend(c.token_ids)
-                h = c.hidden
+                h = c.hidden if rows else None
                 starts.append(0 if h is None else h.start)
                 counts.append(0 if h is None else take(h))
             columns = StepColumns(
@@ -344,13 +349,15 @@ class StageOutputBatch(MessageBase):
                 row_starts=starts,
                 row_counts=counts,
             )
-        for c in rest:
+        for j, c in enumerate(rest):
             h = c.hidden
             if h is None or h.last is None:
                 continue
             first = row
             take(h)
-            c.hidden = msgspec.structs.replace(h, last=None, layers=[], packed=RowRange(first, row))
+            rest[j] = msgspec.structs.replace(
+                c, hidden=msgspec.structs.replace(h, last=None, layers=[], packed=RowRange(first, row))
+            )
         packed = None
         if last:
             packed = PackedRows(last=_concat(last), layers=[LayerRows(k, _concat(v)) for k, v in layers.items()])
