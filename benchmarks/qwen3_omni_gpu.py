@@ -535,9 +535,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--code2wav-chunk",
         type=int,
-        default=12,
+        default=2,
         metavar="FRAMES",
-        help="code2wav's second chunk, in frames (stage_configs/qwen3_omni.yaml's: 12); each chunk re-runs the "
+        help="code2wav's second chunk, in frames (stage_configs/qwen3_omni.yaml's: 2); each chunk re-runs the "
         "convolutions over 11 frames of left context",
     )
     p.add_argument(
@@ -550,10 +550,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--code2wav-max-chunk",
         type=int,
-        default=0,
+        default=12,
         metavar="FRAMES",
-        help="later chunks double up to this many frames (streaming.max_chunk); 0 (stage_configs/qwen3_omni.yaml's): "
-        "all --code2wav-chunk",
+        help="later chunks double up to this many frames (streaming.max_chunk; stage_configs/qwen3_omni.yaml's: 12); "
+        "0: all --code2wav-chunk",
     )
     p.add_argument(
         "--closed-loop",
