@@ -423,6 +423,17 @@ async def closed_loop(
     return reqs, time.perf_counter() - t0
 
 
+def playback_line(st: dict[str, Any], concurrency: list[int]) -> str | None:
+    """The silence a listener would hear per request (`Playback`), mean / max at each level of
+    a streaming phase's results; None where none was measured."""
+    levels = [(c, st[str(c)]) for c in concurrency if "stall_mean_s" in st.get(str(c), {})]
+    if not levels:
+        return None
+    return "\nplayback from each request's first audio (stream), silence per request mean / max: " + ", ".join(
+        f"c={c} {a['stall_mean_s']:.2f} / {a['stall_max_s']:.2f} s" for c, a in levels
+    )
+
+
 def round_summary(reqs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     """The stream-phase fields of a round or a closed loop (`_request`'s per-request times)."""
     firsts = [r["first_s"] for r in reqs]
@@ -835,6 +846,9 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             f"| {ratio(a.get('audio_s_per_s'), hf_audio)} | {a.get('thinker_tok_s', float('nan')):.0f} "
             f"| {ratio(a.get('thinker_tok_s'), hf_tok)} |"
         )
+    playback = playback_line(st, args.concurrency)
+    if playback:
+        lines.append(playback)
     tr = st.get("transport", {})
     lines.append(f"\nthinker -> talker transport per engine step (streaming, c={max(args.concurrency)}, last round):")
     nan = float("nan")

@@ -67,6 +67,7 @@ from benchmarks.omni_gpu import (  # noqa: E402
     check_round,
     closed_loop_round,
     device_name,
+    playback_line,
     stage_step_summary,
     stage_steps_table,
     transport_summary,
@@ -337,12 +338,9 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             f"| {c} | {p} | {ms(b.get('first_audio_p50_s'))} | {a.get('rtf_mean', float('nan')):.3f} "
             f"| {a.get('audio_s_per_s', float('nan')):.2f} | {a.get('thinker_tok_s', float('nan')):.0f} |"
         )
-    levels = [(c, st[str(c)]) for c in args.concurrency if "stall_mean_s" in st.get(str(c), {})]
-    stalls = [f"c={c} {a['stall_mean_s']:.2f} / {a['stall_max_s']:.2f} s" for c, a in levels]
-    if stalls:
-        lines.append(
-            "\nplayback from each request's first audio (stream), silence per request mean / max: " + ", ".join(stalls)
-        )
+    playback = playback_line(st, args.concurrency)
+    if playback:
+        lines.append(playback)
     lines.append(
         "\nPublished (issue 22; other hardware and lengths: 2500 tokens in, 900 out): "
         f"Qwen's report {QWEN_REPORT_FIRST_PACKET_S * 1000:.0f} ms first packet at 1 request; "
