@@ -168,6 +168,10 @@ def test_packed_batch_restores_each_chunks_rows_and_rejects_bad_ranges() -> None
     with pytest.raises(PayloadError, match=r"columns\.token_counts: sum to 2, 1 token ids sent"):
         bad.unpacked()
     bad = fresh()
+    bad.packed.layers[0].rows = bad.packed.layers[0].rows[:2]
+    with pytest.raises(PayloadError, match=r"packed\.layers \(layer 1\): 2 rows, the last layer has 3"):
+        bad.unpacked()
+    bad = fresh()
     bad.chunks_at = [1, 1]
     with pytest.raises(PayloadError, match=r"chunks_at: 2 positions for 1 chunks, not increasing within 0\.\.1"):
         bad.unpacked()

@@ -10,7 +10,17 @@ import numpy as np
 import torch
 
 from omni_mp.wire.codec import Limits, PayloadError, decode, encode
-from omni_mp.wire.messages import Abort, PromptEmbeds, SamplingParamsMsg, StageOutputChunk, StageRequest
+from omni_mp.wire.messages import (
+    Abort,
+    HiddenRows,
+    LayerRows,
+    MRopePositions,
+    PromptEmbeds,
+    SamplingParamsMsg,
+    StageOutputBatch,
+    StageOutputChunk,
+    StageRequest,
+)
 from omni_mp.wire.shm_pool import ShmPool, ShmPoolConfig, ShmReader, ShmRef
 
 ITERATIONS = 10_000
@@ -42,7 +52,26 @@ def seed_messages() -> list[object]:
         ),
         StageOutputChunk(request_id="r", stage_id=0, token_ids=[9, 8], additional_information={"x": torch.ones(4)}),
         Abort(request_id="r", reason="x"),
+        step_batch(g),
     ]
+
+
+def step_batch(g: torch.Generator) -> StageOutputBatch:
+    """A packed step: column chunks with rows, one without, and a first chunk that stays a chunk."""
+
+    def rows(start: int, n: int) -> HiddenRows:
+        return HiddenRows(start=start, last=torch.randn(n, 4, generator=g), layers=[LayerRows(2, torch.randn(n, 4))])
+
+    first = StageOutputChunk(request_id="a", stage_id=1, prompt_token_ids=[1, 2], hidden=rows(0, 2))
+    first.hidden.mrope = MRopePositions(torch.zeros(3, 2, dtype=torch.int64), 0)
+    return StageOutputBatch.pack(
+        [
+            StageOutputChunk(request_id="b", stage_id=1, token_ids=[5], hidden=rows(7, 1)),
+            first,
+            StageOutputChunk(request_id="c", stage_id=1, token_ids=[6, 7]),
+            StageOutputChunk(request_id="d", stage_id=1, token_ids=[8], hidden=rows(3, 2)),
+        ]
+    )
 
 
 def mutate(rng: random.Random, frames: list[bytes]) -> list[bytes]:
@@ -81,7 +110,9 @@ def test_mutated_frames_only_raise_payload_error() -> None:
     for _ in range(ITERATIONS):
         frames = mutate(rng, rng.choice(bases))
         try:
-            decode(frames, LIMITS)
+            msg = decode(frames, LIMITS)
+            if isinstance(msg, StageOutputBatch):  # what a receiver does next: columns and ranges checked
+                msg.unpacked()
             outcomes["ok"] += 1
         except PayloadError:
             outcomes["rejected"] += 1

@@ -370,6 +370,12 @@ class StageOutputBatch(MessageBase):
         on columns, positions or row ranges that do not add up."""
         packed = self.packed
         available = 0 if packed is None else packed.last.shape[0]
+        for lr in [] if packed is None else packed.layers:
+            if lr.rows.shape[0] != available:
+                raise PayloadError(
+                    f"StageOutputBatch.packed.layers (layer {lr.layer}): {lr.rows.shape[0]} rows, "
+                    f"the last layer has {available}"
+                )
         out: list[StageOutputChunk] = []  # the column chunks, then merged with `chunks`
         col = self.columns
         if col is not None:
