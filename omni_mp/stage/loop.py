@@ -314,18 +314,19 @@ class StageLoop:
             first = not state.sent_first
             state.sent_first = True
             final_text = out.finished and self.stage.final_output
-            chunk = StageOutputChunk(
-                request_id=out.request_id,
-                stage_id=self.stage.id,
-                token_ids=out.new_token_ids,
-                prompt_token_ids=state.prompt_token_ids if first else None,
-                hidden=out.hidden,
-                additional_information=out.info,  # e.g. a diffusion stage's audio chunk
-                finished=out.finished,
-                finish_reason=out.finish_reason,
-                text=self.engine.decode(state.output_token_ids) if final_text else None,
+            chunks.append(
+                StageOutputChunk(
+                    request_id=out.request_id,
+                    stage_id=self.stage.id,
+                    token_ids=out.new_token_ids,
+                    prompt_token_ids=state.prompt_token_ids if first else None,
+                    hidden=out.hidden,
+                    additional_information=out.info,  # e.g. a diffusion stage's audio chunk
+                    finished=out.finished,
+                    finish_reason=out.finish_reason,
+                    text=self.engine.decode(state.output_token_ids) if final_text else None,
+                )
             )
-            chunks.append(chunk)
             if state.hidden_to_client:
                 rows_for.add(out.request_id)
             if out.finished:
@@ -333,13 +334,13 @@ class StageLoop:
                 done.append(self._done(state, out.finish_reason, now))
         step = self.timeline.steps
         self.timeline.steps += 1
-        if chunks and not split:
-            self._queue(
-                Outgoing(StageOutputBatch.pack(chunks), to_events=self.stage.final_output, downstream=True, step=step)
-            )
-        elif chunks:
-            self._queue(Outgoing(StageOutputBatch.pack(chunks), to_events=False, downstream=True, step=step))
-            self._queue(Outgoing(StageOutputBatch.pack(chunks, rows_for), to_events=True, downstream=False, step=step))
+        if chunks:
+            to_events = self.stage.final_output and not split
+            self._queue(Outgoing(StageOutputBatch.pack(chunks), to_events=to_events, downstream=True, step=step))
+            if split:
+                self._queue(
+                    Outgoing(StageOutputBatch.pack(chunks, rows_for), to_events=True, downstream=False, step=step)
+                )
         for msg in done:  # after the chunks: the coordinator reads them in this order
             self._emit(msg)
         if executed or chunks:
