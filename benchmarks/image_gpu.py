@@ -293,8 +293,12 @@ def omni_config(args: argparse.Namespace, ckpt: Path) -> dict[str, Any]:
             d = stage.setdefault("diffusion", {})
             d["max_batch"] = max(d.get("max_batch", 1), conc)
             if not args.tiny:
-                d["model_options"] = {"dtype": "float32" if args.shrink else "bfloat16", "max_height": 2048,
-                                      "max_width": 2048}  # fmt: skip
+                d["model_options"] = {**d.get("model_options", {}), "dtype": "float32" if args.shrink else "bfloat16",
+                                      "max_height": 2048, "max_width": 2048}  # fmt: skip
+            if args.blocks_per_part is not None:
+                d.setdefault("model_options", {})["blocks_per_part"] = args.blocks_per_part
+            if args.restart_step_before is not None:
+                d["restart_step_before"] = args.restart_step_before
         else:
             ea["max_num_seqs"] = max(2 * conc, ea.get("max_num_seqs", 1))  # (a prompt and its negative)
             ea["enable_prefix_caching"] = False
@@ -382,10 +386,40 @@ def _timeline(profile_dir: Path, stage_id: int) -> list[dict[str, Any]]:
     return [dict(zip(doc["fields"], s, strict=True)) for s in doc["steps"]]
 
 
+def model_steps(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[float]]:
+    """The DiT's denoising steps from its engine-step records: a step run in parts spans the
+    records from the one that began it to the one that ended it. Returns the steps ("t": when
+    it began, "step_ms": its records' time) and the times of the steps begun again before
+    they ended (restarted with new requests: the parts run so far were discarded). Records
+    without the fields (older profiles) are one step each."""
+    out: list[dict[str, Any]] = []
+    discarded: list[float] = []
+    cur: dict[str, Any] | None = None
+    for rec in steps:
+        begun, ended = rec.get("steps_begun", 1), rec.get("steps_ended", 1)
+        if begun:
+            if cur is not None:
+                discarded.append(cur["step_ms"])
+            cur = {"t": rec["t"], "step_ms": 0.0}
+        if cur is not None:
+            cur["step_ms"] += rec["step_ms"]
+        if ended and cur is not None:
+            out.append(cur)
+            cur = None
+    return out, discarded
+
+
+def step_starts(steps: list[dict[str, Any]]) -> list[float]:
+    """When each denoising step began, restarted ones included (each takes in every request
+    admitted before it)."""
+    return sorted(rec["t"] for rec in steps if rec.get("steps_begun", 1))
+
+
 def first_step_waits(reqs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[float]:
-    """Per request: arrival (its submission) -> the start of the DiT's first step after the
-    request entered the DiT engine (a request joins the batch between steps)."""
-    starts = sorted(s["t"] for s in steps)
+    """Per request: arrival (its submission) -> the start of the DiT's first denoising step
+    that began after the request entered the DiT engine (a request joins the batch when a
+    step begins: between steps, or in one restarted for it between its parts)."""
+    starts = step_starts(steps)
     out = []
     for r in reqs:
         first = next((t for t in starts if t >= r["t_dit_started"]), None)
@@ -442,17 +476,21 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
                     f"p99 {percentile(lat, 0.99):.2f}s")  # fmt: skip
             pending[key] = res
     out["device"] = device_name()  # (after the stages: no CUDA context of this process beside them)
-    steps_rec = _timeline(profile_dir, dit)  # the stage processes have exited: timelines written
+    records = _timeline(profile_dir, dit)  # the stage processes have exited: timelines written
+    steps_rec, _ = model_steps(records)
     for key, res in pending.items():
         one = res["levels"].get("1")
         res["dit_step_ms_one_request"] = single_request_step_ms(one["windows"], steps_rec) if one else None
         for p in res["poisson"].values():
-            waits = first_step_waits(p["requests"], steps_rec)
+            waits = first_step_waits(p["requests"], records)
             lat = [r["latency_s"] for r in p["requests"]]
             a, b = p.pop("window")
             loaded = [st["step_ms"] for st in steps_rec if a <= st["t"] <= b]
+            _, dropped = model_steps([r for r in records if a <= r["t"] <= b])
             p.update({
                 "dit_step_ms_p50": statistics.median(loaded) if loaded else None,
+                "steps_restarted": len(dropped),
+                "restarted_parts_ms": sum(dropped),
                 "latency_mean_s": statistics.fmean(lat),
                 "latency_p99_s": percentile(lat, 0.99),
                 "first_step_wait_mean_s": statistics.fmean(waits),
@@ -643,8 +681,9 @@ def report(results: dict[str, Any], device: str) -> str:
         a, b = omni.get(key, {}).get("dit_step_ms_one_request"), hf.get(key, {}).get("transformer_step_ms")
         lines.append(f"| {key} | {_f(a, '{:.1f} ms')} | {_f(b, '{:.1f} ms')} | {_f(a / b if a and b else None)} |")
     lines += ["", "| size / steps | Poisson load | rate (images/s) | latency mean / p99 (s) "
-              "| arrival -> first step mean / p99 (s) | DiT step p50: under this load / 1 request (s) |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+              "| arrival -> first step mean / p99 (s) | DiT step p50: under this load / 1 request (s) "
+              "| steps restarted (parts discarded) |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for key, o in sorted(omni.items(), key=lambda kv: int(kv[0].split("x")[0])):
         one = o.get("dit_step_ms_one_request")
         for frac, p in sorted(o.get("poisson", {}).items()):
@@ -653,7 +692,8 @@ def report(results: dict[str, Any], device: str) -> str:
                 f"| {key} | {float(frac):.0%} of {o['capacity_images_per_s']:.3f}/s | {p['rate']:.3f} | "
                 f"{p['latency_mean_s']:.2f} / {p['latency_p99_s']:.2f} | "
                 f"{p['first_step_wait_mean_s']:.3f} / {p['first_step_wait_p99_s']:.3f} | "
-                f"{_f(loaded and loaded / 1000)} / {_f(one and one / 1000)} |"
+                f"{_f(loaded and loaded / 1000)} / {_f(one and one / 1000)} | "
+                f"{p.get('steps_restarted', '-')} ({_f(p.get('restarted_parts_ms'), '{:.0f} ms')}) |"
             )
     lines += ["", "Targets (issue 21), as measured here:", *targets(omni, hf), "", ANCHORS]
     if "omni" in results:
@@ -705,6 +745,7 @@ def _svg(results: dict[str, Any], keys: list[str], path: Path, device: str) -> P
         x0, series = i * w, {s: _series(results, s, key) for s in ("omni", "diffusers")}
         cs = sorted({c for xs, _ in series.values() for c in xs}) or [1]
         top = max([y for _, ys in series.values() for y in ys] or [1.0]) * 1.1
+
         def px(c: int, x0: float = x0, cs: list[int] = cs) -> float:
             return x0 + pad + (w - 2 * pad) * (cs.index(c) / max(1, len(cs) - 1))
 
@@ -807,6 +848,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default={}, help="SIDExSIDE/STEPS=IMAGES_PER_S,...: the capacity for Poisson loads (default: "
                    "the best images/s measured in this run)")  # fmt: skip
     p.add_argument("--no-cfg", dest="cfg", action="store_false", help="no negative prompt (one pass per step)")
+    p.add_argument(
+        "--blocks-per-part",
+        type=int,
+        help="the DiT's blocks per engine step (0: whole steps; default: the stage config's)",
+    )
+    p.add_argument("--restart-step-before", type=float, help="diffusion.restart_step_before (default: the config's)")
     p.add_argument("--encoder-share", type=float, default=0.25, help="the text encoder's gpu_memory_utilization")
     p.add_argument("--tiny", action="store_true", help="CPU, the tiny checkpoint: a check that every phase runs")
     p.add_argument("--shrink", action="store_true", help="CPU, the real path at toy widths: a check of this script")

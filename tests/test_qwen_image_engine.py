@@ -1,7 +1,9 @@
 """The Qwen-Image DiT stage's engine (vLLM's EngineCore with omni_mp's diffusion scheduler and
 worker, in this process) against diffusers' `QwenImagePipeline` on the same tiny checkpoint
 (fp32, same seeds): the engine is fed the pipeline's own prompt embeddings, so what is
-compared is our grid, noise, packing, batching, masks, CFG and decode.
+compared is our grid, noise, packing, batching, masks, CFG and decode. The engine runs each
+denoising step in parts (one DiT block per engine step: `blocks_per_part: 1`), so requests
+join between parts, restarting the step in flight or waiting for the next one.
 
 Measured tolerances (CPU, fp32), stated where asserted:
 - per-step latents, a request alone: max abs difference 1.4e-6 measured; asserted 1e-5;
@@ -50,7 +52,7 @@ def pipe(ckpt: str) -> Any:
 def engine(ckpt: str) -> Iterator[DiffusionEngine]:
     cfg = DiffusionStageConfig(
         model_type="qwen_image",
-        model_options={"dtype": "float32", "max_height": 256, "max_width": 256},
+        model_options={"dtype": "float32", "max_height": 256, "max_width": 256, "blocks_per_part": 1},
         stream=False,
         max_batch=8,
     )
@@ -84,10 +86,23 @@ def stage_input(o: Oracle, p: ImageParams) -> StageInput:
 
 
 def trajectories(eng: DiffusionEngine) -> dict[str, torch.Tensor]:
-    def probe(worker: Any) -> dict[str, torch.Tensor]:
-        return {t.request_id: t.x.clone() for t in worker.model_runner.trajectories.values()}
+    return {rid: x for rid, (_, x) in progress(eng).items()}
+
+
+def progress(eng: DiffusionEngine) -> dict[str, tuple[int, torch.Tensor]]:
+    """Per running request: the solver steps it has taken and its latents after them."""
+
+    def probe(worker: Any) -> dict[str, tuple[int, torch.Tensor]]:
+        return {t.request_id: (t.k, t.x.clone()) for t in worker.model_runner.trajectories.values()}
 
     return eng.driver.core.collective_rpc(probe)[0]
+
+
+def set_restart_before(eng: DiffusionEngine, fraction: float) -> None:
+    def probe(worker: Any) -> None:
+        worker.model_runner.restart_step_before = fraction
+
+    eng.driver.core.collective_rpc(probe)
 
 
 def add(eng: DiffusionEngine, rid: str, o: Oracle, p: ImageParams) -> None:
@@ -97,16 +112,22 @@ def add(eng: DiffusionEngine, rid: str, o: Oracle, p: ImageParams) -> None:
 
 def run(eng: DiffusionEngine, joins: dict[int, list[tuple[str, Oracle, ImageParams]]]) -> dict[str, Any]:
     """Step the engine, adding requests before the step whose index `joins` names; returns
-    per request its latents after each of its steps and its image."""
+    per request its latents after each of its steps and its image, and per engine step the
+    solver steps begun and ended and each running request's steps taken."""
     latents: dict[str, list[torch.Tensor]] = {}
     images: dict[str, torch.Tensor] = {}
+    trace: list[tuple[tuple[int, int], dict[str, int]]] = []
     step = 0
     while step in joins or eng.can_step():
         for rid, o, p in joins.pop(step, []):
             add(eng, rid, o, p)
         outs, _ = eng.step()
-        for rid, x in trajectories(eng).items():
-            latents.setdefault(rid, []).append(x)
+        now = progress(eng)
+        trace.append((eng.step_progress(), {rid: k for rid, (k, _) in now.items()}))
+        for rid, (k, x) in now.items():
+            if k > len(latents.setdefault(rid, [])):  # a step of its ended in this engine step
+                assert k == len(latents[rid]) + 1
+                latents[rid].append(x)
         for out in outs:
             assert out.info is not None
             if "image_step" in out.info:  # a preview
@@ -117,7 +138,7 @@ def run(eng: DiffusionEngine, joins: dict[int, list[tuple[str, Oracle, ImagePara
             images[out.request_id] = out.info["image"]
         step += 1
     assert not eng.take_failed()
-    return {"latents": latents, "images": images}
+    return {"latents": latents, "images": images, "trace": trace}
 
 
 def check(o: Oracle, got_latents: list[torch.Tensor], image: torch.Tensor, atol: float) -> None:
@@ -161,6 +182,45 @@ def test_four_requests_joining_midway_each_match_their_oracle(engine: DiffusionE
     got = run(engine, joins)
     for rid, _, _ in reqs:
         check(oracles[rid], got["latents"][rid], got["images"][rid], STEP_ATOL_BATCHED)
+
+
+def two_of_one_size(pipe: Any) -> list[tuple[str, Oracle, ImageParams]]:
+    """Two requests of one size (one batch group): "a" with true CFG, "b" without."""
+    pa = ImageParams(height=32, width=48, num_inference_steps=4, seed=21, negative_prompt=" ")
+    pb = ImageParams(height=32, width=48, num_inference_steps=3, seed=22)
+    return [("a", Oracle(pipe, "a red kite", pa), pa), ("b", Oracle(pipe, "two green apples on a plate", pb), pb)]
+
+
+def test_a_request_arriving_early_in_a_step_restarts_it_with_the_batch(engine: DiffusionEngine, pipe: Any) -> None:
+    """ "b" arrives when half of "a"'s first step has run (one of its two parts; the stage's
+    `restart_step_before` is 0.5): that step starts again with both, so "b"'s first step
+    begins in the engine step after its arrival. Both still equal their oracles."""
+    (a, oa, pa), (b, ob, pb) = reqs = two_of_one_size(pipe)
+    got = run(engine, {0: [reqs[0]], 1: [reqs[1]]})
+    trace = got["trace"]
+    assert trace[0] == ((1, 0), {"a": 0})  # a's first step: its first part
+    assert trace[1] == ((1, 0), {"a": 0, "b": 0})  # begun again with b: the part run is dropped
+    assert trace[2] == ((0, 1), {"a": 1, "b": 1})  # one step for both
+    for rid, o in ((a, oa), (b, ob)):
+        check(o, got["latents"][rid], got["images"][rid], STEP_ATOL_BATCHED)
+
+
+def test_a_request_arriving_late_in_a_step_joins_the_next_one(engine: DiffusionEngine, pipe: Any) -> None:
+    """With `restart_step_before` below the part already run, the step in flight ends first
+    (without "b") and "b" joins the next one."""
+    (a, oa, pa), (b, ob, pb) = reqs = two_of_one_size(pipe)
+    set_restart_before(engine, 0.25)
+    try:
+        got = run(engine, {0: [reqs[0]], 1: [reqs[1]]})
+    finally:
+        set_restart_before(engine, 0.5)
+    trace = got["trace"]
+    assert trace[0] == ((1, 0), {"a": 0})
+    assert trace[1] == ((0, 1), {"a": 1, "b": 0})  # a's step ends without b
+    assert trace[2] == ((1, 0), {"a": 1, "b": 0})  # the next one has both
+    assert trace[3] == ((0, 1), {"a": 2, "b": 1})
+    for rid, o in ((a, oa), (b, ob)):
+        check(o, got["latents"][rid], got["images"][rid], STEP_ATOL_BATCHED)
 
 
 @pytest.mark.parametrize(

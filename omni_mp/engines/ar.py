@@ -82,6 +82,7 @@ class AREngine:
         from vllm.v1.engine.input_processor import InputProcessor
 
         self.features = features
+        self._executed = False  # whether the last step computed anything (`step_progress`)
         self.io = StepIO(
             capturing=features.hidden_states,
             capture_layers=list(features.hidden_layers),
@@ -381,6 +382,7 @@ class AREngine:
         Hidden-state rows come out with the step whose host copy completed them (a request
         can have rows and no new token; a finished one has all its rows)."""
         outputs, executed = self.driver.step()
+        self._executed = executed
         finished = {out.request_id for out in outputs if out.finished}
         captured = self.io.collect(finished) if self.io.capturing else {}
         result: list[StepOutput] = []
@@ -403,6 +405,9 @@ class AREngine:
         for rid in finished:
             self.io.release(rid)
         return (self._merge_groups(result) if self._groups else result), executed
+
+    def step_progress(self) -> tuple[int, int]:
+        return (1, 1) if self._executed else (0, 0)  # one forward pass a step
 
     def _hidden_rows(
         self, rid: str, req: HookedRequest, captured: list[CapturedRows], limit: int | None

@@ -171,7 +171,7 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
         if cfg.cuda_graphs and self.device.type == "cuda":
             graphs = GraphSet(cfg.max_graphs)
         self.model_runner = DiffusionRunner(  # type: ignore[assignment]
-            model, crossfade, graphs, cfg.graph_batch_sizes, cfg.graph_max_frames
+            model, crossfade, graphs, cfg.graph_batch_sizes, cfg.graph_max_frames, cfg.restart_step_before
         )
 
     def get_model(self) -> Any:

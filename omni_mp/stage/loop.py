@@ -344,6 +344,7 @@ class StageLoop:
         for msg in done:  # after the chunks: the coordinator reads them in this order
             self._emit(msg)
         if executed or chunks:
+            begun, ended = self.engine.step_progress()
             self.timeline.add(
                 StepRecord(
                     step=step,
@@ -356,6 +357,8 @@ class StageLoop:
                     build_cpu_ms=(time.thread_time() - cpu1) * 1000,
                     recv_ms=self.input.take_recv_s() * 1000,
                     handle_ms=self._handle_s * 1000,
+                    steps_begun=begun,
+                    steps_ended=ended,
                 )
             )
         self._rows_in, self._handle_s = 0, 0.0

@@ -47,6 +47,12 @@ class StepRecord(msgspec.Struct, array_like=True):
     # above also hold waits for the GIL while another thread of the process runs Python.
     build_cpu_ms: float = 0.0
     send_cpu_ms: float = 0.0
+    # Model steps begun and ended in this step (`StageEngine.step_progress`): (1, 1) for an
+    # engine step that computed anything, unless a model step ran over several engine steps
+    # (a diffusion step in parts: begun in one, ended in a later one; begun again without
+    # ending when new requests restarted it). A model step's time is the sum over its records.
+    steps_begun: int = 0
+    steps_ended: int = 0
 
 
 class StepTimeline:

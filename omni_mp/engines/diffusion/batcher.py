@@ -68,6 +68,8 @@ class StepResult:
     done: list[int] = field(default_factory=list)
     outputs: dict[str, tuple[torch.Tensor, bool]] = field(default_factory=dict)  # rid -> (samples, last)
     errors: dict[str, str] = field(default_factory=dict)
+    begun: int = 0  # solver steps (one per group) begun in this step; a parted one ends in a later step
+    ended: int = 0
 
 
 class Batcher:
@@ -80,6 +82,7 @@ class Batcher:
         self.freed: list[str] = []
         self._ids = itertools.count()
         self._arrivals = itertools.count()
+        self.progress = (0, 0)  # solver steps begun and ended by the last step (`StepResult`)
 
     def add(self, req: DiffusionRequest) -> None:
         req.arrival = next(self._arrivals)
@@ -150,6 +153,7 @@ class Batcher:
 
     def update(self, result: StepResult) -> list[tuple[str, torch.Tensor | None, bool, str | None]]:
         """Apply the worker's result: (request id, samples or None, finished, error or None) per request."""
+        self.progress = (result.begun, result.ended)
         for tid in result.done:
             self.running.pop(tid, None)
         events: list[tuple[str, torch.Tensor | None, bool, str | None]] = []

@@ -207,6 +207,7 @@ class DiffusionEngine:
         return self.driver.can_step()
 
     def step(self) -> tuple[list[StepOutput], bool]:
+        self.batcher.progress = (0, 0)
         outputs, executed = self.driver.step()
         result: list[StepOutput] = []
         for out in outputs:
@@ -222,6 +223,9 @@ class DiffusionEngine:
                 info = audio_info(out.pooling_output, self.sample_rate)
             result.append(StepOutput(out.request_id, [], out.finished, reason, info))
         return result, executed
+
+    def step_progress(self) -> tuple[int, int]:
+        return self.batcher.progress
 
     def take_failed(self) -> dict[str, str]:
         failed, self._failed = self._failed, {}

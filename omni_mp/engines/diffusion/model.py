@@ -17,7 +17,7 @@ each window straight from its inputs in the step that admits it (no noise, no ti
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -72,6 +72,27 @@ class DiffusionModel(Protocol):
     def decode(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Final states [frames, state_dim] -> outputs (audio: float32 [samples] on the CPU)."""
         ...
+
+
+@runtime_checkable
+class PartedVelocity(Protocol):
+    """A model whose velocity can run in parts (an image DiT's blocks, a few at a time): the
+    engine then runs an Euler step one part per engine step, and between parts takes in new
+    requests (see `DiffusionStageConfig.restart_step_before`)."""
+
+    def velocity_parts(self, batch: Any, x: torch.Tensor, t: torch.Tensor) -> Generator[float, None, torch.Tensor]:
+        """`velocity` as a generator: yields the fraction of the work done after each part
+        but the last, and returns the velocity."""
+        ...
+
+
+def run_parts(parts: Generator[float, None, torch.Tensor]) -> torch.Tensor:
+    """Run a parted velocity to its end."""
+    while True:
+        try:
+            next(parts)
+        except StopIteration as stop:
+            return stop.value
 
 
 @dataclass(frozen=True, slots=True)

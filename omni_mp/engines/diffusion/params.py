@@ -73,6 +73,13 @@ class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     stream: bool = True  # emit audio chunk by chunk as upstream codes arrive; False: one shot at the end
     streaming: StreamingConfig = StreamingConfig()
     max_batch: Annotated[int, Meta(ge=1, le=1024)] = 16  # trajectories advanced together in one step
+    # A model whose velocity runs in parts (an image DiT, `PartedVelocity`) steps one part per
+    # engine step. A trajectory admitted while its group's step is in flight restarts that
+    # step together with it if at most this fraction of the step's parts has run (that work is
+    # discarded: the step is recomputed from the same state, so results are unchanged), and
+    # otherwise joins at the next step. A new request's first step then starts within about
+    # one part of its arrival, or at worst this fraction of a step later. 0: join at the next step.
+    restart_step_before: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.5
     max_input_len: Annotated[int, Meta(ge=1)] = 4096  # codes per request (memory bound, checked on arrival)
     # float32 matmuls on CUDA: "highest" is exact fp32, as transformers runs token2wav; "high"
     # lets them use TF32 tensor cores (a 10-bit mantissa: faster, not bit-comparable).

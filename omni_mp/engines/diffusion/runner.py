@@ -14,6 +14,11 @@ bucket (batch size from `graph_batch_sizes`, frames to a multiple of the model's
 `graph_max_frames`) and its velocity replayed from a CUDA graph of that bucket (`graphs.py`);
 other steps, and every step on a CPU, run eagerly at their own size.
 
+A model whose velocity runs in parts (`PartedVelocity`, an image DiT's blocks a few at a
+time) takes an Euler step over several engine steps, one part each, so the stage takes in
+new requests between parts: one admitted early in its group's step restarts that step with it
+(`restart_step_before`), otherwise it joins the group's next step.
+
 A `WindowDecoder` (no solver) has no trajectories: its windows are decoded, batched, in the
 step that admits them.
 """
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +36,16 @@ import torch
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, streamed_window_lengths
 from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, GraphWarmup, bucket, round_up
-from omni_mp.engines.diffusion.model import DiffusionModel, Preview, RequestModel, Window, WindowDecoder
+from omni_mp.engines.diffusion.model import (
+    DiffusionModel,
+    PartedVelocity,
+    Preview,
+    RequestModel,
+    Window,
+    WindowDecoder,
+)
 from omni_mp.engines.diffusion.params import DiffusionParams, StreamingConfig
-from omni_mp.engines.diffusion.solver import SOLVERS, time_grid
+from omni_mp.engines.diffusion.solver import SOLVERS, euler_update, time_grid
 
 log = logging.getLogger("omni_mp.diffusion")
 
@@ -71,14 +83,25 @@ class _Trajectory:
 
 
 @dataclass
+class _PartedStep:
+    """An Euler step of a group in flight: its velocity's remaining parts."""
+
+    parts: Generator[float, None, torch.Tensor]
+    t0: torch.Tensor
+    t1: torch.Tensor
+    done: float = 0.0  # fraction of the velocity's work run so far
+
+
+@dataclass
 class _Group:
     """Trajectories of one solver stepping together: their collated conditioning and padded
     state, kept while the same trajectories step together."""
 
-    key: tuple[int, ...]  # trajectory ids, in row order
+    key: tuple[int, ...]  # trajectory ids, in row order (unique: the batcher never reuses one)
     batch: Any
     x: torch.Tensor  # [rows, frames, state_dim], padded (to a graph bucket when graphed)
     graphed: bool
+    step: _PartedStep | None = None  # a parted step in flight over `key`
 
 
 class DiffusionRunner:
@@ -89,9 +112,14 @@ class DiffusionRunner:
         graphs: GraphSet | None = None,
         graph_batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         graph_max_frames: int = 512,
+        restart_step_before: float = 0.5,
     ) -> None:
-        """`graphs`: CUDA graphs for models that declare `graph_frame_step` (None: eager)."""
+        """`graphs`: CUDA graphs for models that declare `graph_frame_step` (None: eager).
+        `restart_step_before`: see DiffusionStageConfig."""
         self.model: Any = model
+        self.parted = isinstance(model, PartedVelocity)
+        self.restart_step_before = restart_step_before
+        self._stepped: list[int] = []  # trajectories whose solver step ended in the current engine step
         self.decoder = isinstance(model, WindowDecoder)
         self.crossfade = crossfade
         self.trajectories: dict[int, _Trajectory] = {}
@@ -161,7 +189,6 @@ class DiffusionRunner:
         if self.owned:
             s = m.start(w)  # type: ignore[attr-defined]
             cond = m.condition(w)
-            self.groups.clear()  # a group is valid only while its trajectories live (ids may be reused)
             grid = s.grid.float().cpu().tolist()  # fp32 values; each step's times go in one copy
             self.trajectories[spec.traj_id] = _Trajectory(
                 w.request_id, spec.plan, cond, s.x, grid, s.guidance, s.solver, s.group, s.preview_every
@@ -171,7 +198,6 @@ class DiffusionRunner:
         noise = self.noise.setdefault(w.request_id, NoiseStream(w.params.seed, m.state_dim))
         fpi = m.frames_per_input
         x0 = noise.take(w.start * fpi, (w.start + w.ids.numel()) * fpi)
-        self.groups.clear()  # a group is valid only while its trajectories live (ids may be reused)
         self.trajectories[spec.traj_id] = _Trajectory(
             request_id=w.request_id,
             plan=spec.plan,
@@ -183,7 +209,6 @@ class DiffusionRunner:
         )
 
     def _free(self, request_id: str) -> None:
-        self.groups.clear()  # a group is valid only while its trajectories live
         if self.decoder:
             self.model.release(request_id)
         self.noise.pop(request_id, None)
@@ -204,24 +229,55 @@ class DiffusionRunner:
         batch = m.collate(conds, guidance) if shape is None else m.collate(conds, guidance, pad_to=shape)  # type: ignore[call-arg]
         return _Group(key, batch, x, shape is not None)
 
-    def _step(self, group_key: tuple[str, object], tids: list[int]) -> None:
-        """One solver step for trajectories that share a solver and model group, in one padded batch."""
-        m = self.model
-        solver, key = group_key[0], tuple(tids)
-        trajs = [self.trajectories[tid] for tid in tids]
-        g = self.groups.get(group_key)
-        if g is None or g.key != key:
-            g = self.groups[group_key] = self._group(key, trajs)
-        rows = g.x.shape[0]
-        times = torch.zeros(2, rows, dtype=torch.float32)  # padded rows: t = 0 (their output is dropped)
+    def _times(self, trajs: list[_Trajectory], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's time pair of its next solver step (padded rows: t = 0, their output is
+        dropped), on the device in one copy."""
+        times = torch.zeros(2, rows, dtype=torch.float32)
         times[:, : len(trajs)] = torch.tensor([[t.grid[t.k] for t in trajs], [t.grid[t.k + 1] for t in trajs]])
-        t0, t1 = times.to(m.device)
-        velocity = self._velocity if g.graphed else m.velocity
-        batch = g.batch
-        g.x = SOLVERS[solver](lambda tt, xx: velocity(batch, xx, tt), t0, t1, g.x)
-        for i, t in enumerate(trajs):
-            t.x = g.x[i, : t.x.shape[0]]
-            t.k += 1
+        t0, t1 = times.to(self.model.device)
+        return t0, t1
+
+    def _step(self, group_key: tuple[str, object], tids: list[int]) -> tuple[int, int]:
+        """Advance trajectories that share a solver and model group, in one padded batch: a
+        whole solver step, or one part of a parted Euler step. Returns the solver steps
+        (0 or 1) begun and ended."""
+        m, solver, key = self.model, group_key[0], tuple(tids)
+        g = self.groups.get(group_key)
+        if g is not None and g.step is not None and g.key != key:
+            joined = any(tid not in g.key for tid in key)
+            if joined and g.step.done <= self.restart_step_before:
+                g.step = None  # restarted with the newcomers: the parts run so far are dropped
+        if g is None or (g.step is None and g.key != key):
+            g = self.groups[group_key] = self._group(key, [self.trajectories[tid] for tid in tids])
+        begun = 0
+        if g.step is None:
+            t0, t1 = self._times([self.trajectories[tid] for tid in g.key], g.x.shape[0])
+            if not (self.parted and solver == "euler" and not g.graphed):
+                velocity = self._velocity if g.graphed else m.velocity
+                batch = g.batch
+                g.x = SOLVERS[solver](lambda tt, xx: velocity(batch, xx, tt), t0, t1, g.x)
+                self._advance(g)
+                return 1, 1
+            g.step = _PartedStep(m.velocity_parts(g.batch, g.x, t0), t0, t1)
+            begun = 1
+        step = g.step
+        try:
+            step.done = next(step.parts)
+            return begun, 0
+        except StopIteration as stop:
+            g.x = euler_update(g.x, step.t0, step.t1, stop.value)
+            g.step = None
+            self._advance(g)
+            return begun, 1
+
+    def _advance(self, g: _Group) -> None:
+        """A solver step of the group ended: its live trajectories take their new state."""
+        for i, tid in enumerate(g.key):
+            t = self.trajectories.get(tid)
+            if t is not None:  # not ended while the step was in flight
+                t.x = g.x[i, : t.x.shape[0]]
+                t.k += 1
+                self._stepped.append(tid)
 
     def _previews(self, trajs: list[_Trajectory], result: StepResult) -> None:
         due = [t for t in trajs if t.preview_every and t.k % t.preview_every == 0]
@@ -276,11 +332,15 @@ class DiffusionRunner:
             by_key.setdefault((tr.solver, tr.group), []).append(tid)
         for key in [k for k in self.groups if k not in by_key]:
             del self.groups[key]  # nothing of it runs now: its padded state is not kept
+        self._stepped = []
         for key, tids in by_key.items():
-            self._step(key, tids)
-        finished = [tid for tid in live if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
+            begun, ended = self._step(key, tids)
+            result.begun += begun
+            result.ended += ended
+        stepped = self._stepped
+        finished = [tid for tid in stepped if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
         if self.owned:
-            self._previews([self.trajectories[t] for t in live if t not in finished], result)
+            self._previews([self.trajectories[t] for t in stepped if t not in finished], result)
         if finished:
             done = [self.trajectories[tid] for tid in finished]
             if self.owned:

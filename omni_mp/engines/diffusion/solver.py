@@ -41,7 +41,12 @@ def rk4_step(f: Velocity, t0: torch.Tensor, t1: torch.Tensor, x: torch.Tensor) -
 
 
 def euler_step(f: Velocity, t0: torch.Tensor, t1: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return x + _rows(t1 - t0, x) * f(t0, x)
+    return euler_update(x, t0, t1, f(t0, x))
+
+
+def euler_update(x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An Euler step's update, given the velocity at (t0, x) (computed elsewhere: in parts)."""
+    return x + _rows(t1 - t0, x) * v
 
 
 SOLVERS = {"rk4": rk4_step, "euler": euler_step}
