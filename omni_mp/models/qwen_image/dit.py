@@ -267,7 +267,7 @@ class QwenImageModel:
         per_call = parts_per_call(self.transformer, self.options.blocks_per_part)
         total, done = per_call * len(batch.calls), 0
         for call in batch.calls:
-            if done:  # between calls: a part ends here too
+            if done and self.options.blocks_per_part:  # between calls: a part ends here too
                 yield done / total
             h, tt = (hidden, time) if call.rows is None else (hidden[call.rows], time[call.rows])
             parts = forward_in_parts(
