@@ -15,6 +15,7 @@ flags at import) to see whether anything of vLLM's changes the kernels.
 
     python3 launch/gpu_qwen_image_step_profile.py [--sizes 1024,512] [--out DIR]
     python3 launch/gpu_qwen_image_step_profile.py --ab 5 --sizes 512      # cuDNN attention on/off, alternated
+    python3 launch/gpu_qwen_image_step_profile.py --parts-ab 5            # a step in parts of 10 blocks / whole
     python3 launch/gpu_qwen_image_step_profile.py --shrink --sizes 64   # a CPU check of the script
 """
 
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -106,6 +108,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--shrink", action="store_true", help="toy widths, fp32 (a check of this script)")
     ap.add_argument("--ab", type=int, default=0, help="only the runner step, cuDNN attention on/off, N alternations")
+    ap.add_argument(
+        "--parts-ab",
+        type=int,
+        default=0,
+        help="only the runner step, in parts of 10 blocks (one execute() each) / whole, N alternations",
+    )
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if args.shrink else torch.bfloat16
@@ -122,7 +130,8 @@ def main() -> int:
     negative = torch.randn(args.neg_len, model.text_width, generator=gen)
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     results: dict[str, Any] = {"device": name, "sizes": {}}
-    for phase in ("torch only", "after import vllm") if not args.ab else ("cudnn a/b",):
+    phases = ("cudnn a/b",) if args.ab else ("parts a/b",) if args.parts_ab else ("torch only", "after import vllm")
+    for phase in phases:
         if phase == "after import vllm":
             if device != "cuda":
                 break
@@ -185,6 +194,8 @@ def one_size(
 
     if args.ab:
         return cudnn_ab(runner_step, args)
+    if args.parts_ab:
+        return parts_ab(model, runner, args)
     out: dict[str, Any] = {}
     with torch.no_grad():
         for name, fn in (("diffusers", diffusers_step), ("model", model_step), ("runner", runner_step)):
@@ -209,6 +220,27 @@ def cudnn_ab(runner_step: Any, args: Any) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in times.items()}
     say(f"  runner step, median of {args.ab}: cuDNN on {med['cudnn on']:.1f} ms, off {med['cudnn off']:.1f} ms "
         f"(on / off {med['cudnn on'] / med['cudnn off']:.3f}); all: {times}")  # fmt: skip
+    return {"ab_ms": times, "median_ms": med}
+
+
+def parts_ab(model: QwenImageModel, runner: DiffusionRunner, args: Any) -> dict[str, Any]:
+    """The runner's step whole (`blocks_per_part` 0) and in parts of 10 blocks, one
+    `execute()` per part as the engine runs them, alternated --parts-ab times."""
+    times: dict[str, list[float]] = {"parts of 10": [], "whole": []}
+
+    def parted_step() -> None:
+        runner.trajectories[0].k = 1  # stay mid-trajectory
+        while not runner.execute(StepPlan([], [0], [], 1)).ended:
+            pass
+
+    with torch.no_grad():
+        for _ in range(args.parts_ab):
+            for name, bpp in (("parts of 10", 10), ("whole", 0)):
+                model.options = msgspec.structs.replace(model.options, blocks_per_part=bpp)
+                times[name].append(timed(parted_step, args.steps))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    say(f"  runner step, median of {args.parts_ab}: in parts {med['parts of 10']:.1f} ms, whole {med['whole']:.1f} ms "
+        f"(parts / whole {med['parts of 10'] / med['whole']:.3f}); all: {times}")  # fmt: skip
     return {"ab_ms": times, "median_ms": med}
 
 
