@@ -196,7 +196,8 @@ def test_the_step_timeline_has_wall_and_cpu_time_of_build_and_send(
 ) -> None:
     """`OMNI_MP_PROFILE_DIR`: every step with output records how long its messages took to
     build (engine thread) and to encode and send (output thread), in wall time and in the
-    thread's CPU time (the wall time also holds waits for the GIL): CPU never above wall."""
+    thread's CPU time (the wall time also holds waits for the GIL): CPU never above wall; and
+    the model steps it began and ended (an AR step is one forward pass: one of each)."""
     monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
     h = Harness(engine, config())
     try:
@@ -212,9 +213,11 @@ def test_the_step_timeline_has_wall_and_cpu_time_of_build_and_send(
     for r in steps:
         assert 0 < r.build_cpu_ms <= r.build_ms + 0.05, r
         assert 0 < r.send_cpu_ms <= r.send_ms + 0.05, r
+        assert (r.steps_begun, r.steps_ended) == (1, 1), r  # an AR step is one forward pass
     (written,) = tmp_path.glob("stage1-*.json")
     doc = json.loads(written.read_text())
-    assert {"build_cpu_ms", "send_cpu_ms"} <= set(doc["fields"]) and len(doc["steps"]) >= len(steps)
+    fields = {"build_cpu_ms", "send_cpu_ms", "steps_begun", "steps_ended"}
+    assert fields <= set(doc["fields"]) and len(doc["steps"]) >= len(steps)
 
 
 def test_late_chunks_of_an_ended_request_are_dropped_at_once(harness: Harness) -> None:

@@ -48,14 +48,9 @@ def forward_in_parts(
     yielding between parts of `blocks_per_part` blocks (0: one part)."""
     tr = transformer
     if parts_per_call(tr, blocks_per_part) == 1:
-        return tr(
-            hidden_states=hidden_states,
-            encoder_hidden_states=encoder_hidden_states,
-            encoder_hidden_states_mask=encoder_hidden_states_mask,
-            timestep=timestep,
-            img_shapes=img_shapes,
-            return_dict=False,
-        )[0]
+        # forward(hidden_states, encoder_hidden_states, encoder_hidden_states_mask, timestep, img_shapes)
+        args = (hidden_states, encoder_hidden_states, encoder_hidden_states_mask, timestep, img_shapes)
+        return tr(*args, return_dict=False)[0]
     from diffusers.models.transformers.transformer_qwenimage import compute_text_seq_len_from_mask
 
     hidden = tr.img_in(hidden_states)
