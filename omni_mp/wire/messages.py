@@ -183,6 +183,10 @@ class PackedRows(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     last: Tensor
     layers: Annotated[list[LayerRows], Meta(max_length=64)] = []
 
+    def rows(self, start: int, stop: int) -> tuple[Any, list[LayerRows]]:
+        """Rows [start, stop) of the last layer and of every other layer, as views."""
+        return self.last[start:stop], [LayerRows(lr.layer, lr.rows[start:stop]) for lr in self.layers]
+
 
 class AudioInput(msgspec.Struct, forbid_unknown_fields=True):
     """A mono waveform: float32 [samples] in [-1, 1] at `sample_rate` (the stage resamples)."""
@@ -401,11 +405,8 @@ class StageOutputBatch(MessageBase):
                 hidden = None
                 if nr:
                     assert packed is not None  # nr <= available
-                    hidden = HiddenRows(
-                        start=start,
-                        last=packed.last[r : r + nr],
-                        layers=[LayerRows(lr.layer, lr.rows[r : r + nr]) for lr in packed.layers],
-                    )
+                    last, layers = packed.rows(r, r + nr)
+                    hidden = HiddenRows(start=start, last=last, layers=layers)
                     r += nr
                 out.append(
                     StageOutputChunk(
@@ -423,12 +424,8 @@ class StageOutputBatch(MessageBase):
                         f"StageOutputBatch.chunks[{i}].hidden.packed: [{rr.start}, {rr.stop}) "
                         f"is not a row range ({size})"
                     )
-                chunk.hidden = msgspec.structs.replace(
-                    h,
-                    last=packed.last[rr.start : rr.stop],
-                    layers=[LayerRows(lr.layer, lr.rows[rr.start : rr.stop]) for lr in packed.layers],
-                    packed=None,
-                )
+                last, layers = packed.rows(rr.start, rr.stop)
+                chunk.hidden = msgspec.structs.replace(h, last=last, layers=layers, packed=None)
         at = self.chunks_at
         if col is None and not at:
             return self.chunks
