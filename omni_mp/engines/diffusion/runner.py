@@ -119,7 +119,6 @@ class DiffusionRunner:
         self.model: Any = model
         self.parted = isinstance(model, PartedVelocity)
         self.restart_step_before = restart_step_before
-        self._stepped: list[int] = []  # trajectories whose solver step ended in the current engine step
         self.decoder = isinstance(model, WindowDecoder)
         self.crossfade = crossfade
         self.trajectories: dict[int, _Trajectory] = {}
@@ -237,10 +236,10 @@ class DiffusionRunner:
         t0, t1 = times.to(self.model.device)
         return t0, t1
 
-    def _step(self, group_key: tuple[str, object], tids: list[int]) -> tuple[int, int]:
+    def _step(self, group_key: tuple[str, object], tids: list[int]) -> tuple[int, int, list[int]]:
         """Advance trajectories that share a solver and model group, in one padded batch: a
         whole solver step, or one part of a parted Euler step. Returns the solver steps
-        (0 or 1) begun and ended."""
+        (0 or 1) begun and ended, and the trajectories whose step ended."""
         m, solver, key = self.model, group_key[0], tuple(tids)
         g = self.groups.get(group_key)
         if g is not None and g.step is not None and g.key != key:
@@ -256,28 +255,29 @@ class DiffusionRunner:
                 velocity = self._velocity if g.graphed else m.velocity
                 batch = g.batch
                 g.x = SOLVERS[solver](lambda tt, xx: velocity(batch, xx, tt), t0, t1, g.x)
-                self._advance(g)
-                return 1, 1
+                return 1, 1, self._advance(g)
             g.step = _PartedStep(m.velocity_parts(g.batch, g.x, t0), t0, t1)
             begun = 1
         step = g.step
         try:
             step.done = next(step.parts)
-            return begun, 0
+            return begun, 0, []
         except StopIteration as stop:
             g.x = euler_update(g.x, step.t0, step.t1, stop.value)
             g.step = None
-            self._advance(g)
-            return begun, 1
+            return begun, 1, self._advance(g)
 
-    def _advance(self, g: _Group) -> None:
-        """A solver step of the group ended: its live trajectories take their new state."""
+    def _advance(self, g: _Group) -> list[int]:
+        """A solver step of the group ended: its live trajectories take their new state.
+        Returns them."""
+        stepped = []
         for i, tid in enumerate(g.key):
             t = self.trajectories.get(tid)
             if t is not None:  # not ended while the step was in flight
                 t.x = g.x[i, : t.x.shape[0]]
                 t.k += 1
-                self._stepped.append(tid)
+                stepped.append(tid)
+        return stepped
 
     def _previews(self, trajs: list[_Trajectory], result: StepResult) -> None:
         due = [t for t in trajs if t.preview_every and t.k % t.preview_every == 0]
@@ -332,12 +332,12 @@ class DiffusionRunner:
             by_key.setdefault((tr.solver, tr.group), []).append(tid)
         for key in [k for k in self.groups if k not in by_key]:
             del self.groups[key]  # nothing of it runs now: its padded state is not kept
-        self._stepped = []
+        stepped: list[int] = []  # trajectories whose solver step ended in this engine step
         for key, tids in by_key.items():
-            begun, ended = self._step(key, tids)
+            begun, ended, advanced = self._step(key, tids)
             result.begun += begun
             result.ended += ended
-        stepped = self._stepped
+            stepped += advanced
         finished = [tid for tid in stepped if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
         if self.owned:
             self._previews([self.trajectories[t] for t in stepped if t not in finished], result)
