@@ -92,6 +92,13 @@ T2W_DTYPES: dict[str, dict[str, str]] = {
     "bfloat16-dit": {"dit_dtype": "bfloat16"},
     "bfloat16": {"dit_dtype": "bfloat16", "vocoder_dtype": "bfloat16"},
 }
+# --token2wav-compile -> more model_options: torch.compile of the DiT block / BigVGAN's
+# activations ("all" is what a CUDA stage does by default)
+T2W_COMPILE: dict[str, dict[str, bool]] = {
+    "off": {"compile_dit": False, "compile_vocoder": False},
+    "dit": {"compile_dit": True, "compile_vocoder": False},
+    "all": {"compile_dit": True, "compile_vocoder": True},
+}
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15  # kept at the end of --deadline-s for the report
 CODEC_IDS = 8192  # real codec ids; the rest of the talker's 8448 are control ids (pad, bos, eos, ...)
@@ -310,7 +317,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "sampling": {"seed": 0},
         "diffusion": {
             "default_speaker": "Chelsie", "max_batch": min(conc, 64), "float32_matmul": args.token2wav_matmul,
-            "cuda_graphs": args.token2wav_graphs == "on", "model_options": T2W_DTYPES[args.token2wav_dtype],
+            "cuda_graphs": args.token2wav_graphs == "on", "model_options": t2w_options(args),
         },
     }  # fmt: skip
     streaming = {k: v for k, v in (("first_chunk", args.token2wav_first_chunk), ("chunk", args.token2wav_chunk)) if v}
@@ -608,11 +615,15 @@ def t2w_engine_precisions(path: Path, codes: Any) -> dict[str, dict[str, float]]
             best = min(best, time.perf_counter() - t0)
         return wav, best
 
+    eager = T2W_COMPILE["off"]
     variants = {  # name: (float32 matmul precision, model options)
-        "fp32": ("highest", {}),
-        "TF32": ("high", {}),
-        "TF32 + bf16 DiT": ("high", T2W_DTYPES["bfloat16-dit"]),
-        "TF32 + bf16 DiT and vocoder": ("high", T2W_DTYPES["bfloat16"]),
+        "fp32": ("highest", eager),
+        "TF32": ("high", eager),
+        "TF32 + bf16 DiT": ("high", {**T2W_DTYPES["bfloat16-dit"], **eager}),
+        "TF32 + bf16 DiT and vocoder": ("high", {**T2W_DTYPES["bfloat16"], **eager}),
+        "fp32, compiled": ("highest", T2W_COMPILE["all"]),
+        "TF32, compiled": ("high", T2W_COMPILE["all"]),
+        "TF32 + bf16 DiT, compiled": ("high", {**T2W_DTYPES["bfloat16-dit"], **T2W_COMPILE["all"]}),
     }
     ref, ref_s, out = None, 0.0, {}
     for name, (precision, options) in variants.items():
@@ -634,6 +645,11 @@ def t2w_engine_precisions(path: Path, codes: Any) -> dict[str, dict[str, float]]
             f"SNR {out[name]['snr_db']:.1f} dB")  # fmt: skip
     use_precision("highest")
     return out
+
+
+def t2w_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The token2wav stage's model_options from --token2wav-dtype and --token2wav-compile."""
+    return {**T2W_DTYPES[args.token2wav_dtype], **T2W_COMPILE[args.token2wav_compile]}
 
 
 def use_precision(precision: str) -> None:
@@ -792,7 +808,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         ),
         f"token2wav float32 matmuls: {args.token2wav_matmul} "
         f"({'exact fp32' if args.token2wav_matmul == 'highest' else 'TF32'}); weights: {args.token2wav_dtype}; "
-        f"CUDA graphs: {args.token2wav_graphs}; streaming chunks (codes): first "
+        f"torch.compile: {args.token2wav_compile}; CUDA graphs: {args.token2wav_graphs}; "
+        "streaming chunks (codes): first "
         f"{args.token2wav_first_chunk or 24}, then {args.token2wav_chunk or 48}",
     ]
     t2w = results.get("t2w_tf32", {})
@@ -1015,6 +1032,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="float32",
         help="token2wav's weights: float32 (as transformers), bfloat16-dit (the DiT under bf16 autocast), "
         "bfloat16 (DiT and vocoder); bf16 changes the waveform (phase t2w_tf32 measures by how much)",
+    )
+    p.add_argument(
+        "--token2wav-compile",
+        choices=list(T2W_COMPILE),
+        default="all",
+        help="torch.compile token2wav's DiT block (dit) or that and BigVGAN's activations (all, a CUDA "
+        "stage's default); off: eager. Phase t2w_tf32 measures the waveform against eager exact fp32",
     )
     p.add_argument("--token2wav-first-chunk", type=int, help="codes of the first audio chunk (stage default: 24)")
     p.add_argument("--token2wav-chunk", type=int, help="codes of each later audio chunk (stage default: 48)")

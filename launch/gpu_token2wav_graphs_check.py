@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.omni_gpu import T2W_DTYPES  # noqa: E402
+from benchmarks.omni_gpu import T2W_COMPILE, T2W_DTYPES  # noqa: E402
 from omni_mp.engines.diffusion.batcher import StepPlan, TrajectorySpec  # noqa: E402
 from omni_mp.engines.diffusion.chunking import one_shot  # noqa: E402
 from omni_mp.engines.diffusion.graphs import GraphSet  # noqa: E402
@@ -179,6 +179,10 @@ def main() -> int:
         "--dtype", choices=list(T2W_DTYPES), default="float32",
         help="token2wav's model_options: bf16 DiT (bfloat16-dit) or DiT and vocoder (bfloat16), opt-in precisions",
     )  # fmt: skip
+    ap.add_argument(
+        "--compile", choices=list(T2W_COMPILE), default="all",
+        help="token2wav's model_options: torch.compile the DiT block (dit) or that and the vocoder's activations (all)",
+    )  # fmt: skip
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--contenders", type=int, default=2)
     ap.add_argument("--atol", type=float, default=1e-3, help="graphs vs eager (unpadded) audio bound")
@@ -198,9 +202,10 @@ def main() -> int:
     torch.set_float32_matmul_precision(args.matmul)
     spec = TOKEN2WAV_SPECS["tiny-token2wav" if args.tiny else "token2wav-default-size"]
     t0 = time.perf_counter()
-    model = Token2WavModel.from_checkpoint(build_token2wav(spec), device, **T2W_DTYPES[args.dtype])
+    options = {**T2W_DTYPES[args.dtype], **T2W_COMPILE[args.compile]}
+    model = Token2WavModel.from_checkpoint(build_token2wav(spec), device, **options)
     print(f"# {torch.cuda.get_device_name(0) if cuda else 'CPU'}; {'tiny' if args.tiny else 'default-size'} "
-          f"token2wav, float32_matmul {args.matmul}, weights {args.dtype}; "
+          f"token2wav, float32_matmul {args.matmul}, weights {args.dtype}, compile {args.compile}; "
           f"loaded in {time.perf_counter() - t0:.1f}s")  # fmt: skip
     cfg = DiffusionStageConfig()
     kw: dict[str, Any] = {"graph_batch_sizes": cfg.graph_batch_sizes, "graph_max_frames": cfg.graph_max_frames}
@@ -262,11 +267,15 @@ def main() -> int:
             print(f"| {b} | {row[0]:.1f} | {row[1]:.1f} | {row[0] / row[1]:.2f}x |", flush=True)
 
     timing("alone")
-    print("\n## vocoder alone, eager, b 168-frame windows (84 codes): ms, best of 3")
+    print("\n## vocoder alone, b 168-frame windows (84 codes): ms, best of 3, eager / replayed from a graph")
+    voc = GraphSet(cfg.max_graphs).wrap(model._vocode, "vocoder-168") if cuda else None
     for b in batches:
         mel = torch.randn(b, model.state_dim, 168, device=device) - 4.0
         best = min(wall_ms(lambda: model._vocode(mel)) for _ in range(4))  # noqa: B023 (called at once)
-        print(f"- b={b}: {best:.1f} ms", flush=True)
+        line = f"- b={b}: eager {best:.1f} ms"
+        if voc is not None and voc.ready(mel):
+            line += f", replayed {min(wall_ms(lambda: voc(mel)) for _ in range(4)):.1f} ms"  # noqa: B023
+        print(line, flush=True)
     procs: list[subprocess.Popen[bytes]] = []
     if cuda and args.contenders:
         try:

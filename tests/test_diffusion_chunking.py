@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, check_streaming, next_chunk, streamed_window_lengths
+from omni_mp.engines.diffusion.chunking import (
+    ChunkPlan,
+    Joiner,
+    check_streaming,
+    decode_span,
+    next_chunk,
+    streamed_window_lengths,
+)
 from omni_mp.engines.diffusion.params import StreamingConfig
 
 CFG = StreamingConfig()
@@ -79,6 +86,28 @@ def test_streamed_window_lengths_are_the_windows_streams_get(cfg: StreamingConfi
             assert all(p.window_end - p.window_start <= max(lengths) for p in ps)
     assert seen == set(lengths) and len(lengths) == len(seen)
     assert lengths[-1] == cfg.left_context + cfg.steady_chunk() + cfg.right_context
+
+
+@pytest.mark.parametrize("cfg", [CFG, GROWING], ids=["fixed", "growing"])
+@pytest.mark.parametrize(("reach", "hold"), [((13, 13), 1), ((5, 3), 0), ((40, 40), 2)])
+def test_decode_spans_keep_the_emitted_ids_and_their_reach(
+    cfg: StreamingConfig, reach: tuple[int, int], hold: int
+) -> None:
+    """A decoder that reaches `reach` ids decodes the emitted ids with that much context (and
+    `hold` ids for the crossfade), clipped to the window; the warm-up's lengths are theirs."""
+    lengths = streamed_window_lengths(cfg, reach[0] + hold, reach[1])
+    seen: set[int] = set()
+    for total in (1, 30, 37, 100, 301, 700):
+        for p in plans(total, 7, cfg):
+            s = decode_span(p, reach, hold)
+            assert (s.emit_start, s.emit_end, s.last, s.index) == (p.emit_start, p.emit_end, p.last, p.index)
+            assert p.window_start <= s.window_start <= s.emit_start and s.emit_end <= s.window_end <= p.window_end
+            assert s.window_start == max(p.window_start, p.emit_start - reach[0] - hold)
+            assert s.window_end == min(p.window_end, p.emit_end + reach[1])
+            if not p.last:
+                seen.add(s.window_end - s.window_start)
+    assert seen == set(lengths)
+    assert lengths[-1] == min(cfg.left_context, reach[0] + hold) + cfg.steady_chunk() + min(cfg.right_context, reach[1])
 
 
 def test_a_chunk_waits_for_its_right_context_unless_the_input_is_complete() -> None:

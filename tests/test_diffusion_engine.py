@@ -14,6 +14,8 @@ Tolerances:
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -158,6 +160,36 @@ def test_streamed_chunks_join_to_the_one_shot_waveform(engine: DiffusionEngine) 
             parts.append(samples)
     bare_rel = ((torch.cat(parts) - one_shot).norm() / one_shot.norm()).item()
     assert bare_rel >= 10 * rel, (bare_rel, rel)
+
+
+def test_decoding_spans_equals_decoding_whole_windows(engine: DiffusionEngine) -> None:
+    """Streaming decodes each solved window only around the chunk it emits (BigVGAN's reach,
+    `decode_context`), not over the solver's whole context: the audio is the same."""
+    model = engine.model
+    assert model.decode_context is not None
+    codes, p = codes_of(200, 4), engine.resolve(DiffusionParams(seed=4, speaker="Chelsie"))
+    cfg, crossfade = engine.cfg.streaming, round(engine.cfg.streaming.crossfade_ms * model.sample_rate / 1000)
+
+    def stream(m) -> tuple[torch.Tensor, list[int]]:
+        frames: list[int] = []
+        view = copy.copy(m)
+        view.decode = lambda states: frames.extend(s.shape[0] for s in states) or m.decode(states)
+        batcher, runner = Batcher(16, cfg), DiffusionRunner(view, crossfade=crossfade)
+        batcher.add(DiffusionRequest("r", p, list(codes), closed=True, stream=True))
+        parts = []
+        while batcher.requests:
+            for _, samples, _, _ in batcher.update(runner.execute(batcher.schedule())):
+                parts.append(samples)
+        return torch.cat(parts), frames
+
+    whole_model = copy.copy(model)
+    whole_model.decode_context = None
+    spans, span_frames = stream(model)
+    whole, whole_frames = stream(whole_model)
+    assert spans.shape == whole.shape == (200 * model.samples_per_input,)
+    assert (spans - whole).abs().max() <= 1e-6
+    assert len(span_frames) == len(whole_frames) >= 4
+    assert sum(span_frames) < sum(whole_frames)  # later chunks skip the solver's extra context
 
 
 @pytest.fixture(scope="module")

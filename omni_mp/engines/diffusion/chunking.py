@@ -15,7 +15,7 @@ boundary never jumps between two independently computed samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -68,27 +68,44 @@ def next_chunk(cfg: StreamingConfig, index: int, emitted: int, known: int, close
     )
 
 
-def streamed_window_lengths(cfg: StreamingConfig) -> tuple[int, ...]:
+def streamed_window_lengths(cfg: StreamingConfig, left: int | None = None, right: int | None = None) -> tuple[int, ...]:
     """The window lengths (in ids) of a stream's chunks before its last one, in the order they
     first occur, the steady-state window last. No chunk's window is longer than the longest of
     them (a last chunk's window ends at `known`, at most `right_context // 2` past the chunk
     instead of `right_context`, so it is at most its index's). Closed form of `next_chunk` on a
     stream whose ids keep arriving: chunk 0 is [0, first + right), chunk k >= 1 starts at e_k
     (the sizes of the chunks before it) and spans min(e_k, left) + chunk_at(k) + right ids;
-    from the chunk where e_k >= left and the size has settled, every window is the steady one."""
-    lengths = [cfg.first_chunk + cfg.right_context]
+    from the chunk where e_k >= left and the size has settled, every window is the steady one.
+    `left` / `right`: at most this much context of the window is kept (`decode_span`'s lengths)."""
+    left = cfg.left_context if left is None else min(left, cfg.left_context)
+    right = cfg.right_context if right is None else min(right, cfg.right_context)
+    lengths = [cfg.first_chunk + right]
     emitted, index = cfg.first_chunk, 1
     while True:
         size = cfg.chunk_at(index)
-        n = min(emitted, cfg.left_context) + size + cfg.right_context
+        n = min(emitted, left) + size + right
         if n not in lengths:
             lengths.append(n)
-        if emitted >= cfg.left_context and size == cfg.steady_chunk():
+        if emitted >= left and size == cfg.steady_chunk():
             break
         emitted += size
         index += 1
-    steady = lengths.pop(lengths.index(cfg.left_context + cfg.steady_chunk() + cfg.right_context))
+    steady = lengths.pop(lengths.index(left + cfg.steady_chunk() + right))
     return (*lengths, steady)
+
+
+def decode_span(plan: ChunkPlan, context: tuple[int, int], hold: int) -> ChunkPlan:
+    """The part of a solved window its decoder runs on: the emitted ids, `context` (left, right)
+    ids around them (the decoder's own reach: what its emitted output depends on), and `hold`
+    more ids before them, whose samples the crossfade with the chunk before reads. Clipped to
+    the window. The decoder then skips the rest of the window's context, which only the
+    solver needed."""
+    left, right = context
+    return replace(
+        plan,
+        window_start=max(plan.window_start, plan.emit_start - left - hold),
+        window_end=min(plan.window_end, plan.emit_end + right),
+    )
 
 
 def one_shot(known: int) -> ChunkPlan:

@@ -52,6 +52,9 @@ class DiffusionModel(Protocol):
     window_align: int  # streaming windows start at multiples of this many inputs
     max_frames: int  # the longest state the model can take (positional limit)
     device: torch.device
+    # Optional, read with getattr: `decode_context: tuple[int, int]`, the (left, right) ids
+    # around an emitted range that `decode`'s output there depends on. The runner then decodes
+    # only that span of a streamed window (chunking.decode_span), not the solver's whole context.
 
     def check(self, params: DiffusionParams, ids: Sequence[int]) -> None:
         """Raise DiffusionInputError naming what is wrong with a request's input."""

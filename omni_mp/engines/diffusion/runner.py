@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
-from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, streamed_window_lengths
+from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, decode_span, streamed_window_lengths
 from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, GraphWarmup, bucket, round_up
 from omni_mp.engines.diffusion.model import (
     DiffusionModel,
@@ -173,7 +173,10 @@ class DiffusionRunner:
         warm_model = getattr(m, "warm_up_graphs", None)
         if warm_model is not None:
             rows = sorted({r for r, _ in shapes})
-            graphed += warm_model([n * m.frames_per_input for n in streamed_window_lengths(streaming)], rows)
+            context = getattr(m, "decode_context", None)  # the decoder's windows are the spans it decodes
+            left, right = (None, None) if context is None else (context[0] + self._hold(), context[1])
+            lengths = streamed_window_lengths(streaming, left, right)
+            graphed += warm_model([n * m.frames_per_input for n in lengths], rows)
         return GraphWarmup(graphed, time.monotonic() - t0)
 
     def graph_shape(self, rows: int, frames: int) -> tuple[int, int] | None:
@@ -287,6 +290,16 @@ class DiffusionRunner:
         for t, out in zip(due, outs, strict=True):
             result.outputs[t.request_id] = (Preview(out, t.k), False)  # type: ignore[assignment]
 
+    def _hold(self) -> int:
+        """Ids before a chunk whose samples its crossfade with the chunk before reads."""
+        return -(-self.crossfade // self.model.samples_per_input)
+
+    def _decode_span(self, plan: ChunkPlan) -> ChunkPlan:
+        """What of a solved window the decoder runs on (`decode_span`): the whole window unless
+        the model says how far its decoder reaches (`decode_context`, in ids)."""
+        context = getattr(self.model, "decode_context", None)
+        return plan if context is None else decode_span(plan, context, self._hold())
+
     def _emit(self, result: StepResult, tid: int, request_id: str, plan: ChunkPlan, out: torch.Tensor) -> None:
         """Join a finished window's output into its request's stream."""
         joiner = self.joiners.setdefault(request_id, Joiner(self.model.samples_per_input, self.crossfade))
@@ -343,15 +356,21 @@ class DiffusionRunner:
             self._previews([self.trajectories[t] for t in stepped if t not in finished], result)
         if finished:
             done = [self.trajectories[tid] for tid in finished]
+            spans = [t.plan for t in done]
             if self.owned:
                 outs = self.model.render([t.cond for t in done], [t.x for t in done])  # type: ignore[attr-defined]
             else:
-                outs = self.model.decode([t.x for t in done])
-            for tid, out in zip(finished, outs, strict=True):
+                spans = [self._decode_span(t.plan) for t in done]
+                fpi = self.model.frames_per_input
+                outs = self.model.decode(
+                    [t.x[(s.window_start - t.plan.window_start) * fpi : (s.window_end - t.plan.window_start) * fpi]
+                     for t, s in zip(done, spans, strict=True)]
+                )  # fmt: skip
+            for tid, out, span in zip(finished, outs, spans, strict=True):
                 tr = self.trajectories.pop(tid)
                 if self.owned:  # one trajectory per request: its output is the request's
                     result.outputs[tr.request_id] = (out, True)
                     result.done.append(tid)
                     continue
-                self._emit(result, tid, tr.request_id, tr.plan, out)
+                self._emit(result, tid, tr.request_id, span, out)
         return result

@@ -32,6 +32,7 @@ The modules are transformers' own; what is ours is the batched forward around th
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -46,10 +47,44 @@ from omni_mp.engines.diffusion.model import DiffusionInputError, Window
 from omni_mp.engines.diffusion.params import DiffusionParams
 from omni_mp.models.checkpoint import load_prefixed
 from omni_mp.models.qwen2_5_omni.speakers import load_speakers
+from omni_mp.models.qwen2_5_omni.token2wav_fused import (
+    AntialiasedSnake,
+    amp_block,
+    antialiased_snake,
+    block_masks,
+    dit_block,
+)
 
 SAMPLE_RATE = 24000  # BigVGAN output rate of Qwen2.5-Omni (480 samples per codec token, 50 tokens/s)
 CFG_MIN = 1e-5  # transformers: guidance_scale below this runs no unconditional pass
 _FAR = 1 << 30  # a block distance no layer attends over: masks padded keys
+
+
+def vocoder_reach(config: Any, probe_frames: int = 256) -> tuple[int, int]:
+    """How many mel frames before / after its own frame a BigVGAN output sample depends on
+    (plus one frame each side), found by probing a copy of the architecture: the same kernels,
+    strides and dilations, the fewest channels, float64 on the CPU. A change of one input
+    frame changes exactly the samples within reach, so the span of nonzero differences is the
+    reach; channel widths and weights do not change it. Streaming decodes a chunk with this
+    much context instead of the solver's (token2wav.decode_context)."""
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavBigVGANModel
+
+    probe_config = copy.deepcopy(config)
+    probe_config.upsample_initial_channel = 2 ** len(config.upsample_rates)
+    with torch.device("cpu"):
+        vocoder = Qwen2_5OmniToken2WavBigVGANModel(probe_config).double().eval()
+    samples_per_frame = math.prod(config.upsample_rates)
+    mel = torch.randn(1, config.mel_dim, probe_frames, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    hit = probe_frames // 2
+    moved = mel.clone()
+    moved[..., hit] += 1.0
+    with torch.no_grad():
+        changed = torch.nonzero(vocoder(moved) != vocoder(mel)).flatten()
+    if changed.numel() == 0 or changed[0] == 0 or changed[-1] == probe_frames * samples_per_frame - 1:
+        raise ValueError(f"vocoder reach: not found within {probe_frames} frames")
+    before = hit - int(changed[0]) // samples_per_frame  # frames after an input that depend on it
+    after = int(changed[-1]) // samples_per_frame - hit
+    return after + 1, before + 1  # an output depends on `after` frames before it, `before` after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +118,12 @@ class Token2WavOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     dit_dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16: opt-in, changes the waveform
     vocoder_dtype: Literal["float32", "bfloat16"] = "float32"
+    # torch.compile the DiT block / BigVGAN's activations (token2wav_fused.py): the same
+    # arithmetic fused into fewer kernels (H100 one-shot waveform vs eager exact fp32: relative
+    # L2 8.4e-6). Costs a compile at start-up, which the stage's graph warm-up runs. None: on
+    # for a CUDA device, off elsewhere (on a CPU, inductor's C++ compile outlasts a demo's run).
+    compile_dit: bool | None = None
+    compile_vocoder: bool | None = None
 
 
 class Token2WavModel:
@@ -114,6 +155,8 @@ class Token2WavModel:
             frames_to_samples *= rate
         self.samples_per_input = frames_to_samples * cfg.repeats
         self.sample_rate = SAMPLE_RATE
+        left, right = vocoder_reach(self.vocoder.config)
+        self.decode_context = (-(-left // cfg.repeats), -(-right // cfg.repeats))  # in codes
         self.speakers = {name: self._speaker(name, entry) for name, entry in speakers.items()}  # fp32 encoder
         # Reduced precision after the speakers' fp32 encodings: a bf16 copy of the weights, run
         # under autocast so fp32 activations meet bf16 weights (norms and softmax stay fp32).
@@ -126,6 +169,20 @@ class Token2WavModel:
         self._vocoder_frames: frozenset[int] | None = None  # lengths warmed at start-up; None: no warm-up
         self._vocoder_seen: set[tuple[int, int]] = set()  # (rows, frames) of other lengths run eagerly once
         self._vocode_fn: Any = self._vocode
+        # dynamic=True: one compiled graph serves every (rows, frames) bucket and every layer
+        # (the layers' weights are its inputs), so start-up compiles once, not per bucket.
+        compile_dit, compile_vocoder = (
+            device.type == "cuda" if flag is None else flag
+            for flag in (self.options.compile_dit, self.options.compile_vocoder)
+        )
+        self.compiled = (compile_dit, compile_vocoder)  # what runs compiled (shown by the benchmarks)
+        self._block: Any = torch.compile(dit_block, dynamic=True) if compile_dit else dit_block
+        self._snake: Any = None  # eager: transformers' activations (cuDNN depthwise convolutions)
+        self._acts: list[list[AntialiasedSnake]] = []
+        if compile_vocoder:
+            self._snake = torch.compile(antialiased_snake, dynamic=True)
+            self._acts = [[AntialiasedSnake(a) for a in block.activations] for block in self.vocoder.resblocks]
+            self._act_post = AntialiasedSnake(self.vocoder.activation_post)
 
     def _reduced(self, module: torch.nn.Module, dtype: str) -> Any:
         """A factory of the autocast context `module` runs in (bf16 weights), or of a no-op (fp32)."""
@@ -262,9 +319,12 @@ class Token2WavModel:
             ecapa = batch.ecapa[:, None].expand(rows, s, -1)
             spk = batch.spk[:, None].expand(rows, s, -1)
             h = dit.input_embed.proj(torch.cat((x2, ecapa, batch.code_embed, spk), dim=-1))
-            position_embeddings = dit.rotary_embed(h, batch.position_ids[None].expand(rows, s))
-            for layer in dit.transformer_blocks:
-                h = layer(h, time_embedding, position_embeddings=position_embeddings, block_diff=batch.block_diff)
+            cos, sin = dit.rotary_embed(h, batch.position_ids[None].expand(rows, s))
+            masks = block_masks(batch.block_diff, dit.transformer_blocks)
+            if self.compiled[0]:  # a view as the first layer's input would guard on its
+                h = h.clone()  # base: a second compiled graph for the other layers
+            for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
+                h = self._block(layer, h, time_embedding, cos, sin, mask)
             out = dit.proj_out(dit.norm_out(h, time_embedding)).float()
         if rows == n:
             return out
@@ -309,10 +369,15 @@ class Token2WavModel:
             h = v.conv_pre(v.normalize_spectrogram(db, 1, -115))
             for i in range(v.num_upsample_layers):
                 h = v.ups[i][0](h)
-                res = sum(v.resblocks[i * v.num_residual_blocks + j](h) for j in range(v.num_residual_blocks))
+                blocks = range(i * v.num_residual_blocks, (i + 1) * v.num_residual_blocks)
+                res = sum(self._resblock(k, h) for k in blocks)
                 h = res / v.num_residual_blocks
-            wav = v.conv_post(v.activation_post(h)).float()
+            wav = v.conv_post(v.activation_post(h) if self._snake is None else self._act_post(h, self._snake)).float()
         return torch.clamp(wav, min=-1.0, max=1.0).reshape(mel.shape[0], -1)
+
+    def _resblock(self, k: int, h: torch.Tensor) -> torch.Tensor:
+        block = self.vocoder.resblocks[k]
+        return block(h) if self._snake is None else amp_block(block, self._acts[k], h, self._snake)
 
     @torch.no_grad()
     def decode(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,0 +1,122 @@
+"""token2wav's DiT block and BigVGAN's anti-aliased SnakeBeta as plain tensor functions that
+`torch.compile` fuses (`Token2WavOptions.compile_dit` / `compile_vocoder`).
+
+Why (measured on an H200, `launch/gpu_token2wav_compile_profile.py`): a DiT solver step is
+launch- and memory-bound, not matmul-bound. A block is ~35 kernels, most of them elementwise
+passes over [rows, frames, 1024] fp32 (modulation, gates, residuals, the first head's RoPE), and
+BigVGAN spends most of its time in its 109 anti-aliased activations, each a replicate pad, a
+depthwise transposed convolution, a scale, five elementwise ops of SnakeBeta, another pad and
+a depthwise convolution, each a full pass over a tensor twice the input's length. Compiled, a
+block's elementwise work becomes a few fused kernels around the matmuls and attention, and an
+activation becomes one or two kernels that read the input once.
+
+- `dit_block` is `DiTDecoderLayer.forward`'s arithmetic on transformers' own submodules, with
+  the block-attention mask passed in: the engine builds the 2-3 distinct masks (look-back /
+  look-ahead pairs) once per velocity call instead of once per layer.
+- `AntialiasedSnake` computes `Qwen2_5OmniAntiAliasedActivation1d(SnakeBeta)` polyphase:
+  upsampling by r with a K-tap filter is, for each of the r output phases, a K/r-tap filter
+  over the input; SnakeBeta runs on the interleaved phases; the downsampling filter is a sum
+  of K strided slices. Replicate padding is a clamp of indices, so the compiled kernel never
+  materializes a padded or zero-stuffed tensor. Eagerly this is slower than cuDNN's depthwise
+  convolutions (2K slice products), so it runs only compiled.
+
+Both are within float rounding of transformers' modules (tests/test_token2wav_fused.py: the
+same functions eagerly and compiled against transformers, and the whole token2wav).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def block_masks(block_diff: torch.Tensor, layers: Any) -> list[torch.Tensor]:
+    """Each layer's block-attention mask: keys within `look_backward_block` blocks before and
+    `look_ahead_block` after the query's block. Built once per distinct pair; padded keys carry
+    a block distance no layer reaches (see token2wav.collate), so they stay masked."""
+    built: dict[tuple[int, int], torch.Tensor] = {}
+    masks = []
+    for layer in layers:
+        key = (layer.look_backward_block, layer.look_ahead_block)
+        if key not in built:
+            built[key] = (block_diff >= -key[0]) & (block_diff <= key[1])
+        masks.append(built[key])
+    return masks
+
+
+def dit_block(
+    layer: torch.nn.Module, h: torch.Tensor, temb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """One DiT decoder layer (transformers' submodules; its forward's arithmetic)."""
+    norm, gate_attn, shift_ff, scale_ff, gate_ff = layer.attn_norm(h, emb=temb)
+    h = h + gate_attn[:, None] * layer.attn(hidden_states=norm, position_embeddings=(cos, sin), attention_mask=mask)
+    norm = layer.ff_norm(h) * (1 + scale_ff[:, None]) + shift_ff[:, None]
+    return h + gate_ff[:, None] * layer.ff(norm)
+
+
+def _up_taps(up: torch.nn.Module) -> tuple[tuple[tuple[int, float], ...], ...]:
+    """Per output phase p of `Qwen2_5OmniUpSample1d`: (offset d, weight) pairs such that
+    out[r*q + p] = sum_d weight * x_padded[q + d], with x padded by `up.pad` on each side."""
+    r, k, pad = up.ratio, up.kernel_size, up.pad
+    f = up.filter.flatten().tolist()
+    phases = []
+    for p in range(r):
+        # transformers: conv_transpose1d(x_padded, f, stride r)[n] = sum_i x_padded[i] f[n - r i],
+        # sliced from pad_left: n = r q + p + pad_left, so the tap of x_padded[q + d] is
+        # f[p + pad_left - r d].
+        taps = [(d, r * f[j]) for d in range(-k, k + 2 * pad + 1) if 0 <= (j := p + up.pad_left - r * d) < k]
+        if len(taps) != k // r or not all(0 <= d <= 2 * pad for d, _ in taps):
+            raise ValueError(f"upsampling (ratio {r}, kernel {k}) has no polyphase form here")
+        phases.append(tuple(taps))
+    return tuple(phases)
+
+
+class AntialiasedSnake:
+    """`Qwen2_5OmniAntiAliasedActivation1d` with a `Qwen2_5OmniSnakeBeta`, polyphase (module doc).
+    SnakeBeta's per-channel exp(alpha) and 1 / (exp(beta) + eps) are computed once here."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        up, down, act = module.upsample, module.downsample, module.act
+        self.up_taps = _up_taps(up)
+        self.up_pad = up.pad
+        self.ratio = up.ratio
+        self.down_taps = tuple(down.filter.flatten().tolist())
+        self.down_pad = (down.pad_left, down.pad_right)
+        self.down_stride = down.stride
+        with torch.no_grad():
+            self.alpha = torch.exp(act.alpha.float())[:, None]  # [C, 1]
+            self.inv_beta = (1.0 / (torch.exp(act.beta.float()) + act.no_div_by_zero))[:, None]
+
+    def __call__(self, x: torch.Tensor, fn: Any = None) -> torch.Tensor:
+        """`fn`: the (compiled) `antialiased_snake` to run; eager by default."""
+        return (fn or antialiased_snake)(
+            x, self.alpha, self.inv_beta, self.up_taps, self.up_pad, self.down_taps, self.down_pad, self.down_stride
+        )
+
+
+def antialiased_snake(
+    x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, up_taps: tuple[tuple[tuple[int, float], ...], ...],
+    up_pad: int, down_taps: tuple[float, ...], down_pad: tuple[int, int], down_stride: int,
+) -> torch.Tensor:  # fmt: skip
+    """[B, C, T] -> [B, C, T * ratio // down_stride] (see AntialiasedSnake)."""
+    t = x.shape[-1]
+    xp = F.pad(x, (up_pad, up_pad), mode="replicate")
+    phases = [sum(w * xp[..., d : d + t] for d, w in taps) for taps in up_taps]
+    z = torch.stack(phases, dim=-1).flatten(-2)  # [B, C, ratio * T], the phases interleaved
+    z = z + inv_beta.to(z.dtype) * torch.sin(z * alpha.to(z.dtype)) ** 2
+    zp = F.pad(z, down_pad, mode="replicate")
+    n = (zp.shape[-1] - len(down_taps)) // down_stride + 1
+    span = down_stride * (n - 1) + 1
+    return sum(g * zp[..., k : k + span : down_stride] for k, g in enumerate(down_taps))  # type: ignore[return-value]
+
+
+def amp_block(block: torch.nn.Module, acts: list[AntialiasedSnake], h: torch.Tensor, fn: Any) -> torch.Tensor:
+    """`Qwen2_5OmniAMPBlock.forward` with its activations as `acts` (in the block's order)."""
+    for i, (conv1, conv2) in enumerate(zip(block.convs1, block.convs2, strict=True)):
+        residual = h
+        h = conv2(acts[2 * i + 1](conv1(acts[2 * i](h, fn)), fn))
+        h = residual + h
+    return h
