@@ -51,6 +51,15 @@ def transformers_velocity(dit: torch.nn.Module, t2w_dir: str, codes: torch.Tenso
     return out[0] + (out[0] - out[1]) * GUIDANCE
 
 
+def one_request(model: Token2WavModel, n: int = 60) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Window]:
+    """A 60-code request's codes, a state x at time t, and its window (CFG on)."""
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, model.num_codes - 1, (n,), generator=g)
+    x = torch.randn(1, n * model.frames_per_input, model.state_dim, generator=g)
+    window = Window("a", codes, 0, DiffusionParams(seed=1, speaker="Chelsie", guidance_scale=GUIDANCE))
+    return codes, x, torch.tensor([0.37]), window
+
+
 def test_bf16_dit_is_transformers_dit_under_bf16_autocast(t2w_dir: str) -> None:
     f32 = Token2WavModel.from_checkpoint(t2w_dir, CPU)
     b16 = Token2WavModel.from_checkpoint(t2w_dir, CPU, dit_dtype="bfloat16")
@@ -58,12 +67,7 @@ def test_bf16_dit_is_transformers_dit_under_bf16_autocast(t2w_dir: str) -> None:
     assert next(b16.vocoder.parameters()).dtype == torch.float32  # only what was asked for
     hf32 = copy.deepcopy(f32.dit)
     hf16 = copy.deepcopy(f32.dit).to(torch.bfloat16)
-    g = torch.Generator().manual_seed(1)
-    n = 60
-    codes = torch.randint(0, f32.num_codes - 1, (n,), generator=g)
-    x = torch.randn(1, n * f32.frames_per_input, f32.state_dim, generator=g)
-    t = torch.tensor([0.37])
-    window = Window("a", codes, 0, DiffusionParams(seed=1, speaker="Chelsie", guidance_scale=GUIDANCE))
+    codes, x, t, window = one_request(f32)
 
     def ours(m: Token2WavModel) -> torch.Tensor:
         v = m.velocity(m.collate([m.condition(window)], torch.tensor([GUIDANCE])), x, t)
