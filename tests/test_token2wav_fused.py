@@ -98,21 +98,23 @@ def test_compiled_token2wav_is_transformers(t2w_dir: str, eager: Token2WavModel,
     assert rel(compiled._vocode(mel), wav) <= 1e-5
 
 
-def test_one_compile_serves_other_sizes(compiled: Token2WavModel) -> None:
-    """After a first call at a graph bucket's layout, other rows and frames reuse the graphs."""
-    g = torch.Generator().manual_seed(7)
+def test_start_up_compile_serves_every_size(compiled: Token2WavModel) -> None:
+    """What a stage without CUDA graphs compiles at start-up (`warm_up_compiled`) serves every
+    later batch and frame size, padded to a graph bucket or not: no request's step compiles."""
+    torch._dynamo.reset()  # forget what earlier tests compiled
     params = DiffusionParams(seed=1, speaker="Chelsie", guidance_scale=GUIDANCE)
+    compiled.warm_up_compiled(params)
+    before = counters["stats"]["unique_graphs"]
+    g = torch.Generator().manual_seed(7)
 
-    def step(b: int, n: int) -> None:
+    def step(b: int, n: int, pad: bool) -> None:
         wins = [Window(f"r{i}", torch.randint(0, 100, (n - 6 * i,), generator=g), 0, params) for i in range(b)]
         frames = n * compiled.frames_per_input
-        batch = compiled.collate([compiled.condition(w) for w in wins], torch.full((b,), GUIDANCE), pad_to=(b, frames))
+        conds = [compiled.condition(w) for w in wins]
+        batch = compiled.collate(conds, torch.full((b,), GUIDANCE), pad_to=(b, frames) if pad else None)
         compiled.velocity(batch, torch.randn(b, frames, compiled.state_dim, generator=g), torch.rand(b, generator=g))
         compiled._vocode(torch.randn(b, compiled.state_dim, frames, generator=g) - 4.0)
 
-    step(2, 36)
-    before = counters["stats"]["unique_graphs"]
-    assert before > 0  # the model's functions are compiled
-    for b, n in ((3, 48), (8, 84), (2, 24)):
-        step(b, n)
-    assert counters["stats"]["unique_graphs"] == before
+    for b, n, pad in ((3, 48, True), (8, 84, True), (1, 36, False), (2, 60, False), (1, 24, True)):
+        step(b, n, pad)
+    assert before > 0 and counters["stats"]["unique_graphs"] == before

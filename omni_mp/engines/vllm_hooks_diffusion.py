@@ -191,15 +191,17 @@ class DiffusionWorker(_WorkerBase):  # type: ignore[misc, valid-type]
 
         cfg = stage_config(self.vllm_config)
         runner: DiffusionRunner = self.model_runner  # type: ignore[assignment]
+        speaker = cfg.defaults.speaker or cfg.default_speaker
+        defaults = msgspec.structs.replace(cfg.defaults, seed=0, speaker=speaker)  # the dummy windows' params
         if cfg.warm_up_graphs and runner.graphs is not None:  # graphs: cuda_graphs on a CUDA device
             # Best-effort: a failure leaves every shape to be captured on first use, as without it.
             try:
-                speaker = cfg.defaults.speaker or cfg.default_speaker
-                defaults = msgspec.structs.replace(cfg.defaults, seed=0, speaker=speaker)
                 self.graph_warmup = runner.warm_up_graphs(cfg.streaming, cfg.max_batch, defaults)
             except Exception as err:  # noqa: BLE001 - the stage serves without it
                 log.exception("CUDA graph warm-up failed; graphs will be captured on first use")
                 self.graph_warmup_error = f"{type(err).__name__}: {err}"[:300]
+        elif cfg.warm_up_graphs and hasattr(runner.model, "warm_up_compiled"):
+            runner.model.warm_up_compiled(defaults)  # no graphs: compile now, not in a request's step
         return CompilationTimes(language_model=0.0, encoder=0.0)
 
     def get_graph_warmup(self) -> tuple[GraphWarmup | None, str | None]:

@@ -320,7 +320,10 @@ class Token2WavModel:
             spk = batch.spk[:, None].expand(rows, s, -1)
             h = dit.input_embed.proj(torch.cat((x2, ecapa, batch.code_embed, spk), dim=-1))
             cos, sin = dit.rotary_embed(h, batch.position_ids[None].expand(rows, s))
-            masks = block_masks(batch.block_diff, dit.transformer_blocks)
+            block_diff = batch.block_diff
+            if self.compiled[0]:  # one mask layout, per row, so no second graph for a shared one
+                block_diff = block_diff.expand(rows, -1, -1, -1)
+            masks = block_masks(block_diff, dit.transformer_blocks)
             if self.compiled[0]:  # a view as the first layer's input would guard on its
                 h = h.clone()  # base: a second compiled graph for the other layers
             for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
@@ -339,6 +342,25 @@ class Token2WavModel:
         """Run the vocoder from CUDA graphs of `graphs` (omni_mp.engines.diffusion.graphs.GraphSet)."""
         self._vocoder_rows = tuple(sorted(row_buckets))
         self._vocode_fn = graphs.wrap(self._vocode, "vocoder")
+
+    @torch.no_grad()
+    def warm_up_compiled(self, params: DiffusionParams) -> None:
+        """Compile what runs compiled now, not in a request's step (a stage without CUDA graphs;
+        with graphs, their warm-up compiles it): a velocity call with CFG, and the vocoder at one
+        row and at two (PyTorch compiles size 1 apart from larger sizes)."""
+        if not any(self.compiled):
+            return
+        n = self.window_align
+        window = Window("compile-warm-up", torch.zeros(n, dtype=torch.long), 0, params)
+        cond = self.condition(window)
+        x = torch.zeros(1, cond.frames, self.state_dim, device=self.device)
+        self.velocity(
+            self.collate([cond], torch.tensor([max(params.guidance_scale, CFG_MIN)])),
+            x,
+            torch.zeros(1, device=self.device),
+        )
+        for rows in (1, 2):
+            self._vocode(torch.zeros(rows, self.state_dim, cond.frames, device=self.device))
 
     @torch.no_grad()
     def warm_up_graphs(self, frames: Sequence[int], rows: Sequence[int]) -> int:
