@@ -82,9 +82,10 @@ def vocoder_reach(config: Any, probe_frames: int = 256) -> tuple[int, int]:
         changed = torch.nonzero(vocoder(moved) != vocoder(mel)).flatten()
     if changed.numel() == 0 or changed[0] == 0 or changed[-1] == probe_frames * samples_per_frame - 1:
         raise ValueError(f"vocoder reach: not found within {probe_frames} frames")
-    before = hit - int(changed[0]) // samples_per_frame  # frames after an input that depend on it
-    after = int(changed[-1]) // samples_per_frame - hit
-    return after + 1, before + 1  # an output depends on `after` frames before it, `before` after it
+    # Output frame q depends on input frame `hit` for q in [first, last], so an output frame
+    # needs `last - hit` input frames before it and `hit - first` after it.
+    first, last = int(changed[0]) // samples_per_frame, int(changed[-1]) // samples_per_frame
+    return last - hit + 1, hit - first + 1
 
 
 @dataclass(frozen=True, slots=True)
