@@ -145,7 +145,13 @@ def _image_params(cfg: PipelineConfig, args: argparse.Namespace) -> dict[str, ob
 
 
 def _say(msg: str) -> None:
-    print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
+    """A progress line on stderr. Best effort: when the reader is gone (a closed terminal, a
+    supervisor that died, `| head`), the write fails, and a server must go on serving, or
+    shutting down, rather than die or hang on a message nobody can read."""
+    try:
+        print(f"[omni_mp] {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _say_what_the_demo_is(cfg: PipelineConfig, output_dir: Path | None) -> None:
@@ -330,9 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     crashed: list[BaseException] = []
 
     def on_signal(signum: int, frame: object) -> None:
-        _say(f"got signal {signum}, shutting down")
         stop.set()
         coord.stop()
+        _say(f"got signal {signum}, shutting down")
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -369,12 +375,14 @@ def main(argv: list[str] | None = None) -> int:
                 code = _run_prompts(client, prompts, args, server, image_params)
     finally:
         _say("shutting down the pipeline")
-        if http is not None:
-            from omni_mp.http.process import stop_http
+        try:
+            if http is not None:
+                from omni_mp.http.process import stop_http
 
-            stop_http(http)
-        coord.stop()
-        server.join()
+                stop_http(http)
+        finally:  # whatever failed above, the stages and the coordinator thread must end
+            coord.stop()
+            server.join()
     if crashed or code is None:
         print(f"error: the coordinator failed: {crashed[0] if crashed else 'it stopped'!r}", file=sys.stderr)
         return 4

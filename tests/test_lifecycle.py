@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -149,6 +151,49 @@ def test_sigterm_fails_inflight_requests_and_exits_clean() -> None:
         assert errors[0].code in ("shutdown", "stage_died")
         for pid in stage_pids:
             assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_stops_a_server_whose_output_pipe_is_gone() -> None:
+    """A server whose stdout and stderr went to a reader that has gone (a closed terminal, a
+    supervisor that died, `| head`) still stops on SIGTERM, stages and sockets included: saying
+    that it is shutting down must not stand in the way of shutting down."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_mp.launch", "--config", str(SINGLE)],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        endpoint = None
+        for line in proc.stdout:  # bounded by the start-up: the launcher prints its endpoint, or exits
+            if m := re.search(r"serving pipeline .* on (\S+)", line):
+                endpoint = m.group(1)
+                break
+        assert endpoint is not None, "the launcher exited before serving"
+        with OmniClient(endpoint) as client:
+            stage_pids = [s.pid for s in client.status().stages]
+        run_id = endpoint.split("@", 1)[1].rsplit("-client", 1)[0]
+        proc.stdout.close()  # the reader goes away: every later write of the launcher fails
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        stop_s = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.wait()
+    assert code == 0 and stop_s <= 10, f"exit {code} after {stop_s:.1f}s"
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in stage_pids if psutil.pid_exists(p)], timeout=10)
+    assert not alive, f"stage processes outlived the launcher: {alive}"
+    deadline = time.monotonic() + 5
+    while abstract_sockets_of(run_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not abstract_sockets_of(run_id)
 
 
 def test_coordinator_sigkill_leaves_no_orphans_or_sockets() -> None:
