@@ -535,8 +535,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=2,
         metavar="FRAMES",
-        help="code2wav's second chunk, in frames (stage_configs/qwen3_omni.yaml's: 2); each chunk re-runs the "
-        "convolutions over 11 frames of left context",
+        help="code2wav's second chunk, in frames (stage_configs/qwen3_omni.yaml's: 2); a chunk runs only its new "
+        "frames (the decoder keeps its state between chunks)",
     )
     p.add_argument(
         "--code2wav-max-batch",

@@ -218,7 +218,7 @@ def test_shipped_qwen3_omni_budgets_cover_the_estimate(tmp_path: Path) -> None:
     of its stage on one H200, so the launcher would not refuse the shipped config. The
     checkpoint is a config-only dir at the released sizes: with no safetensors, each part's
     weights are its parameter count on the meta device (the planner's fallback). Not vacuous:
-    code2wav with 48-frame chunks (`max_chunk`) at the same max_batch (2.5x the activations)
+    code2wav with 48-frame chunks (`max_chunk`) at the same max_batch (3.6x the activations)
     is refused, naming stage 2 alone."""
     from omni_mp.models.qwen3_omni.tiny import released_config
 

@@ -6,12 +6,13 @@ Tolerances (samples in [-1, 1], rms ~0.1; measured on this CPU):
   modules; only the attention mask is built differently).
 - streamed (any chunking, inputs arriving frame by frame) and batched vs transformers one
   shot: atol 2e-4 (observed <= 2.6e-5 max abs, 2.4e-5 relative L2, 1 to 150 frames). The
-  transformer runs incrementally over cached keys and values and the convolutions see their
-  whole receptive field, so a chunk is the one-shot output up to float summation order; the
-  random tiny weights amplify that order noise.
+  transformer runs incrementally over cached keys and values and the convolutions over the
+  inputs each request kept, so a chunk is the one-shot output up to float summation order; the
+  random tiny weights amplify that order noise. In float64 the streamed convolutions are the
+  one-shot ones to 1e-13 (bound 1e-10), whatever the chunking: the algorithm is exact.
   Controls that fail the bound by far: windows recomputed with no state from 25 frames of left
-  context, as transformers' `chunked_decode` does (observed 0.36), and our convolutions with
-  too little left context (8 frames instead of 11: 3.6e-2; 9: 1.0e-4; 10: 1.9e-5).
+  context, as transformers' `chunked_decode` does (observed 0.36), and the convolutions' kept
+  inputs zeroed between chunks (what a chunk run with no left context would see).
 - joins: streamed audio is compared sample by sample over its whole length, boundaries
   included, so a click (a jump at a chunk edge) would fail the bound.
 """
@@ -183,9 +184,9 @@ def test_batched_requests_of_different_lengths_each_equal_their_oracle(engine: D
 
 def test_controls_without_state_or_context_miss_the_bound(engine: DiffusionEngine, oracle, monkeypatch) -> None:
     """The bound is not vacuous: windows recomputed without the cached keys and values (from
-    25 frames of left context, as transformers' `chunked_decode` does), or with the convolutions'
-    left context cut to 8 frames, both miss it by far."""
-    import omni_mp.models.qwen3_omni.code2wav as c2w
+    25 frames of left context, as transformers' `chunked_decode` does), or with the inputs the
+    convolutions kept zeroed between chunks, both miss it by far."""
+    from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
 
     codes = frames_of(60, 9)
     want = one_shot(oracle, codes)
@@ -195,9 +196,60 @@ def test_controls_without_state_or_context_miss_the_bound(engine: DiffusionEngin
     audio, _, _ = run(engine, {"ok": ids_of(codes)}, {"ok": GROUPS})
     assert (torch.cat(audio["ok"]) - want).abs().max() <= STREAM_ATOL
 
-    monkeypatch.setattr(c2w, "CONV_LEFT_FRAMES", 8)  # the worker runs in this process
+    run_kept = StreamingConvs.run
+
+    def forgetful(self, hidden, kept):  # the worker runs in this process
+        return run_kept(self, hidden, None if kept is None else [torch.zeros_like(k) for k in kept])
+
+    monkeypatch.setattr(StreamingConvs, "run", forgetful)
     audio, _, _ = run(engine, {"short": ids_of(codes)}, {"short": GROUPS})
-    assert (torch.cat(audio["short"]) - want).abs().max() > 20 * STREAM_ATOL
+    got = torch.cat(audio["short"])
+    assert got.shape == want.shape and (got - want).abs().max() > 20 * STREAM_ATOL
+
+
+@pytest.mark.parametrize("chunks", [[30], [1, 2, 4, 8, 15], [1] * 30, [7, 23]], ids=lambda c: "-".join(map(str, c[:6])))
+def test_streamed_convolutions_equal_the_one_shot_stack_in_float64(oracle, chunks: list[int]) -> None:
+    """The convolutional half alone, fed transformer outputs chunk by chunk, against
+    transformers' upsampler and decoder on all of them at once, in float64: rounding aside
+    (observed 4e-14), every chunking gives the one-shot samples, and a stream's first call
+    gives 555 fewer than 1920 per frame, as the one-shot pass does."""
+    import copy
+
+    from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
+
+    hf = copy.deepcopy(oracle).double()
+    convs = StreamingConvs(hf)
+    assert (convs.samples_per_frame, convs.first_trim) == (FRAME, 555)
+    hidden = torch.randn(3, hf.config.hidden_size, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        x = hidden
+        for module in [*(b for blocks in hf.upsample for b in blocks), *hf.decoder]:
+            x = module(x)
+        want = x[:, 0]
+        got, kept, start = [], None, 0
+        for n in chunks:
+            wav, kept = convs.run(hidden[..., start : start + n], kept)
+            assert wav.shape[-1] == n * FRAME - (555 if start == 0 else 0)
+            got.append(wav)
+            start += n
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(torch.cat(got, dim=-1), want, atol=1e-10, rtol=0)
+
+
+def test_streamed_convolutions_refuse_a_layout_they_do_not_know(oracle) -> None:
+    """A convolution this streaming form has no rule for fails at load, not with wrong audio."""
+    import copy
+
+    from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
+
+    strided = copy.deepcopy(oracle)
+    strided.decoder[0].stride = 2
+    with pytest.raises(ValueError, match="stride"):
+        StreamingConvs(strided)
+    padded = copy.deepcopy(oracle)
+    padded.decoder[1].block[1].left_pad += 1
+    with pytest.raises(ValueError, match="trimmed"):
+        StreamingConvs(padded)
 
 
 def test_bad_input_fails_only_that_request(engine: DiffusionEngine, oracle) -> None:

@@ -12,16 +12,17 @@ Why a chunk equals the one-shot pass (measured by tests/test_qwen3_omni_code2wav
   incrementally instead: each request keeps, per layer, the rotated keys and values of its last
   71 frames (what the next frames attend to), and a chunk runs only its new frames at their
   absolute positions (exact up to float summation order);
-- the convolutional part (upsampler + decoder) sees `CONV_LEFT_FRAMES` frames back and less than
-  a third of a frame ahead (its transposed convolutions trim one input step of look-ahead, so
-  T frames give 1920 T - 555 samples and sample j depends on frames up to (j + 554) / 1920).
-  A chunk re-runs it over the transformer outputs of that many frames before its window (kept
-  per request), and a chunk's window reaches one frame past what it emits (`right_context` 16
-  codes), so the samples it emits are exactly the one-shot samples: the join is a plain
-  concatenation, no crossfade needed (`crossfade_ms: 0`).
+- the convolutional part (upsampler + decoder) runs incrementally too (code2wav_convs.py):
+  each request keeps the last inputs of each convolution, and a chunk runs only its new
+  frames. Its transposed convolutions look less than a third of a frame ahead (T frames give
+  1920 T - 555 samples; sample j depends on frames up to (j + 554) / 1920), so a window
+  reaches one frame past what it emits (`right_context` 16 codes) and the samples it emits are
+  exactly the one-shot samples: the join is a plain concatenation, no crossfade needed
+  (`crossfade_ms: 0`). Each request keeps the samples made past its last window's start (at
+  most a window's), which the next window, starting at that frame, returns again.
 Windows of one step share one transformer call (padded; the mask keeps rows apart) and one
-convolution call per window length (convolutions over a padded row would see the padding
-through the look-ahead).
+convolution call per number of new frames (convolutions over a padded row would see the
+padding through the look-ahead); a request's first chunk runs apart from later ones.
 """
 
 from __future__ import annotations
@@ -36,12 +37,9 @@ import torch
 from omni_mp.engines.diffusion.model import DiffusionInputError, Window
 from omni_mp.engines.diffusion.params import DiffusionParams
 from omni_mp.models.checkpoint import load_prefixed
+from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
 
 SAMPLE_RATE = 24000  # 1920 samples per 12.5 Hz frame
-# Frames of transformer output the convolutions see before a sample's frame; the released
-# layout's receptive field is 9.1 frames (3 + 1.5 ConvNeXt, 1.5 first conv, 2.4 + 0.5 + 0.1
-# residual units), measured exact at 10; one more for margin.
-CONV_LEFT_FRAMES = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +56,13 @@ class Code2WavWindow:
 class _Stream:
     """What a request keeps between its chunks."""
 
-    frames: int = 0  # frames the transformer has run
+    frames: int = 0  # frames the transformer and the convolutions have run
     # [layers, 2 (keys, values), heads, <= window - 1, head_dim]: rotated, of its last frames
     kv: torch.Tensor | None = None
-    hidden: torch.Tensor | None = None  # [n, hidden] transformer outputs of frames [hidden_start, frames)
-    hidden_start: int = 0
+    convs: list[torch.Tensor] | None = None  # each convolution's kept inputs (StreamingConvs.run)
+    # float32 CPU one-shot samples [samples_start, made): from the last window's first frame on
+    samples: torch.Tensor | None = None
+    samples_start: int = 0
 
 
 class _PastKV:
@@ -108,6 +108,11 @@ class Code2WavModel:
         self.layers = list(tr.layers[: cfg.num_hidden_layers])
         attn = self.layers[0].self_attn
         self.heads, self.head_dim = cfg.num_key_value_heads, attn.head_dim
+        self.convs = StreamingConvs(self.hf)
+        if self.convs.samples_per_frame != self.frame_samples:
+            raise ValueError(
+                f"code2wav: {self.convs.samples_per_frame} samples per frame, expected {self.frame_samples}"
+            )
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> Code2WavModel:
@@ -169,16 +174,25 @@ class Code2WavModel:
             if not w.start <= st.frames <= w.end:
                 raise RuntimeError(f"request {w.request_id}: window [{w.start}, {w.end}) after {st.frames} frames")
             streams.append(st)
-        self._transformer(windows, streams)
-        return self._convolutions(windows, streams)
+        new = self._transformer(windows, streams)
+        self._convolutions(windows, streams, new)
+        out = []
+        for w, st in zip(windows, streams, strict=True):  # later windows start at or after this one
+            assert st.samples is not None
+            start = w.start * self.frame_samples
+            out.append(st.samples[start - st.samples_start :])
+            st.samples, st.samples_start = st.samples[start - st.samples_start :], start
+        return out
 
     # ---- the transformer, incrementally ---------------------------------------------------------
-    def _transformer(self, windows: list[Code2WavWindow], streams: list[_Stream]) -> None:
+    def _transformer(self, windows: list[Code2WavWindow], streams: list[_Stream]) -> list[torch.Tensor | None]:
         """Run each window's new frames through the transformer, after the keys and values its
-        request cached; append the outputs to the request's hidden history."""
-        rows = [(w, st) for w, st in zip(windows, streams, strict=True) if w.end > st.frames]
+        request cached: their outputs [new frames, hidden] per window (None: nothing new)."""
+        out: list[torch.Tensor | None] = [None] * len(windows)
+        at = [i for i, (w, st) in enumerate(zip(windows, streams, strict=True)) if w.end > st.frames]
+        rows = [(windows[i], streams[i]) for i in at]
         if not rows:
-            return
+            return out
         hf, dev = self.hf, self.device
         new = [w.end - st.frames for w, st in rows]
         cached = [0 if st.kv is None else st.kv.shape[3] for _, st in rows]
@@ -200,8 +214,8 @@ class Code2WavModel:
         for i, (_, st) in enumerate(rows):
             c, m = cached[i], new[i]
             st.kv = torch.cat([past.kv[i, :, :, :, :c], new_kv[i, :, :, :, :m]], dim=3)[:, :, :, -keep:].clone()
-            st.hidden = h[i, :m] if st.hidden is None else torch.cat([st.hidden, h[i, :m]])
-            st.frames += m
+            out[at[i]] = h[i, :m]
+        return out
 
     def _gather(self, rows: list[tuple[Code2WavWindow, _Stream]], cached: list[int]) -> torch.Tensor:
         """The rows' cached keys and values, padded: [rows, layers, 2, heads, max cached, head_dim]."""
@@ -227,41 +241,26 @@ class Code2WavModel:
         mask[:, :, c:] |= torch.eye(n, dtype=torch.bool, device=dev)  # padded queries keep themselves
         return mask[:, None]
 
-    # ---- the convolutions, over windows with their left context ---------------------------------
-    def _convolutions(self, windows: list[Code2WavWindow], streams: list[_Stream]) -> list[torch.Tensor]:
-        spans = []
-        for w, st in zip(windows, streams, strict=True):
-            start = max(0, w.start - CONV_LEFT_FRAMES)
-            if start < st.hidden_start or st.hidden is None:
-                raise RuntimeError(f"request {w.request_id}: frames before {st.hidden_start} are gone")
-            spans.append((start, w.end))
-        out: list[torch.Tensor | None] = [None] * len(windows)
-        groups: dict[int, list[int]] = {}
-        for i, (a, e) in enumerate(spans):
-            groups.setdefault(e - a, []).append(i)
-        for idx in groups.values():
-            hidden = torch.stack([self._span(streams[i], *spans[i]) for i in idx]).permute(0, 2, 1)
-            wav = self._upsample_decode(hidden).to(device="cpu", dtype=torch.float32)
-            for j, i in enumerate(idx):
-                skip = (windows[i].start - spans[i][0]) * self.frame_samples
-                out[i] = wav[j, skip:]
-        for w, st in zip(windows, streams, strict=True):  # later windows start at or after this one
-            drop = max(0, w.start - CONV_LEFT_FRAMES) - st.hidden_start
-            if drop > 0 and st.hidden is not None:
-                st.hidden = st.hidden[drop:]
-                st.hidden_start += drop
-        return out  # type: ignore[return-value]
-
-    @staticmethod
-    def _span(st: _Stream, start: int, end: int) -> torch.Tensor:
-        assert st.hidden is not None
-        return st.hidden[start - st.hidden_start : end - st.hidden_start]
-
-    def _upsample_decode(self, hidden: torch.Tensor) -> torch.Tensor:
-        """transformers' `Qwen3OmniMoeCode2Wav.forward` after the transformer: [B, hidden, T] -> [B, samples]."""
-        for blocks in self.hf.upsample:
-            for block in blocks:
-                hidden = block(hidden)
-        for block in self.hf.decoder:
-            hidden = block(hidden)
-        return hidden.clamp(min=-1, max=1)[:, 0]
+    # ---- the convolutions, incrementally ----------------------------------------------------------
+    def _convolutions(
+        self, windows: list[Code2WavWindow], streams: list[_Stream], new: list[torch.Tensor | None]
+    ) -> None:
+        """Run each window's new transformer outputs through the convolutions, after the inputs
+        its request kept; append the samples to the request's. One call per (new frames, first
+        call of its stream): rows of one call have one shape at every layer."""
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for i, h in enumerate(new):
+            if h is not None:
+                groups.setdefault((h.shape[0], streams[i].convs is None), []).append(i)
+        for (frames, first), idx in groups.items():
+            hidden = torch.stack([new[i] for i in idx]).permute(0, 2, 1)  # type: ignore[misc]
+            kept = None
+            if not first:  # one batched tensor per convolution
+                kept = [torch.stack([streams[i].convs[j] for i in idx]) for j in range(self.convs.num_states)]  # type: ignore[index]
+            wav, keep = self.convs.run(hidden, kept)
+            wav = wav.clamp(min=-1, max=1).to(device="cpu", dtype=torch.float32)
+            for row, i in enumerate(idx):
+                st = streams[i]
+                st.convs = [k[row] for k in keep]
+                st.samples = wav[row] if st.samples is None else torch.cat([st.samples, wav[row]])
+                st.frames += frames

@@ -40,7 +40,7 @@ class Qwen3OmniSizing:
         return config["thinker_config" if part == "thinker" else "talker_config"]["text_config"]
 
     def diffusion_activations(self, stage: StageConfig, config: dict[str, Any]) -> int:
-        """`max_batch` windows decoded at once, fp32: per frame (16 codes), the decoder's widest
+        """`max_batch` windows decoded at once, fp32: per frame (16 codes) of a window, the decoder's widest
         stage (channels halve as each upsampling stage multiplies the length) with its
         temporaries (SnakeBeta and residual sums keep ~8 live copies)."""
         c2w = config.get("code2wav_config", {})
@@ -48,7 +48,9 @@ class Qwen3OmniSizing:
         d = stage.diffusion
         s = d.streaming
         codes = s.largest_chunk() + s.left_context + s.right_context if d.stream else d.max_input_len
-        frames = -(-codes // groups) + 11  # + the convolutions' left context (code2wav.CONV_LEFT_FRAMES)
+        # + 1: the inputs each convolution kept from the chunk before (code2wav_convs), under a
+        # frame's worth at every layer.
+        frames = -(-codes // groups) + 1
         channels, length, widest = int(c2w.get("decoder_dim", 1536)), 1, 0
         for rate in c2w.get("upsampling_ratios", [2, 2]):
             length *= rate

@@ -1,0 +1,159 @@
+"""code2wav's convolutional half (the upsampler and the SnakeBeta decoder after the transformer),
+run incrementally: each request keeps, per convolution, the last inputs that its next outputs
+read, so a chunk runs only its new frames and the output is transformers' one-shot output up
+to float summation order.
+
+Why no recomputed left context: every layer of this half is causal or pointwise, except that
+each of the decoder's transposed convolutions (kernel 2r, stride r, trimmed r on each side)
+mixes an input step with the next. So
+- a causal convolution (stride 1, effective kernel K, left-padded with K - 1 zeros) keeps its
+  last K - 1 inputs: zeros before the first chunk are exactly the one-shot padding;
+- a transposed convolution (kernel k, stride s, trimmed k - s on each side) keeps its last
+  floor((k - 1) / s) inputs. Its raw output sample M reads inputs floor((M - k + 1) / s) ..
+  floor(M / s), so after inputs [0, b) the samples M < b s are final; a call with inputs [a, b)
+  makes raw samples [a s, b s) from the kept inputs and the new ones. A stream's first call has
+  nothing before it and drops the k - s trimmed samples at its start, as the one-shot pass does.
+  T frames give 1920 T - 555 samples (the released rates 8, 5, 4, 3), and each later chunk of T
+  frames 1920 T more: always a prefix of the one-shot output, never a sample to redo;
+- SnakeBeta, the ConvNeXt blocks' norm and pointwise layers and the 1x1 convolutions are
+  pointwise in time.
+
+Before this, a chunk re-ran the whole half over 11 frames of left context (its receptive
+field): 24 frames of work for a steady 12-frame chunk. Measured in benchmarks/code2wav.py.
+
+The plan is built from transformers' modules by their classes, so a layout this file does not
+know (another stride, a padded transposed convolution) fails at load, not with wrong audio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One layer of the plan: `kind` says how it runs; `state` indexes the kept inputs (-1: none)."""
+
+    kind: str  # "pointwise" | "causal" | "transposed" | "convnext" | "residual"
+    module: Any
+    state: int = -1
+    keep: int = 0  # inputs kept between calls (causal: K - 1; transposed: floor((k - 1) / s))
+
+
+def _causal_keep(net: Any) -> int:
+    """Inputs a stride-1 `Qwen3OmniMoeCausalConvNet` reads before its output's own step."""
+    if net.stride != 1 or net.conv.stride[0] != 1:
+        raise ValueError(f"code2wav streaming: a causal convolution of stride {net.stride} is not supported")
+    return net.kernel_size - 1  # the effective kernel (dilation included) less one: its left padding
+
+
+def _transposed_keep(net: Any) -> int:
+    k, s = net.conv.kernel_size[0], net.conv.stride[0]
+    if k < s or net.left_pad != k - s or net.right_pad != k - s:
+        raise ValueError(f"code2wav streaming: a transposed convolution trimmed {net.left_pad}/{net.right_pad}")
+    return (k - 1) // s
+
+
+class StreamingConvs:
+    """The upsampler and decoder of a `Qwen3OmniMoeCode2Wav` as a plan of streaming steps (module
+    doc). `run` takes a batch of rows that are all a stream's first call or all later calls, the
+    same number of new frames each, and their kept inputs; it returns the new samples and the
+    inputs to keep."""
+
+    def __init__(self, hf: Any) -> None:
+        steps: list[_Step] = []
+        for blocks in hf.upsample:
+            for block in blocks:
+                self._add(steps, block)
+        for block in hf.decoder:
+            self._add(steps, block)
+        self.steps = steps
+        self.num_states = sum(1 for s in steps if s.state >= 0)
+        # Samples of a stream's first call that the one-shot pass trims away (555 at the
+        # released rates): each transposed convolution's k - s, times the upsampling after it.
+        trimmed, scale = 0, 1
+        for step in reversed(steps):
+            if step.kind == "transposed":
+                conv = step.module.conv
+                trimmed += (conv.kernel_size[0] - conv.stride[0]) * scale
+                scale *= conv.stride[0]
+        self.first_trim = trimmed
+        self.samples_per_frame = scale
+
+    def _add(self, steps: list[_Step], m: Any) -> None:
+        name = type(m).__name__
+
+        def step(kind: str, keep: int) -> _Step:
+            return _Step(kind, m, sum(1 for s in steps if s.state >= 0) if keep else -1, keep)
+
+        if name == "Qwen3OmniMoeCausalConvNet":
+            steps.append(step("causal", _causal_keep(m)))
+        elif name == "Qwen3OmniMoeCausalTransConvNet":
+            steps.append(step("transposed", _transposed_keep(m)))
+        elif name == "Qwen3OmniMoeConvNeXtBlock":
+            steps.append(step("convnext", _causal_keep(m.dwconv)))
+        elif name == "Qwen3OmniMoeCode2WavDecoderResidualUnit":
+            if _causal_keep(m.conv2) != 0:
+                raise ValueError("code2wav streaming: a residual unit's second convolution is not 1x1")
+            steps.append(step("residual", _causal_keep(m.conv1)))
+        elif name == "Qwen3OmniMoeCode2WavDecoderBlock":
+            for block in m.block:
+                self._add(steps, block)
+        elif name in ("Qwen3OmniMoeSnakeBeta", "SnakeBeta"):
+            steps.append(_Step("pointwise", m))
+        else:
+            raise ValueError(f"code2wav streaming: no streaming form for {name}")
+
+    def run(self, hidden: torch.Tensor, kept: Sequence[torch.Tensor] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """hidden: [rows, channels, new frames] transformer outputs. kept: the rows' kept inputs,
+        one batched tensor per state ([rows, channels, keep]), or None for the rows' first call.
+        Returns the new samples [rows, samples] (unclamped) and the inputs to keep."""
+        first = kept is None
+        out: list[torch.Tensor] = [torch.empty(0)] * self.num_states
+        x = hidden
+        for step in self.steps:
+            m = step.module
+            prev = None if first or step.state < 0 else kept[step.state]  # type: ignore[index]
+            if step.kind == "pointwise":
+                x = m(x)
+            elif step.kind == "causal":
+                x = self._causal(m, x, prev, step, out)
+            elif step.kind == "transposed":
+                x = self._transposed(m, x, prev, step, out)
+            elif step.kind == "convnext":
+                h = self._causal(m.dwconv, x, prev, step, out).permute(0, 2, 1)
+                h = m.pwconv2(m.act(m.pwconv1(m.norm(h))))
+                x = x + (m.gamma * h).permute(0, 2, 1)
+            else:  # residual unit
+                h = self._causal(m.conv1, m.act1(x), prev, step, out)
+                x = x + m.conv2.conv(m.act2(h))
+        return x[:, 0], out
+
+    @staticmethod
+    def _causal(
+        net: Any, x: torch.Tensor, prev: torch.Tensor | None, step: _Step, out: list[torch.Tensor]
+    ) -> torch.Tensor:
+        if step.keep == 0:
+            return net.conv(x)
+        inp = F.pad(x, (step.keep, 0)) if prev is None else torch.cat([prev, x], dim=-1)
+        out[step.state] = inp[..., -step.keep :].contiguous()
+        return net.conv(inp)
+
+    @staticmethod
+    def _transposed(
+        net: Any, x: torch.Tensor, prev: torch.Tensor | None, step: _Step, out: list[torch.Tensor]
+    ) -> torch.Tensor:
+        conv = net.conv
+        s, trim, t = conv.stride[0], net.left_pad, x.shape[-1]
+        if prev is None:  # the stream's first inputs: as the one-shot pass, less its unfinished tail
+            if step.keep:
+                out[step.state] = F.pad(x, (max(0, step.keep - t), 0))[..., -step.keep :].contiguous()
+            return conv(x)[..., trim : t * s]
+        inp = torch.cat([prev, x], dim=-1)
+        out[step.state] = inp[..., -step.keep :].contiguous()
+        return conv(inp)[..., step.keep * s : (step.keep + t) * s]
