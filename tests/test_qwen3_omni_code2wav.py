@@ -199,7 +199,7 @@ def test_controls_without_state_or_context_miss_the_bound(engine: DiffusionEngin
     run_kept = StreamingConvs.run
 
     def forgetful(self, hidden, kept):  # the worker runs in this process
-        return run_kept(self, hidden, None if kept is None else [torch.zeros_like(k) for k in kept])
+        return run_kept(self, hidden, None if kept is None else torch.zeros_like(kept))
 
     monkeypatch.setattr(StreamingConvs, "run", forgetful)
     audio, _, _ = run(engine, {"short": ids_of(codes)}, {"short": GROUPS})
@@ -230,6 +230,7 @@ def test_streamed_convolutions_equal_the_one_shot_stack_in_float64(oracle, chunk
         for n in chunks:
             wav, kept = convs.run(hidden[..., start : start + n], kept)
             assert wav.shape[-1] == n * FRAME - (555 if start == 0 else 0)
+            assert kept.shape == (3, convs.state_size)
             got.append(wav)
             start += n
     assert want.abs().max() > 0.1

@@ -59,7 +59,7 @@ class _Stream:
     frames: int = 0  # frames the transformer and the convolutions have run
     # [layers, 2 (keys, values), heads, <= window - 1, head_dim]: rotated, of its last frames
     kv: torch.Tensor | None = None
-    convs: list[torch.Tensor] | None = None  # each convolution's kept inputs (StreamingConvs.run)
+    convs: torch.Tensor | None = None  # [state_size] the convolutions' kept inputs (StreamingConvs.run)
     # float32 CPU one-shot samples [samples_start, made): from the last window's first frame on
     samples: torch.Tensor | None = None
     samples_start: int = 0
@@ -254,13 +254,11 @@ class Code2WavModel:
                 groups.setdefault((h.shape[0], streams[i].convs is None), []).append(i)
         for (frames, first), idx in groups.items():
             hidden = torch.stack([new[i] for i in idx]).permute(0, 2, 1)  # type: ignore[misc]
-            kept = None
-            if not first:  # one batched tensor per convolution
-                kept = [torch.stack([streams[i].convs[j] for i in idx]) for j in range(self.convs.num_states)]  # type: ignore[index]
-            wav, keep = self.convs.run(hidden, kept)
+            kept = None if first else torch.stack([streams[i].convs for i in idx])  # type: ignore[misc]
+            wav, state = self.convs.run(hidden, kept)
             wav = wav.clamp(min=-1, max=1).to(device="cpu", dtype=torch.float32)
-            for row, i in enumerate(idx):
+            for i, kept_row, samples in zip(idx, state.unbind(0), wav.unbind(0), strict=True):
                 st = streams[i]
-                st.convs = [k[row] for k in keep]
-                st.samples = wav[row] if st.samples is None else torch.cat([st.samples, wav[row]])
+                st.convs = kept_row
+                st.samples = samples if st.samples is None else torch.cat([st.samples, samples])
                 st.frames += frames

@@ -27,7 +27,6 @@ know (another stride, a padded transposed convolution) fails at load, not with w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +36,19 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True, slots=True)
 class _Step:
-    """One layer of the plan: `kind` says how it runs; `state` indexes the kept inputs (-1: none)."""
+    """One layer of the plan: `kind` says how it runs. A layer that keeps inputs between calls
+    (`keep` of them, causal: K - 1, transposed: floor((k - 1) / s)) keeps them at `offset` of
+    a request's one flat state row, as [channels, keep]."""
 
     kind: str  # "pointwise" | "causal" | "transposed" | "convnext" | "residual"
     module: Any
-    state: int = -1
-    keep: int = 0  # inputs kept between calls (causal: K - 1; transposed: floor((k - 1) / s))
+    keep: int = 0
+    channels: int = 0
+    offset: int = 0
+
+    def kept(self, state: torch.Tensor) -> torch.Tensor:
+        """Its part of a batch of flat state rows [rows, size]: a [rows, channels, keep] view."""
+        return state[:, self.offset : self.offset + self.channels * self.keep].view(-1, self.channels, self.keep)
 
 
 def _causal_keep(net: Any) -> int:
@@ -63,21 +69,21 @@ class StreamingConvs:
     """The upsampler and decoder of a `Qwen3OmniMoeCode2Wav` as a plan of streaming steps (module
     doc). `run` takes a batch of rows that are all a stream's first call or all later calls, the
     same number of new frames each, and their kept inputs; it returns the new samples and the
-    inputs to keep."""
+    inputs to keep. A request's kept inputs are one flat row (`state_size` values, 134k at the
+    released size), so a batch gathers them with one stack and splits them with one unbind."""
 
     def __init__(self, hf: Any) -> None:
-        steps: list[_Step] = []
+        self.steps: list[_Step] = []
+        self.state_size = 0
         for blocks in hf.upsample:
             for block in blocks:
-                self._add(steps, block)
+                self._add(block)
         for block in hf.decoder:
-            self._add(steps, block)
-        self.steps = steps
-        self.num_states = sum(1 for s in steps if s.state >= 0)
+            self._add(block)
         # Samples of a stream's first call that the one-shot pass trims away (555 at the
         # released rates): each transposed convolution's k - s, times the upsampling after it.
         trimmed, scale = 0, 1
-        for step in reversed(steps):
+        for step in reversed(self.steps):
             if step.kind == "transposed":
                 conv = step.module.conv
                 trimmed += (conv.kernel_size[0] - conv.stride[0]) * scale
@@ -85,75 +91,74 @@ class StreamingConvs:
         self.first_trim = trimmed
         self.samples_per_frame = scale
 
-    def _add(self, steps: list[_Step], m: Any) -> None:
+    def _add(self, m: Any) -> None:
         name = type(m).__name__
 
-        def step(kind: str, keep: int) -> _Step:
-            return _Step(kind, m, sum(1 for s in steps if s.state >= 0) if keep else -1, keep)
+        def add(kind: str, keep: int = 0, conv: Any = None) -> None:
+            channels = conv.in_channels if keep else 0
+            self.steps.append(_Step(kind, m, keep, channels, self.state_size))
+            self.state_size += channels * keep
 
         if name == "Qwen3OmniMoeCausalConvNet":
-            steps.append(step("causal", _causal_keep(m)))
+            add("causal", _causal_keep(m), m.conv)
         elif name == "Qwen3OmniMoeCausalTransConvNet":
-            steps.append(step("transposed", _transposed_keep(m)))
+            add("transposed", _transposed_keep(m), m.conv)
         elif name == "Qwen3OmniMoeConvNeXtBlock":
-            steps.append(step("convnext", _causal_keep(m.dwconv)))
+            add("convnext", _causal_keep(m.dwconv), m.dwconv.conv)
         elif name == "Qwen3OmniMoeCode2WavDecoderResidualUnit":
             if _causal_keep(m.conv2) != 0:
                 raise ValueError("code2wav streaming: a residual unit's second convolution is not 1x1")
-            steps.append(step("residual", _causal_keep(m.conv1)))
+            add("residual", _causal_keep(m.conv1), m.conv1.conv)
         elif name == "Qwen3OmniMoeCode2WavDecoderBlock":
             for block in m.block:
-                self._add(steps, block)
+                self._add(block)
         elif name in ("Qwen3OmniMoeSnakeBeta", "SnakeBeta"):
-            steps.append(_Step("pointwise", m))
+            add("pointwise")
         else:
             raise ValueError(f"code2wav streaming: no streaming form for {name}")
 
-    def run(self, hidden: torch.Tensor, kept: Sequence[torch.Tensor] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """hidden: [rows, channels, new frames] transformer outputs. kept: the rows' kept inputs,
-        one batched tensor per state ([rows, channels, keep]), or None for the rows' first call.
-        Returns the new samples [rows, samples] (unclamped) and the inputs to keep."""
-        first = kept is None
-        out: list[torch.Tensor] = [torch.empty(0)] * self.num_states
+    def run(self, hidden: torch.Tensor, kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: [rows, channels, new frames] transformer outputs. kept: the rows' flat state
+        rows [rows, state_size], or None for the rows' first call. Returns the new samples
+        [rows, samples] (unclamped) and the rows' new state rows."""
+        state = hidden.new_empty(hidden.shape[0], self.state_size)
         x = hidden
         for step in self.steps:
             m = step.module
-            prev = None if first or step.state < 0 else kept[step.state]  # type: ignore[index]
+            prev = None if kept is None or not step.keep else step.kept(kept)
             if step.kind == "pointwise":
                 x = m(x)
             elif step.kind == "causal":
-                x = self._causal(m, x, prev, step, out)
+                x = self._causal(m, x, prev, step, state)
             elif step.kind == "transposed":
-                x = self._transposed(m, x, prev, step, out)
+                x = self._transposed(m, x, prev, step, state)
             elif step.kind == "convnext":
-                h = self._causal(m.dwconv, x, prev, step, out).permute(0, 2, 1)
+                h = self._causal(m.dwconv, x, prev, step, state).permute(0, 2, 1)
                 h = m.pwconv2(m.act(m.pwconv1(m.norm(h))))
                 x = x + (m.gamma * h).permute(0, 2, 1)
             else:  # residual unit
-                h = self._causal(m.conv1, m.act1(x), prev, step, out)
+                h = self._causal(m.conv1, m.act1(x), prev, step, state)
                 x = x + m.conv2.conv(m.act2(h))
-        return x[:, 0], out
+        return x[:, 0], state
 
     @staticmethod
-    def _causal(
-        net: Any, x: torch.Tensor, prev: torch.Tensor | None, step: _Step, out: list[torch.Tensor]
-    ) -> torch.Tensor:
+    def _causal(net: Any, x: torch.Tensor, prev: torch.Tensor | None, step: _Step, state: torch.Tensor) -> torch.Tensor:
         if step.keep == 0:
             return net.conv(x)
         inp = F.pad(x, (step.keep, 0)) if prev is None else torch.cat([prev, x], dim=-1)
-        out[step.state] = inp[..., -step.keep :].contiguous()
+        step.kept(state).copy_(inp[..., -step.keep :])
         return net.conv(inp)
 
     @staticmethod
     def _transposed(
-        net: Any, x: torch.Tensor, prev: torch.Tensor | None, step: _Step, out: list[torch.Tensor]
+        net: Any, x: torch.Tensor, prev: torch.Tensor | None, step: _Step, state: torch.Tensor
     ) -> torch.Tensor:
         conv = net.conv
         s, trim, t = conv.stride[0], net.left_pad, x.shape[-1]
         if prev is None:  # the stream's first inputs: as the one-shot pass, less its unfinished tail
-            if step.keep:
-                out[step.state] = F.pad(x, (max(0, step.keep - t), 0))[..., -step.keep :].contiguous()
+            if step.keep:  # inputs before the first are none, which adds what zeros add
+                step.kept(state).copy_(F.pad(x, (max(0, step.keep - t), 0))[..., -step.keep :])
             return conv(x)[..., trim : t * s]
         inp = torch.cat([prev, x], dim=-1)
-        out[step.state] = inp[..., -step.keep :].contiguous()
+        step.kept(state).copy_(inp[..., -step.keep :])
         return conv(inp)[..., step.keep * s : (step.keep + t) * s]
