@@ -134,6 +134,9 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=64, help="windows per engine step")
     ap.add_argument("--first-chunk", type=int, default=1, help="frames")
     ap.add_argument("--chunk", type=int, default=12, help="frames")
+    ap.add_argument(
+        "--max-chunk", type=int, default=0, help="frames: later chunks double from --chunk up to this (0: off)"
+    )
     ap.add_argument("--tf32", action="store_true", help="float32_matmul: high (TF32) for the engine and transformers")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; best kept")
     args = ap.parse_args()
@@ -152,8 +155,8 @@ def main() -> None:
         model_dir = str(builtin_model("tiny-qwen3-omni-code2wav"))
         what = "tiny code2wav, fp32"
     streaming = StreamingConfig(
-        first_chunk=args.first_chunk * GROUPS, chunk=args.chunk * GROUPS, left_context=0, right_context=GROUPS,
-        crossfade_ms=0.0,
+        first_chunk=args.first_chunk * GROUPS, chunk=args.chunk * GROUPS, max_chunk=args.max_chunk * GROUPS,
+        left_context=0, right_context=GROUPS, crossfade_ms=0.0,
     )  # fmt: skip
     precision = "high" if args.tf32 else "highest"
     cfg = DiffusionStageConfig(
@@ -168,7 +171,9 @@ def main() -> None:
     where = torch.cuda.get_device_name(0) if args.gpu else f"CPU ({os.cpu_count()} cores)"
     print(f"# {where}; {what}; matmul {precision}; {frames} frames = {audio_s:.2f} s of audio per request")
     print(
-        f"# streaming: first chunk {args.first_chunk} frame(s), then {args.chunk}; max {args.max_batch} windows a step"
+        f"# streaming: first chunk {args.first_chunk} frame(s), then {args.chunk}"
+        + (f", doubling up to {args.max_chunk}" if args.max_chunk else "")
+        + f"; max {args.max_batch} windows a step"
     )
 
     print(f"# {check_stream(eng, hf, _frames(frames, codebook, 98), device)}")
