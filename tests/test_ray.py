@@ -31,13 +31,24 @@ PROMPT = "Hello world, how are you?"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from omni_mp.control.ray_local import local_cluster  # ray: the `ray` extra, installed by launch/setup.sh
 
     # The stage processes the actors start must import this checkout (as CI's editable install does).
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
-    with local_cluster(nodes=2) as c:
-        yield c
+    # The stages' logs go under pytest's temp dir, not the default /tmp/omni_mp-ray-logs on each node.
+    logs = tmp_path_factory.mktemp("ray-stage-logs")
+    before = os.environ.get("OMNI_MP_RAY_LOG_DIR")
+    os.environ["OMNI_MP_RAY_LOG_DIR"] = str(logs)
+    try:
+        with local_cluster(nodes=2) as c:
+            yield c
+    finally:
+        if before is None:
+            os.environ.pop("OMNI_MP_RAY_LOG_DIR", None)
+        else:
+            os.environ["OMNI_MP_RAY_LOG_DIR"] = before
+    assert list(logs.glob("omni_mp-ray-logs/*.log")), "the stages logged elsewhere"
 
 
 @pytest.fixture(scope="module")
