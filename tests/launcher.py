@@ -89,6 +89,15 @@ def abstract_sockets_of(pattern: str) -> list[str]:
         return [line.split()[-1] for line in fh if "@" in line and pattern in line]
 
 
+def sockets_left(pattern: str, timeout_s: float = 5.0) -> list[str]:
+    """`abstract_sockets_of(pattern)` once they are gone or `timeout_s` has passed (the kernel
+    drops a dead process's sockets shortly after it exits)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := abstract_sockets_of(pattern)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 @contextmanager
 def in_process_engine(model: str, engine_args: dict[str, Any], features: Any) -> Iterator[Any]:
     """An AREngine in this process, as a stage process runs it: vLLM's worker in-process too."""

@@ -21,7 +21,7 @@ import pytest
 from omni_mp.audio_io import write_wav
 from omni_mp.client import OmniClient, RequestError
 from omni_mp.wire.messages import SamplingParamsMsg
-from tests.launcher import REPO, abstract_sockets_of, serve
+from tests.launcher import REPO, abstract_sockets_of, serve, sockets_left
 
 pytestmark = pytest.mark.engine
 
@@ -192,10 +192,7 @@ def test_sigterm_stops_a_server_whose_output_pipe_is_gone() -> None:
     assert code == 0 and stop_s <= 10, f"exit {code} after {stop_s:.1f}s"
     _, alive = psutil.wait_procs([psutil.Process(p) for p in stage_pids if psutil.pid_exists(p)], timeout=10)
     assert not alive, f"stage processes outlived the launcher: {alive}"
-    deadline = time.monotonic() + 5
-    while abstract_sockets_of(run_id) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not abstract_sockets_of(run_id)
+    assert not sockets_left(run_id)
 
 
 def test_coordinator_sigkill_leaves_no_orphans_or_sockets() -> None:
@@ -208,10 +205,7 @@ def test_coordinator_sigkill_leaves_no_orphans_or_sockets() -> None:
         served.proc.wait(10)
         gone, alive = psutil.wait_procs([psutil.Process(p) for p in stage_pids], timeout=5)
         assert not alive, f"stage processes survived a SIGKILL of the coordinator: {alive}"
-        deadline = time.monotonic() + 5
-        while abstract_sockets_of(run_id) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not abstract_sockets_of(run_id)
+        assert not sockets_left(run_id)
         # A killed coordinator cannot remove its stages' logs: they stay for a post-mortem. This
         # test's are removed here, so that a run of the suite leaves nothing behind.
         logs = list(Path(tempfile.gettempdir()).glob(f"{run_id}-logs-*"))
