@@ -20,7 +20,8 @@ def init_code2wav(code2wav: Any, seed: int = 0, rms: float = TARGET_RMS) -> None
     """Redraw a `Qwen3OmniMoeCode2Wav`'s weights in place (module docstring)."""
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
+    device = next(code2wav.parameters()).device
+    gen = torch.Generator(device).manual_seed(seed)  # draws where the weights are (a CUDA build too)
     with torch.no_grad():
         for name, p in sorted(code2wav.named_parameters()):
             leaf = name.rsplit(".", 1)[-1]
@@ -36,7 +37,8 @@ def init_code2wav(code2wav: Any, seed: int = 0, rms: float = TARGET_RMS) -> None
             elif leaf == "bias":
                 p.zero_()
         last = code2wav.decoder[-1].conv
-        codes = torch.randint(0, code2wav.config.codebook_size, (2, code2wav.config.num_quantizers, 40), generator=gen)
+        shape = (2, code2wav.config.num_quantizers, 40)
+        codes = torch.randint(0, code2wav.config.codebook_size, shape, generator=gen, device=device)
         last.weight.mul_(1e-3)  # far inside the clamp at 1, where the output is linear in it
         raw = code2wav(codes)
         last.weight.mul_(rms / raw.pow(2).mean().sqrt())
