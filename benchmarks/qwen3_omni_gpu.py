@@ -37,6 +37,10 @@ of it (thinker ~57 GiB of bf16 weights without towers + KV; talker + code predic
   ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
         VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
   $ENV && python3 benchmarks/qwen3_omni_gpu.py --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
+Two GPUs (kind nvidia-h200-x2; stage_configs/qwen3_omni.yaml's two-GPU layout): the thinker on GPU
+0 with 0.86 of it, talker + code2wav on GPU 1 with 0.72 / 0.17 of it: the same command with
+`--gpus 2`. Either way ENV needs omni_mp's own wheels beside vLLM's in /tmp/site
+(launch/gpu-wheels.txt: soundfile, soxr).
 vllm-omni's Qwen3-Omni pipeline on the same GPU, model dir, prompts and lengths:
 benchmarks/peer_vllm_omni.py --family qwen3_omni (its docstring has the command); the report
 and plot show its result files (vllm_omni_qwen3_omni_*.json) from --out next to omni_mp's.
@@ -77,7 +81,12 @@ REPO = Path(__file__).resolve().parent.parent
 PHASES = ["stream", "nostream"]
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15
-SHARES = (0.70, 0.14, 0.10)  # thinker / talker / code2wav of GPU 0
+# Memory budgets of thinker / talker / code2wav as fractions of a device, per layout (--gpus):
+# 1: all on GPU 0; 2: the thinker on GPU 0, talker + code2wav on GPU 1 (stage_configs/qwen3_omni.yaml's
+# two-GPU comments: 120 / 100 / 24 GiB of an H200).
+SHARES = {1: (0.70, 0.14, 0.10), 2: (0.86, 0.72, 0.17)}
+DEVICES = {1: ([0], [0], [0]), 2: ([0], [1], [1])}
+LAYOUT = {1: "all three stages on GPU 0", 2: "thinker on GPU 0, talker + code2wav on GPU 1"}
 # Prefill and mixed steps (a prompt chunk, with or without decodes) replayed from vLLM's
 # piecewise CUDA graphs up to the step budget (vLLM's default list stops at 2 x max_num_seqs),
 # as stage_configs/qwen3_omni.yaml captures them: on an H200, a step outside the graphs costs
@@ -178,7 +187,7 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         devs: list[list[int]] = [[], [], []]
         common: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
     else:
-        devs = [[0], [0], [0]]
+        devs = [list(d) for d in DEVICES[args.gpus]]
         common = {
             "dtype": "bfloat16",
             "max_num_batched_tokens": MAX_BATCHED_TOKENS,
@@ -227,10 +236,10 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         from omni_mp.control.memory_budget import GiB, query_devices
 
         devices = query_devices()
-        if not devices or 0 not in devices:
-            raise SystemExit("no GPU 0 to size the memory budgets")
-        for s, share in zip(stages, SHARES, strict=True):
-            s["memory"] = {"gpu_gib": round(devices[0].total_bytes * share / GiB, 1)}
+        if not devices or any(d not in devices for d in range(args.gpus)):
+            raise SystemExit(f"--gpus {args.gpus} needs GPUs 0..{args.gpus - 1} to size the memory budgets")
+        for s, share in zip(stages, SHARES[args.gpus], strict=True):
+            s["memory"] = {"gpu_gib": round(devices[s["devices"][0]].total_bytes * share / GiB, 1)}
     return {"name": "qwen3_omni_bench", "timeouts": {"stage_startup_s": 900}, "stages": stages}
 
 
@@ -244,7 +253,9 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     config = json.loads((Path(model_dir(args)) / "config.json").read_text())
     profile_dir = Path(tempfile.mkdtemp(prefix="qwen3_omni_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
-    out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name()}
+    out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name(), "gpus": args.gpus}
+    if args.gpus > 1 and not args.smoke:
+        out["device"] = f"{args.gpus}x {out['device']}"
     out["layer"] = int(config["talker_config"]["accept_hidden_layer"])
     out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
     out["graph_sizes"] = cfg.stages[0].engine_args.get("compilation_config", {}).get("cudagraph_capture_sizes")
@@ -316,7 +327,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     audio_s = args.talker_frames / FRAMES_PER_S
     lines = [
         f"{device}; Qwen3-Omni-30B-A3B {'tiny checkpoint (smoke, CPU)' if args.smoke else 'at the released sizes'}, "
-        f"random weights (vLLM load_format dummy); {'CPU' if args.smoke else 'all three stages on GPU 0'}; "
+        f"random weights (vLLM load_format dummy); {'CPU' if args.smoke else LAYOUT[st.get('gpus', args.gpus)]}; "
         f"{args.prompt_len}-id prompts, {args.thinker_tokens} thinker tokens, {args.talker_frames} talker frames "
         f"({audio_s:.1f} s of audio) per request, fixed lengths (thinker EOS ignored; codec control ids suppressed)",
     ]
@@ -422,7 +433,9 @@ def target_lines(st: dict[str, Any]) -> list[str]:
     def verdict(value: float, limit: float) -> str:
         return "met" if value <= limit else "NOT met"
 
-    lines = ["", "Targets (issue 22, one H200), as measured here:"]
+    gpus = st.get("gpus", 1)
+    where = "as measured here" if gpus == 1 else f"set for one H200; this run used {gpus} GPUs"
+    lines = ["", f"Targets (issue 22), {where}:"]
     lines.append(f"- first audio p50 at 1 request {first1 * 1000:.0f} ms (<= 250 ms): {verdict(first1, 0.25)}")
     lines.append(f"- RTF at 1 request {one['rtf_mean']:.3f} (<= 0.15): {verdict(one['rtf_mean'], 0.15)}")
     for label, level in (("burst round", st.get("32")), ("closed loop", (st.get("closed") or {}).get("32"))):
@@ -470,6 +483,8 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
     pub = PUBLISHED["vllm-omni, 3x H100 (first audio mean, RTF)"]
     ax.plot(list(pub), [v[0] for v in pub.values()], marker="s", ls="--", label="vllm-omni, 3x H100 (published)")
     ax2.plot(list(pub), [v[1] for v in pub.values()], marker="s", ls="--", label="vllm-omni, 3x H100 (published)")
+    pub2 = PUBLISHED["vllm-omni, 2x H100 (RTF)"]
+    ax2.plot(list(pub2), [v[1] for v in pub2.values()], marker="s", ls=":", label="vllm-omni, 2x H100 (published)")
     for a in (ax, ax2):
         a.set_xscale("log", base=2)
         a.set_xlabel("concurrent requests")
@@ -511,6 +526,13 @@ def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | No
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, the tiny checkpoint, small lengths")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        choices=sorted(DEVICES),
+        help="1: all three stages on GPU 0 (issue 22's targets); 2: the thinker on GPU 0, talker + code2wav on GPU 1",
+    )
     p.add_argument("--phases", default="stream", help=f"comma-separated, of {PHASES}; '' only renders the report")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     p.add_argument("--concurrency", type=int, nargs="+", default=None)
