@@ -23,12 +23,13 @@ import torch
 
 from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest, StepPlan, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import one_shot, streamed_window_lengths
-from omni_mp.engines.diffusion.graphs import _signature, bucket, round_up
+from omni_mp.engines.diffusion.graphs import bucket, round_up
 from omni_mp.engines.diffusion.model import Window
 from omni_mp.engines.diffusion.params import DiffusionParams, StreamingConfig
 from omni_mp.engines.diffusion.runner import DiffusionRunner
 from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
 from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel
+from tests.recording_graphs import RecordingGraphs
 
 ATOL = 1e-5
 
@@ -150,38 +151,6 @@ def test_cpu_runner_stays_eager(model: Token2WavModel) -> None:
     runner = DiffusionRunner(model, crossfade=0)
     assert runner.graphs is None and runner.graph_shape(1, 24) is None
     assert runner._velocity == model.velocity and model._vocoder_rows is None
-
-
-class _Recorder:
-    """A ShapeGraphs stand-in: records the graph key (`graphs._signature` of the arguments,
-    what ShapeGraphs keys its graphs by) of each warm-up capture and of each call; runs eagerly."""
-
-    def __init__(self, fn: Callable[..., Any], max_graphs: int) -> None:
-        self.fn, self.max_graphs = fn, max_graphs
-        self.warmed: set[Any] = set()
-        self.calls: list[Any] = []
-
-    def ready(self, *args: Any) -> bool:
-        if len(self.warmed) >= self.max_graphs:
-            return False
-        self.warmed.add(tuple(_signature(a) for a in args))
-        return True
-
-    def __call__(self, *args: Any) -> Any:
-        self.calls.append(tuple(_signature(a) for a in args))
-        return self.fn(*args)
-
-
-class RecordingGraphs:
-    """The runner's view of a GraphSet (`wrap`, `max_graphs`), recording instead of capturing."""
-
-    def __init__(self, max_graphs: int = 64) -> None:
-        self.max_graphs = max_graphs
-        self.members: dict[str, _Recorder] = {}
-
-    def wrap(self, fn: Callable[..., Any], name: str) -> _Recorder:
-        self.members[name] = _Recorder(fn, self.max_graphs)
-        return self.members[name]
 
 
 def stream(

@@ -29,6 +29,7 @@ from omni_mp.engines.diffusion.engine import DiffusionEngine
 from omni_mp.engines.diffusion.params import DiffusionStageConfig, StreamingConfig
 from omni_mp.models.registry import builtin_model
 from tests.launcher import engine_is_empty
+from tests.recording_graphs import RecordingGraphs
 
 ONE_SHOT_ATOL = 1e-6
 STREAM_ATOL = 2e-4
@@ -292,3 +293,67 @@ def test_two_windows_of_one_request_in_one_call_run_in_order(engine: DiffusionEn
     torch.testing.assert_close(outs[1][:FRAME], one_shot(oracle, codes[:, :2])[:FRAME], atol=STREAM_ATOL, rtol=0)
     model.release("two")
     model.release("other")
+
+
+def shapes(keys) -> set[tuple]:
+    """The argument shapes of graph keys (`graphs._signature`s; None for a None argument)."""
+    return {tuple(None if k == ("v", None) else k[1] for k in key) for key in keys}
+
+
+def test_graph_warm_up_captures_every_streamed_shape(c2w_dir: str) -> None:
+    """The runner hands a window decoder its graphs and asks it, at start-up, for the shapes a
+    stream's steps use: one transformer call per row bucket (frames padded to the longest
+    streamed chunk, the cache to its full 71 frames) and one convolution call per (rows, new
+    frames, first call) of the streamed chunk sizes."""
+    from omni_mp.engines.diffusion.params import DiffusionParams
+    from omni_mp.engines.diffusion.runner import DiffusionRunner
+    from omni_mp.models.qwen3_omni.code2wav import Code2WavModel, streamed_shapes
+
+    model = Code2WavModel.from_checkpoint(c2w_dir, torch.device("cpu"))
+    graphs = RecordingGraphs()
+    runner = DiffusionRunner(model, 0, graphs, graph_batch_sizes=(1, 2, 4, 8, 16))  # type: ignore[arg-type]
+    warm = runner.warm_up_graphs(STREAMING, 8, DiffusionParams(seed=0))
+    rows = (1, 2, 4, 8)
+    assert streamed_shapes(STREAMING, GROUPS) == (8, [(2, True), (2, False), (4, False), (8, False)])
+    layers, heads, head_dim = len(model.layers), model.heads, model.head_dim
+    assert model.keep == model.sliding_window - 1
+    assert shapes(graphs.members["code2wav transformer"].warmed) == {
+        ((r, GROUPS, 8), (r,), (r,), (r,), (r, layers, 2, heads, model.keep, head_dim)) for r in rows
+    }
+    width, state = model.hf.config.hidden_size, model.convs.state_size
+    assert shapes(graphs.members["code2wav convolutions"].warmed) == {
+        ((r, width, n), None if first else (r, state))
+        for r in rows
+        for n, first in [(2, True), (2, False), (4, False), (8, False)]
+    }
+    assert warm.graphs == len(rows) * 5
+
+
+def test_graphed_calls_padded_to_buckets_equal_transformers(c2w_dir: str, oracle) -> None:
+    """Concurrent streams through the padded calls the graphs replay (rows to a bucket, the
+    transformer's frames to the longest chunk and its cache to 71 frames): every request's
+    audio equals its one-shot oracle within the streaming bound, and every padded call had a
+    shape warmed up at start-up (so no step waits for a capture); the short last chunks, whose
+    shapes were not warmed, ran eagerly."""
+    cfg = DiffusionStageConfig(model_type="qwen3_omni_code2wav", streaming=STREAMING, max_batch=8)
+    eng = DiffusionEngine(c2w_dir, cfg, {"max_model_len": 4096}, open_inputs=True)
+    try:
+        graphs = RecordingGraphs()
+        eng.model.use_graphs(graphs, cfg.graph_batch_sizes)  # what the runner does on a GPU
+        eng.model.warm_up_graphs(STREAMING, [8])
+        lengths = {"a": 31, "b": 17, "c": 9, "d": 3, "e": 12}
+        codes = {rid: frames_of(n, 300 + i) for i, (rid, n) in enumerate(lengths.items())}
+        rates = {"a": GROUPS, "b": 3 * GROUPS, "c": GROUPS, "d": GROUPS, "e": 2 * GROUPS}
+        audio, reasons, batches = run(eng, {rid: ids_of(c) for rid, c in codes.items()}, rates)
+        assert reasons == dict.fromkeys(lengths, "stop")
+        assert max(len(b) for b in batches) >= 3
+        for rid, c in codes.items():
+            torch.testing.assert_close(torch.cat(audio[rid]), one_shot(oracle, c), atol=STREAM_ATOL, rtol=0, msg=rid)
+        for name, member in graphs.members.items():  # both halves
+            assert member.calls and set(member.calls) <= member.warmed, name
+        # rows padded: a step of 3 windows ran as a 4-row call
+        assert any(len(b) == 3 for b in batches), batches
+        assert any(shape[0][0] == 4 for shape in shapes(graphs.members["code2wav transformer"].calls))
+        assert not worker_streams(eng)
+    finally:
+        eng.shutdown()

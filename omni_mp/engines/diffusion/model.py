@@ -169,3 +169,8 @@ class WindowDecoder(Protocol):
         ...
 
     def release(self, request_id: str) -> None: ...
+
+    # Optional, for CUDA graphs (the runner calls them where the model has them):
+    #   use_graphs(graphs: GraphSet, row_buckets: Sequence[int]) -> None: graph its own calls;
+    #   warm_up_graphs(streaming: StreamingConfig, rows: Sequence[int]) -> int: capture what a
+    #   stream's steps replay at these row buckets; returns how many graphs are ready.

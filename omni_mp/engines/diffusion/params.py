@@ -93,8 +93,9 @@ class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     # On CUDA, for models that support it: each solver step's batch is padded to a bucket
     # (batch size from graph_batch_sizes, frames to whole attention blocks up to
     # graph_max_frames) and replayed from a CUDA graph of that bucket, captured on its first
-    # use; the vocoder too. Real rows get the eager pass's result at the padded shape. Ignored
-    # on a CPU. Steps past the largest bucket, and shapes past max_graphs, run eagerly.
+    # use; the vocoder too. Real rows get the eager pass's result at the padded shape. A window
+    # decoder (code2wav) pads and graphs its own calls (rows to a bucket; see its model).
+    # Ignored on a CPU. Steps past the largest bucket, and shapes past max_graphs, run eagerly.
     cuda_graphs: bool = True
     graph_batch_sizes: tuple[Annotated[int, Meta(ge=1, le=1024)], ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
     graph_max_frames: Annotated[int, Meta(ge=1)] = 512

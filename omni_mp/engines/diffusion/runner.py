@@ -20,7 +20,8 @@ new requests between parts: one admitted early in its group's step restarts that
 (`restart_step_before`), otherwise it joins the group's next step.
 
 A `WindowDecoder` (no solver) has no trajectories: its windows are decoded, batched, in the
-step that admits them.
+step that admits them. One with `use_graphs` (code2wav) pads and replays its own calls from
+the runner's graphs, and says at warm-up which shapes a stream's steps use.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ class DiffusionRunner:
         graph_max_frames: int = 512,
         restart_step_before: float = 0.5,
     ) -> None:
-        """`graphs`: CUDA graphs for models that declare `graph_frame_step` (None: eager).
+        """`graphs`: CUDA graphs for models that declare `graph_frame_step`, and for window
+        decoders with `use_graphs` (None: eager).
         `restart_step_before`: see DiffusionStageConfig."""
         self.model: Any = model
         self.parted = isinstance(model, PartedVelocity)
@@ -126,15 +128,18 @@ class DiffusionRunner:
         self.joiners: dict[str, Joiner] = {}
         self.groups: dict[tuple[str, object], _Group] = {}  # by (solver, model group)
         self.frame_step: int | None = getattr(model, "graph_frame_step", None) if graphs is not None else None
-        self.graphs = graphs if self.frame_step else None
+        # a solver's model is graphed in frame buckets; a window decoder graphs its own calls
+        graphed_decoder = self.decoder and hasattr(model, "use_graphs")
+        self.graphs = graphs if self.frame_step or graphed_decoder else None
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes))
         self.graph_max_frames = graph_max_frames
         self.owned = isinstance(model, RequestModel)  # the model starts trajectories and shapes outputs
         self._velocity = None if self.decoder else model.velocity
-        if self.graphs is not None and not self.decoder:
-            self._velocity = self.graphs.wrap(model.velocity, "velocity")
+        if self.graphs is not None:
+            if not self.decoder:
+                self._velocity = self.graphs.wrap(model.velocity, "velocity")
             use_graphs = getattr(model, "use_graphs", None)
-            if use_graphs is not None:  # the model graphs its own parts (a vocoder)
+            if use_graphs is not None:  # the model graphs its own parts (a vocoder, a decoder's calls)
                 use_graphs(self.graphs, self.graph_batch_sizes)
 
     def warm_up_plan(self, streaming: StreamingConfig, max_batch: int) -> list[tuple[int, int]]:
@@ -160,6 +165,10 @@ class DiffusionRunner:
         no request's step stalls on a first capture. `params`: a request's resolved defaults
         (its speaker conditions the dummy windows)."""
         t0 = time.monotonic()
+        if self.decoder and self.graphs is not None:  # its calls' shapes are the model's to know
+            top = bucket(max_batch, self.graph_batch_sizes) or self.graph_batch_sizes[-1]
+            rows = [b for b in self.graph_batch_sizes if b <= top]
+            return GraphWarmup(self.model.warm_up_graphs(streaming, rows), time.monotonic() - t0)
         shapes = self.warm_up_plan(streaming, max_batch)
         if not shapes:  # no graphs (or a model without graph buckets)
             return GraphWarmup(0, 0.0)

@@ -23,6 +23,16 @@ Why a chunk equals the one-shot pass (measured by tests/test_qwen3_omni_code2wav
 Windows of one step share one transformer call (padded; the mask keeps rows apart) and one
 convolution call per number of new frames (convolutions over a padded row would see the
 padding through the look-ahead); a request's first chunk runs apart from later ones.
+
+CUDA graphs (`use_graphs`, the diffusion runner's `GraphSet`): eager, a chunk is about 1,200
+small kernels (half transformer, half convolutions; 5 GFLOP of arithmetic a frame), so a step
+is bound by launching them, not by the GPU: on one H200, 36-43 ms a step at one request
+whatever its frames. Graphed, each half replays as one launch. The transformer's call is padded
+to a row bucket, to the largest streamed chunk's frames and to the full 71 cached frames (the
+mask hides the padding, so one graph per row bucket serves every step of a stream); the
+convolutions' calls to a row bucket (rows are independent), one graph per (rows, new frames,
+first call) of the streamed chunk sizes. Other shapes (a stream's short last chunk, one-shot
+windows) run eagerly.
 """
 
 from __future__ import annotations
@@ -34,12 +44,23 @@ from typing import Any
 
 import torch
 
+from omni_mp.engines.diffusion.graphs import bucket
 from omni_mp.engines.diffusion.model import DiffusionInputError, Window
-from omni_mp.engines.diffusion.params import DiffusionParams
+from omni_mp.engines.diffusion.params import DiffusionParams, StreamingConfig
 from omni_mp.models.checkpoint import load_prefixed
 from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
 
 SAMPLE_RATE = 24000  # 1920 samples per 12.5 Hz frame
+
+
+def streamed_shapes(streaming: StreamingConfig, groups: int) -> tuple[int, list[tuple[int, bool]]]:
+    """A stream's calls under `streaming`: the most new frames a transformer call runs, and the
+    convolutions' (new frames, first call) shapes. A stream's first window runs all its frames;
+    each later one the frames of its chunk (its first frame was the window before's
+    look-ahead). Its last chunk may be shorter (not listed)."""
+    first = -(-(streaming.first_chunk + streaming.right_context) // groups)
+    later = sorted({streaming.chunk_at(i) // groups for i in range(1, 64)})
+    return max(first, *later), [(first, True), *((n, False) for n in later)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +134,14 @@ class Code2WavModel:
             raise ValueError(
                 f"code2wav: {self.convs.samples_per_frame} samples per frame, expected {self.frame_samples}"
             )
+        self.keep = self.sliding_window - 1  # cached frames a request's later frames attend to
+        # CUDA graphs (use_graphs): the graphed calls, row buckets, and the frames they serve
+        # (warm_up_graphs; None: any shape, captured on first use)
+        self._attend_fn: Any = self._attend
+        self._convs_fn: Any = self.convs.run
+        self._rows: tuple[int, ...] | None = None
+        self._attend_frames: int | None = None  # the transformer's padded frames when graphed
+        self._conv_shapes: frozenset[tuple[int, bool]] | None = None  # (new frames, first call)
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> Code2WavModel:
@@ -151,6 +180,39 @@ class Code2WavModel:
 
     def release(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
+
+    # ---- CUDA graphs ----------------------------------------------------------------------------
+    def use_graphs(self, graphs: Any, row_buckets: Sequence[int]) -> None:
+        """Run both halves from CUDA graphs of `graphs` (omni_mp.engines.diffusion.graphs.GraphSet)."""
+        self._rows = tuple(sorted(row_buckets))
+        self._attend_fn = graphs.wrap(self._attend, "code2wav transformer")
+        self._convs_fn = graphs.wrap(self.convs.run, "code2wav convolutions")
+
+    @torch.no_grad()
+    def warm_up_graphs(self, streaming: StreamingConfig, rows: Sequence[int]) -> int:
+        """Capture now the graphs a stream's steps replay (`streamed_shapes`) at these row buckets,
+        largest first (smaller ones then reuse the shared pool's blocks); from then on other
+        shapes run eagerly. Returns how many graphs are ready."""
+        if self._rows is None:
+            return 0
+        frames, shapes = streamed_shapes(streaming, self.groups)
+        self._attend_frames, self._conv_shapes = frames, frozenset(shapes)
+        dev, ready = self.device, 0
+        for r in sorted((b for b in self._rows if b <= max(rows)), reverse=True):
+            zeros = torch.zeros(r, dtype=torch.long, device=dev)
+            codes = torch.zeros(r, self.groups, frames, dtype=torch.long, device=dev)
+            kv = torch.zeros(r, len(self.layers), 2, self.heads, self.keep, self.head_dim, device=dev, dtype=self.dtype)
+            ready += bool(self._attend_fn.ready(codes, zeros, zeros, zeros, kv))
+            width = self.hf.config.hidden_size
+            for n, first in sorted(shapes, reverse=True):
+                hidden = torch.zeros(r, width, n, device=dev, dtype=self.dtype)
+                kept = None if first else torch.zeros(r, self.convs.state_size, device=dev, dtype=self.dtype)
+                ready += bool(self._convs_fn.ready(hidden, kept))
+        return ready
+
+    def _graph_rows(self, rows: int) -> int | None:
+        """The row bucket a graphed call of `rows` rows is padded to (None: not graphed)."""
+        return None if self._rows is None else bucket(rows, self._rows)
 
     @torch.no_grad()
     def decode_windows(self, windows: Sequence[Code2WavWindow]) -> list[torch.Tensor]:
@@ -193,49 +255,60 @@ class Code2WavModel:
         rows = [(windows[i], streams[i]) for i in at]
         if not rows:
             return out
-        hf, dev = self.hf, self.device
+        dev = self.device
         new = [w.end - st.frames for w, st in rows]
         cached = [0 if st.kv is None else st.kv.shape[3] for _, st in rows]
-        codes = torch.zeros(len(rows), self.groups, max(new), dtype=torch.long, device=dev)
+        # graphed: rows to a bucket, frames to the streamed maximum, cache to its full length
+        padded = self._graph_rows(len(rows))
+        graphed = padded is not None and (self._attend_frames is None or max(new) <= self._attend_frames)
+        n_rows = padded if graphed else len(rows)
+        n = (self._attend_frames or max(new)) if graphed else max(new)
+        c = self.keep if graphed else max(cached)
+        codes = torch.zeros(n_rows, self.groups, n, dtype=torch.long, device=dev)
+        kv = torch.zeros(n_rows, len(self.layers), 2, self.heads, c, self.head_dim, device=dev, dtype=self.dtype)
         for i, (w, st) in enumerate(rows):
             codes[i, :, : new[i]] = w.codes[:, st.frames - w.start :]
-        x = hf.code_embedding(codes + hf.code_offset).mean(1)  # [rows, new, hidden]
-        first = torch.tensor([st.frames for _, st in rows], device=dev)
-        q_pos = first[:, None] + torch.arange(max(new), device=dev)  # absolute frame positions
-        past = _PastKV(self._gather(rows, cached))
-        mask = self._mask(first, q_pos, cached, new)
+            if st.kv is not None:
+                kv[i, :, :, :, : cached[i]] = st.kv
+        pad = [0] * (n_rows - len(rows))
+        first, n_cached, n_new = (
+            torch.tensor(v + pad, device=dev) for v in ([st.frames for _, st in rows], cached, new)
+        )
+        h, new_kv = (self._attend_fn if graphed else self._attend)(codes, first, n_cached, n_new, kv)
+        for i, (_, st) in enumerate(rows):
+            m = new[i]
+            st.kv = torch.cat([kv[i, :, :, :, : cached[i]], new_kv[i, :, :, :, :m]], dim=3)[:, :, :, -self.keep :]
+            st.kv = st.kv.clone()
+            out[at[i]] = h[i, :m]
+        return out
+
+    def _attend(
+        self, codes: torch.Tensor, first: torch.Tensor, cached: torch.Tensor, new: torch.Tensor, kv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transformer over a padded batch, tensors only (capture-safe): codes [rows, groups,
+        n], each row's first new frame, cached and new frame counts [rows], its cached keys and
+        values [rows, layers, 2, heads, c, head_dim] (the first `cached` of c valid). Returns the
+        outputs [rows, n, hidden] and the new keys and values [rows, layers, 2, heads, n, head_dim]."""
+        hf = self.hf
+        x = hf.code_embedding(codes + hf.code_offset).mean(1)  # [rows, n, hidden]
+        q_pos = first[:, None] + torch.arange(codes.shape[2], device=codes.device)  # absolute frame positions
+        past = _PastKV(kv)
+        mask = self._mask(first, q_pos, cached, new, kv.shape[4])
         pe = hf.pre_transformer.rotary_emb(x, q_pos)
         h = x
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_embeddings=pe, past_key_values=past)
-        h = hf.pre_transformer.norm(h)
-        keep = self.sliding_window - 1  # what later frames attend to
-        new_kv = torch.stack(past.new, dim=1)  # [rows, layers, 2, heads, new, head_dim]
-        for i, (_, st) in enumerate(rows):
-            c, m = cached[i], new[i]
-            st.kv = torch.cat([past.kv[i, :, :, :, :c], new_kv[i, :, :, :, :m]], dim=3)[:, :, :, -keep:].clone()
-            out[at[i]] = h[i, :m]
-        return out
+        return hf.pre_transformer.norm(h), torch.stack(past.new, dim=1)
 
-    def _gather(self, rows: list[tuple[Code2WavWindow, _Stream]], cached: list[int]) -> torch.Tensor:
-        """The rows' cached keys and values, padded: [rows, layers, 2, heads, max cached, head_dim]."""
-        kv = torch.zeros(
-            len(rows), len(self.layers), 2, self.heads, max(cached), self.head_dim, device=self.device, dtype=self.dtype
-        )
-        for i, (_, st) in enumerate(rows):
-            if st.kv is not None:
-                kv[i, :, :, :, : cached[i]] = st.kv
-        return kv
-
-    def _mask(self, first: torch.Tensor, q_pos: torch.Tensor, cached: list[int], new: list[int]) -> torch.Tensor:
-        """[rows, 1, new, cached + new] bool: a query sees the valid keys of its row at most
+    def _mask(
+        self, first: torch.Tensor, q_pos: torch.Tensor, cached: torch.Tensor, new: torch.Tensor, c: int
+    ) -> torch.Tensor:
+        """[rows, 1, n, c + n] bool: a query sees the valid keys of its row at most
         `sliding_window - 1` frames back (transformers' sliding window: q - k < window)."""
-        dev = self.device
-        c, n = max(cached), max(new)
-        n_cached = torch.tensor(cached, device=dev)[:, None]
+        dev, n = q_pos.device, q_pos.shape[1]
         slot = torch.arange(c, device=dev)[None]
-        k_pos = torch.cat([first[:, None] - n_cached + slot, q_pos], dim=1)
-        k_valid = torch.cat([slot < n_cached, q_pos - first[:, None] < torch.tensor(new, device=dev)[:, None]], dim=1)
+        k_pos = torch.cat([first[:, None] - cached[:, None] + slot, q_pos], dim=1)
+        k_valid = torch.cat([slot < cached[:, None], torch.arange(n, device=dev)[None] < new[:, None]], dim=1)
         dist = q_pos[:, :, None] - k_pos[:, None, :]
         mask = k_valid[:, None, :] & (dist >= 0) & (dist < self.sliding_window)
         mask[:, :, c:] |= torch.eye(n, dtype=torch.bool, device=dev)  # padded queries keep themselves
@@ -253,11 +326,19 @@ class Code2WavModel:
             if h is not None:
                 groups.setdefault((h.shape[0], streams[i].convs is None), []).append(i)
         for (frames, first), idx in groups.items():
-            hidden = torch.stack([new[i] for i in idx]).permute(0, 2, 1)  # type: ignore[misc]
-            kept = None if first else torch.stack([streams[i].convs for i in idx])  # type: ignore[misc]
-            wav, state = self.convs.run(hidden, kept)
-            wav = wav.clamp(min=-1, max=1).to(device="cpu", dtype=torch.float32)
-            for i, kept_row, samples in zip(idx, state.unbind(0), wav.unbind(0), strict=True):
+            rows: list[torch.Tensor] = [new[i] for i in idx]  # type: ignore[misc]
+            kept_rows = [] if first else [streams[i].convs for i in idx]
+            run = self.convs.run
+            padded = self._graph_rows(len(idx))
+            if padded is not None and (self._conv_shapes is None or (frames, first) in self._conv_shapes):
+                run = self._convs_fn
+                pad = padded - len(idx)  # zero rows: independent of the real ones
+                rows += [rows[0].new_zeros(rows[0].shape)] * pad
+                kept_rows += [kept_rows[0].new_zeros(kept_rows[0].shape)] * pad if kept_rows else []
+            hidden = torch.stack(rows).permute(0, 2, 1)
+            wav, state = run(hidden, None if first else torch.stack(kept_rows))  # type: ignore[arg-type]
+            wav = wav[: len(idx)].clamp(min=-1, max=1).to(device="cpu", dtype=torch.float32)
+            for i, kept_row, samples in zip(idx, state[: len(idx)].unbind(0), wav.unbind(0), strict=True):
                 st = streams[i]
                 st.convs = kept_row
                 st.samples = samples if st.samples is None else torch.cat([st.samples, samples])

@@ -58,7 +58,40 @@ class Qwen3OmniSizing:
         for rate in c2w.get("upsample_rates", [8, 5, 4, 3]):
             channels, length = channels // 2, length * rate
             widest = max(widest, channels * length)
-        return d.max_batch * frames * widest * 4 * 8
+        eager = d.max_batch * frames * widest * 4 * 8
+        return eager + (self._graph_bytes(stage, c2w) if d.cuda_graphs and d.stream else 0)
+
+    def _graph_bytes(self, stage: StageConfig, c2w: dict[str, Any]) -> int:
+        """What code2wav's CUDA graphs keep (code2wav.py, `use_graphs`): each graph its own static
+        inputs and outputs, fp32. Per row bucket up to `max_batch`'s, the transformer's cached
+        keys and values (`sliding_window - 1` frames) and new ones; per row bucket and streamed
+        convolution shape, the kept inputs in and out and the samples. Their temporaries share one
+        pool, as large as the largest call's (the eager activations above). 2.2 GB for
+        stage_configs/qwen3_omni.yaml (64 windows a step, ten row buckets)."""
+        import torch
+        from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+        from omni_mp.engines.diffusion.graphs import bucket
+        from omni_mp.models.qwen3_omni.code2wav import streamed_shapes
+        from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
+
+        d = stage.diffusion
+        config = Qwen3OmniMoeCode2WavConfig.from_dict(c2w)
+        with torch.device("meta"):
+            state = StreamingConvs(Qwen3OmniMoeCode2Wav._from_config(config)).state_size
+        groups = int(config.num_quantizers)
+        top = bucket(d.max_batch, d.graph_batch_sizes) or max(d.graph_batch_sizes)
+        rows = sum(b for b in d.graph_batch_sizes if b <= top)
+        frames, shapes = streamed_shapes(d.streaming, groups)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_frame = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim
+        transformer = kv_frame * (config.sliding_window - 1 + frames) + frames * config.hidden_size
+        samples = 1
+        for rate in (*config.upsample_rates, *config.upsampling_ratios):
+            samples *= rate
+        convs = sum(n * (config.hidden_size + samples) + state * (1 if first else 2) for n, first in shapes)
+        return rows * (transformer + convs) * 4
 
 
 SIZING = Qwen3OmniSizing()
