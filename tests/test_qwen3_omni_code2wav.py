@@ -357,3 +357,20 @@ def test_graphed_calls_padded_to_buckets_equal_transformers(c2w_dir: str, oracle
         assert not worker_streams(eng)
     finally:
         eng.shutdown()
+
+
+def test_a_streams_kept_state_is_its_own_not_a_view_of_its_batch(engine: DiffusionEngine) -> None:
+    """After a batched step each stream keeps copies of its rows (the convolutions' kept inputs,
+    its samples): a view would keep the whole batch's tensor alive while the stream waits for
+    frames, and streams waiting since different steps would each keep one batch."""
+    from omni_mp.engines.diffusion.model import Window
+
+    model = engine.model  # the worker's model (the worker runs in this process)
+    rids = [f"own{i}" for i in range(3)]
+    wins = [Window(rid, torch.tensor(ids_of(frames_of(2, 40 + i))), 0, None) for i, rid in enumerate(rids)]
+    model.decode_windows([model.condition(w) for w in wins])
+    for rid in rids:
+        st = model.streams[rid]
+        for kept in (st.convs, st.samples, st.kv):
+            assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size(), rid
+        model.release(rid)

@@ -338,8 +338,10 @@ class Code2WavModel:
             hidden = torch.stack(rows).permute(0, 2, 1)
             wav, state = run(hidden, None if first else torch.stack(kept_rows))  # type: ignore[arg-type]
             wav = wav[: len(idx)].clamp(min=-1, max=1).to(device="cpu", dtype=torch.float32)
+            # Copies, not views: a view would keep its whole batch alive for as long as its stream
+            # waits for frames (streams waiting in different steps: up to one batch each).
             for i, kept_row, samples in zip(idx, state[: len(idx)].unbind(0), wav.unbind(0), strict=True):
                 st = streams[i]
-                st.convs = kept_row
-                st.samples = samples if st.samples is None else torch.cat([st.samples, samples])
+                st.convs = kept_row.clone()
+                st.samples = samples.clone() if st.samples is None else torch.cat([st.samples, samples])
                 st.frames += frames
