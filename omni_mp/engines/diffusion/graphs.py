@@ -36,6 +36,13 @@ def bucket(n: int, sizes: Sequence[int]) -> int | None:
     return next((b for b in sorted(sizes) if b >= n), None)
 
 
+def buckets_upto(n: int, sizes: Sequence[int]) -> list[int]:
+    """The buckets a batch of at most n rows can be padded to: every size up to n's bucket (all
+    of them when n is past the largest)."""
+    top = bucket(n, sizes) or max(sizes)
+    return [b for b in sorted(sizes) if b <= top]
+
+
 def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 

@@ -36,7 +36,7 @@ import torch
 
 from omni_mp.engines.diffusion.batcher import StepPlan, StepResult, TrajectorySpec
 from omni_mp.engines.diffusion.chunking import ChunkPlan, Joiner, decode_span, streamed_window_lengths
-from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, GraphWarmup, bucket, round_up
+from omni_mp.engines.diffusion.graphs import DEFAULT_BATCH_SIZES, GraphSet, GraphWarmup, bucket, buckets_upto, round_up
 from omni_mp.engines.diffusion.model import (
     DiffusionModel,
     PartedVelocity,
@@ -149,8 +149,7 @@ class DiffusionRunner:
         longest window (last chunks are shorter), smallest frames first."""
         if self.graphs is None or self.frame_step is None:
             return []
-        top = bucket(max_batch, self.graph_batch_sizes) or self.graph_batch_sizes[-1]
-        rows = [b for b in self.graph_batch_sizes if b <= top]
+        rows = buckets_upto(max_batch, self.graph_batch_sizes)
         fpi, step = self.model.frames_per_input, self.frame_step
         windows = streamed_window_lengths(streaming)
         frames = [f for f in dict.fromkeys(round_up(n * fpi, step) for n in windows) if f <= self.graph_max_frames]
@@ -166,8 +165,7 @@ class DiffusionRunner:
         (its speaker conditions the dummy windows)."""
         t0 = time.monotonic()
         if self.decoder and self.graphs is not None:  # its calls' shapes are the model's to know
-            top = bucket(max_batch, self.graph_batch_sizes) or self.graph_batch_sizes[-1]
-            rows = [b for b in self.graph_batch_sizes if b <= top]
+            rows = buckets_upto(max_batch, self.graph_batch_sizes)
             return GraphWarmup(self.model.warm_up_graphs(streaming, rows), time.monotonic() - t0)
         shapes = self.warm_up_plan(streaming, max_batch)
         if not shapes:  # no graphs (or a model without graph buckets)

@@ -197,13 +197,12 @@ class Code2WavModel:
             return 0
         frames, shapes = streamed_shapes(streaming, self.groups)
         self._attend_frames, self._conv_shapes = frames, frozenset(shapes)
-        dev, ready = self.device, 0
+        dev, ready, width = self.device, 0, self.hf.config.hidden_size
         for r in sorted((b for b in self._rows if b <= max(rows)), reverse=True):
             zeros = torch.zeros(r, dtype=torch.long, device=dev)
             codes = torch.zeros(r, self.groups, frames, dtype=torch.long, device=dev)
             kv = torch.zeros(r, len(self.layers), 2, self.heads, self.keep, self.head_dim, device=dev, dtype=self.dtype)
             ready += bool(self._attend_fn.ready(codes, zeros, zeros, zeros, kv))
-            width = self.hf.config.hidden_size
             for n, first in sorted(shapes, reverse=True):
                 hidden = torch.zeros(r, width, n, device=dev, dtype=self.dtype)
                 kept = None if first else torch.zeros(r, self.convs.state_size, device=dev, dtype=self.dtype)
@@ -277,8 +276,8 @@ class Code2WavModel:
         h, new_kv = (self._attend_fn if graphed else self._attend)(codes, first, n_cached, n_new, kv)
         for i, (_, st) in enumerate(rows):
             m = new[i]
-            st.kv = torch.cat([kv[i, :, :, :, : cached[i]], new_kv[i, :, :, :, :m]], dim=3)[:, :, :, -self.keep :]
-            st.kv = st.kv.clone()
+            kept = torch.cat([kv[i, :, :, :, : cached[i]], new_kv[i, :, :, :, :m]], dim=3)
+            st.kv = kept[:, :, :, -self.keep :].clone()  # its own: not a view of the batch
             out[at[i]] = h[i, :m]
         return out
 

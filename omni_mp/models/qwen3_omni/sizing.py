@@ -72,7 +72,7 @@ class Qwen3OmniSizing:
         from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
-        from omni_mp.engines.diffusion.graphs import bucket
+        from omni_mp.engines.diffusion.graphs import buckets_upto
         from omni_mp.models.qwen3_omni.code2wav import streamed_shapes
         from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
 
@@ -81,8 +81,7 @@ class Qwen3OmniSizing:
         with torch.device("meta"):
             state = StreamingConvs(Qwen3OmniMoeCode2Wav._from_config(config)).state_size
         groups = int(config.num_quantizers)
-        top = bucket(d.max_batch, d.graph_batch_sizes) or max(d.graph_batch_sizes)
-        rows = sum(b for b in d.graph_batch_sizes if b <= top)
+        rows = sum(buckets_upto(d.max_batch, d.graph_batch_sizes))
         frames, shapes = streamed_shapes(d.streaming, groups)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv_frame = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim
