@@ -222,7 +222,7 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         "processor": "qwen3_omni_code2wav", "final_output": True, "engine_args": {"max_model_len": 4096},
         "diffusion": {
             "model_type": "qwen3_omni_code2wav", "max_batch": min(conc, args.code2wav_max_batch),
-            "float32_matmul": args.code2wav_matmul,
+            "float32_matmul": args.code2wav_matmul, "cuda_graphs": args.code2wav_graphs == "on",
             "streaming": {
                 "first_chunk": 16, "chunk": 16 * args.code2wav_chunk, "max_chunk": 16 * args.code2wav_max_chunk,
                 "left_context": 0, "right_context": 16, "crossfade_ms": 0.0,
@@ -380,6 +380,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"code2wav chunks: the first 1 frame, then {args.code2wav_chunk} frames{growth}; "
         f"up to {args.code2wav_max_batch} windows a step"
     )
+    lines.append(f"code2wav CUDA graphs: {args.code2wav_graphs}")
     lines.append(
         f"code2wav float32 matmuls and convolutions: {args.code2wav_matmul} "
         f"({'exact fp32' if args.code2wav_matmul == 'highest' else 'TF32'})"
@@ -551,6 +552,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="high",
         help="code2wav's float32 matmuls and convolutions: high = TF32 tensor cores (stage_configs/qwen3_omni.yaml's), "
         "highest = exact fp32",
+    )
+    p.add_argument(
+        "--code2wav-graphs",
+        choices=("on", "off"),
+        default="on",
+        help="code2wav's calls replayed from CUDA graphs (diffusion.cuda_graphs, the default: on); off: eager",
     )
     p.add_argument(
         "--code2wav-chunk",
