@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from omni_mp.engines.diffusion.chunking import next_chunk  # noqa: E402
 from omni_mp.engines.diffusion.graphs import GraphSet  # noqa: E402
 from omni_mp.engines.diffusion.params import DiffusionParams, StreamingConfig  # noqa: E402
 from omni_mp.engines.diffusion.runner import DiffusionRunner  # noqa: E402
@@ -35,12 +36,14 @@ STREAMING = StreamingConfig(first_chunk=16, chunk=32, max_chunk=192, left_contex
 
 
 def chunk_windows(frames: int) -> list[tuple[int, int, int]]:
-    """A stream's windows: (start, emitted end, window end) in frames, as the stage cuts them."""
-    out, start, k = [], 0, 0
-    while start < frames:
-        emit = min(frames, start + STREAMING.chunk_at(k) // GROUPS)
-        out.append((start, emit, min(frames, emit + STREAMING.right_context // GROUPS)))
-        start, k = emit, k + 1
+    """A stream's windows: (start, emitted end, window end) in frames, as the stage cuts them
+    (`chunking.next_chunk` over a stream whose codes have all arrived)."""
+    out, emitted, k = [], 0, 0
+    while emitted < frames * GROUPS:
+        plan = next_chunk(STREAMING, k, emitted, frames * GROUPS, closed=True)
+        assert plan is not None  # every code is known
+        out.append((plan.window_start // GROUPS, plan.emit_end // GROUPS, plan.window_end // GROUPS))
+        emitted, k = plan.emit_end, k + 1
     return out
 
 

@@ -277,7 +277,7 @@ class Code2WavModel:
         for i, (_, st) in enumerate(rows):
             m = new[i]
             kept = torch.cat([kv[i, :, :, :, : cached[i]], new_kv[i, :, :, :, :m]], dim=3)
-            st.kv = kept[:, :, :, -self.keep :].clone()  # its own: not a view of the batch
+            st.kv = kept[:, :, :, -self.keep :].clone()  # only the last `keep` frames stay alive
             out[at[i]] = h[i, :m]
         return out
 

@@ -79,16 +79,14 @@ class Qwen3OmniSizing:
         d = stage.diffusion
         config = Qwen3OmniMoeCode2WavConfig.from_dict(c2w)
         with torch.device("meta"):
-            state = StreamingConvs(Qwen3OmniMoeCode2Wav._from_config(config)).state_size
+            convs_plan = StreamingConvs(Qwen3OmniMoeCode2Wav._from_config(config))
+        state, samples = convs_plan.state_size, convs_plan.samples_per_frame
         groups = int(config.num_quantizers)
         rows = sum(buckets_upto(d.max_batch, d.graph_batch_sizes))
         frames, shapes = streamed_shapes(d.streaming, groups)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv_frame = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim
         transformer = kv_frame * (config.sliding_window - 1 + frames) + frames * config.hidden_size
-        samples = 1
-        for rate in (*config.upsample_rates, *config.upsampling_ratios):
-            samples *= rate
         convs = sum(n * (config.hidden_size + samples) + state * (1 if first else 2) for n, first in shapes)
         return rows * (transformer + convs) * 4
 
