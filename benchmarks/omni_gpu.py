@@ -329,7 +329,12 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     if not args.smoke:
         for s, gib in zip(stages, budgets_gib(args), strict=True):
             s["memory"] = {"gpu_gib": gib}
-    return {"name": "qwen2_5_omni_bench", "timeouts": {"stage_startup_s": 900}, "stages": stages}
+    return {
+        "name": "qwen2_5_omni_bench",
+        "timeouts": {"stage_startup_s": 900},
+        "gpu_sharing": {"mode": args.gpu_sharing},
+        "stages": stages,
+    }
 
 
 class Playback:
@@ -493,6 +498,24 @@ def stage_steps_table(title: str, steps: dict[str, dict[str, Any]], names: tuple
     return lines
 
 
+def add_gpu_sharing_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpu-sharing",
+        choices=("auto", "mps", "time_slice"),
+        default="auto",
+        help="how stages on one GPU share it (the pipeline's gpu_sharing.mode; default auto: under MPS where "
+        "nvidia-cuda-mps-control is installed, else time-sliced); time_slice for the A/B",
+    )
+
+
+def gpu_sharing_used(coord: Any) -> str:
+    """What the running pipeline's stages do on their shared GPUs, for the report."""
+    if not coord.sharing.stages or all(coord.stages[sid].mps_pipe is None for sid in coord.sharing.stages):
+        return f"time-slicing ({coord.sharing.why})"
+    whose = "a private daemon" if coord.mps is not None else f"the host's daemon ({coord.sharing.host_pipe})"
+    return f"MPS through {whose} ({coord.sharing.why})"
+
+
 def device_name() -> str:
     import torch
 
@@ -513,6 +536,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     t_last = time.time()
     with embedded_pipeline(cfg, progress=lambda m: say(m)) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
+        out["gpu_sharing"] = gpu_sharing_used(coord)
         say(f"{'stream' if stream else 'nostream'}: pipeline ready in {out['cold_start_s']:.1f}s")
         # One warm-up round at the highest concurrency (allocator growth, every batch size's
         # first run), then --rounds measured rounds per level, the best kept.
@@ -826,6 +850,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     budgets = results.get("stream", {}).get("budgets_gib") or results.get("nostream", {}).get("budgets_gib")
     if budgets:
         lines.append(f"GPU memory budgets, thinker / talker / token2wav: {' / '.join(f'{b:g}' for b in budgets)} GiB")
+    if st.get("gpu_sharing"):
+        lines.append(f"GPU sharing: {st['gpu_sharing']} (--gpu-sharing {args.gpu_sharing})")
     if "single" in hf:
         s = hf["single"]
         lines.append(
@@ -1016,6 +1042,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     p.add_argument("--phases", default=",".join(PHASES))
     p.add_argument("--gpus", type=int, default=2, choices=[1, 2])
+    add_gpu_sharing_arg(p)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     p.add_argument("--thinker-tokens", type=int, default=128)
     p.add_argument("--talker-codes", type=int, default=200, help="codes per request (50 = 1 s of audio)")

@@ -68,9 +68,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.omni_gpu import (  # noqa: E402
     _round,
+    add_gpu_sharing_arg,
     check_round,
     closed_loop_round,
     device_name,
+    gpu_sharing_used,
     playback_line,
     stage_step_summary,
     stage_steps_table,
@@ -240,7 +242,12 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
             raise SystemExit(f"--gpus {args.gpus} needs GPUs 0..{args.gpus - 1} to size the memory budgets")
         for s, share in zip(stages, SHARES[args.gpus], strict=True):
             s["memory"] = {"gpu_gib": round(devices[s["devices"][0]].total_bytes * share / GiB, 1)}
-    return {"name": "qwen3_omni_bench", "timeouts": {"stage_startup_s": 900}, "stages": stages}
+    return {
+        "name": "qwen3_omni_bench",
+        "timeouts": {"stage_startup_s": 900},
+        "gpu_sharing": {"mode": args.gpu_sharing},
+        "stages": stages,
+    }
 
 
 def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
@@ -263,6 +270,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     t_last = time.time()
     with embedded_pipeline(cfg, progress=say) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
+        out["gpu_sharing"] = gpu_sharing_used(coord)
         say(f"{name}: pipeline ready in {out['cold_start_s']:.1f}s")
         batch = chat_prompts(config, max(args.concurrency), args.prompt_len, 1)
         warm = asyncio.run(_round(coord.client_endpoint, batch))
@@ -381,6 +389,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"up to {args.code2wav_max_batch} windows a step"
     )
     lines.append(f"code2wav CUDA graphs: {args.code2wav_graphs}")
+    if st.get("gpu_sharing"):
+        lines.append(f"GPU sharing: {st['gpu_sharing']} (--gpu-sharing {args.gpu_sharing})")
     lines.append(
         f"code2wav float32 matmuls and convolutions: {args.code2wav_matmul} "
         f"({'exact fp32' if args.code2wav_matmul == 'highest' else 'TF32'})"
@@ -553,6 +563,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="code2wav's float32 matmuls and convolutions: high = TF32 tensor cores (stage_configs/qwen3_omni.yaml's), "
         "highest = exact fp32",
     )
+    add_gpu_sharing_arg(p)
     p.add_argument(
         "--code2wav-graphs",
         choices=("on", "off"),

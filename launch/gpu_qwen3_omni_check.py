@@ -22,6 +22,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,11 @@ def _media(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def run(cfg: Any) -> tuple[list[Finished], float]:
+async def run(cfg: Any, inspect: Callable[[Any], None] | None = None) -> tuple[list[Finished], float]:
+    """The requests, concurrently; `inspect` sees the running coordinator first."""
     with embedded_pipeline(cfg, progress=lambda m: print(f"  {m}", flush=True)) as coord:
+        if inspect is not None:
+            inspect(coord)
         async with AsyncOmniClient(coord.client_endpoint) as client:
             t0 = time.perf_counter()
             jobs = [client.generate(r["text"], speaker=r["speaker"], deadline_s=900, **_media(r)) for r in REQUESTS]

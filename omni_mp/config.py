@@ -175,6 +175,22 @@ class SecurityConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     allow_code_import: bool = False
 
 
+class GpuSharingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """How stages that share a GPU share it (omni_mp.control.mps).
+
+    Processes on one GPU time-slice it by default: the GPU runs one process's kernels at a
+    time, so a stage's step waits out the others' steps even when neither fills the GPU (the
+    small kernels of a talker's code predictor, a vocoder's convolutions). Under NVIDIA's
+    Multi-Process Service (MPS) their kernels run side by side. `auto`: when local stages share
+    a GPU, start a private MPS daemon for them (or use the one already serving this host) if
+    `nvidia-cuda-mps-control` is installed, else time-slice; `mps`: the same, but no MPS is an
+    error; `time_slice`: never MPS. Nothing of the GPU's own settings changes. One trade-off:
+    under MPS a fatal GPU fault (an illegal memory access) in one stage ends every stage on
+    that GPU, and the supervisor restarts them all."""
+
+    mode: Literal["auto", "mps", "time_slice"] = "auto"
+
+
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
     stages: Annotated[list[StageConfig], Meta(max_length=MAX_STAGES)]
@@ -184,6 +200,7 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     admission: AdmissionConfig = AdmissionConfig()
     security: SecurityConfig = SecurityConfig()
     placement: PlacementConfig = PlacementConfig()
+    gpu_sharing: GpuSharingConfig = GpuSharingConfig()
 
     def stage(self, stage_id: int) -> StageConfig:
         for s in self.stages:
@@ -414,6 +431,11 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
     _check_acyclic(cfg)
     if cfg.placement.kind == "ray" and cfg.endpoints.transport != "tcp":
         raise ConfigError("`endpoints.transport`: placement 'ray' puts stages on other hosts; use 'tcp' (with keys)")
+    if cfg.placement.kind == "ray" and cfg.gpu_sharing.mode == "mps":
+        raise ConfigError(
+            "`gpu_sharing.mode`: 'mps' starts an MPS daemon on this host; with placement 'ray' stages run on "
+            "other hosts (run MPS there, or use 'auto')"
+        )
     if cfg.placement.kind != "ray" and any(s.ray_resources for s in cfg.stages):
         where = next(i for i, s in enumerate(cfg.stages) if s.ray_resources)
         raise ConfigError(f"`stages[{where}].ray_resources`: only with `placement.kind: ray`")

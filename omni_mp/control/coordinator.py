@@ -35,6 +35,7 @@ from omni_mp.config import PipelineConfig, check_models
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.memory_budget import resolve_memory_budgets
+from omni_mp.control.mps import MpsDaemon, MpsUnavailable, plan_sharing
 from omni_mp.control.ray_placement import RayPlacement
 from omni_mp.control.requests import Inflight, Rejected, RequestTable, check_submit, request_stages
 from omni_mp.control.stage_handle import StageHandle
@@ -123,6 +124,8 @@ class Coordinator:
         self.stages = {
             s.id: StageHandle(cfg, s, events_endpoint, self.endpoints, self.log_dir, self.ray) for s in cfg.stages
         }
+        self.sharing = plan_sharing(cfg)
+        self.mps: MpsDaemon | None = None  # the private MPS daemon of this run, while it runs
         self.supervisor = Supervisor(cfg, self.stages, self.progress)
         self.wiring = Wiring(cfg, self.stages)
         self.table = RequestTable(cfg.admission.max_inflight)
@@ -144,6 +147,11 @@ class Coordinator:
                 self.shutdown()
                 raise
             self.progress(f"ray: {len(self.stages)} bundle(s) placed")
+        try:
+            self._share_gpus()
+        except BaseException:
+            self.shutdown()
+            raise
         for h in self.stages.values():
             h.spawn()
             self.progress(f"stage {h.stage.id}: starting {h.stage.kind} engine ({h.stage.model}), pid {h.pid}")
@@ -172,6 +180,30 @@ class Coordinator:
             self.shutdown()
             raise
         self.progress(f"pipeline {self.cfg.name!r}: {len(self.stages)} stage(s) ready in {time.monotonic() - t0:.1f}s")
+
+    def _share_gpus(self) -> None:
+        """Before any stage starts: make the stages that share a GPU clients of an MPS daemon
+        (omni_mp.control.mps), the host's or one of our own, as `gpu_sharing` says."""
+        plan, mode = self.sharing, self.cfg.gpu_sharing.mode
+        if not plan.stages:
+            if mode != "auto" or any(s.devices for s in self.cfg.stages):
+                self.progress(f"gpu sharing: {plan.why}")
+            return
+        pipe = plan.host_pipe
+        if pipe is None:
+            try:
+                self.mps = MpsDaemon.start(self.log_dir / "mps_guard.log")
+            except MpsUnavailable as err:
+                if mode == "mps":
+                    raise StartupError(f"gpu_sharing: mps: {err}") from None
+                self.progress(f"gpu sharing: time-slicing ({plan.why}); no MPS: {err}")
+                return
+            pipe, whose = self.mps.pipe, f"a private MPS daemon (guard pid {self.mps.guard.pid})"
+        else:
+            whose = f"the host's MPS daemon ({pipe})"
+        for sid in plan.stages:
+            self.stages[sid].mps_pipe = pipe
+        self.progress(f"gpu sharing: MPS through {whose}; {plan.why}")
 
     def stop(self) -> None:
         self._stop.set()
@@ -214,6 +246,9 @@ class Coordinator:
                 h.terminate(5.0)
         if self.ray is not None:
             self.ray.close()
+        if self.mps is not None:  # after its clients are gone
+            self.mps.stop()
+            self.mps = None
         self.events.close()
         for link in self.links.values():
             link.close()  # the stages are gone: nothing left to deliver

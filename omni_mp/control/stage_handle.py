@@ -12,14 +12,22 @@ from pathlib import Path
 
 from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
 from omni_mp.control.endpoints import RunEndpoints
+from omni_mp.control.mps import PIPE_ENV
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
 from omni_mp.procs import popen
 from omni_mp.wire.messages import StageStats
 
 
-def stage_env(cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a stage process starts with; device pinning must precede its first import."""
+def stage_env(
+    cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None, mps_pipe: str | None = None
+) -> dict[str, str]:
+    """The environment a stage process starts with; device pinning must precede its first import.
+    `mps_pipe`: the MPS daemon it is a client of (omni_mp.control.mps); None: none of ours."""
     env = dict(os.environ if base is None else base)
+    if mps_pipe is not None:
+        env[PIPE_ENV] = mps_pipe
+    elif cfg.gpu_sharing.mode == "time_slice":
+        env.pop(PIPE_ENV, None)  # not a client of a daemon the environment names
     env["OMNI_MP_PIPELINE_CONFIG"] = config_to_json(cfg).decode()
     # Keep the vLLM worker in the stage process (UniProcExecutor): no engine/worker children.
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -120,6 +128,7 @@ class StageHandle:
         self.restarts = 0
         self.restart_at: float | None = None  # dead, and due to be restarted then (monotonic)
         self.failure: str | None = None  # down for good (no restart left): why it last died
+        self.mps_pipe: str | None = None  # its runs are clients of this MPS daemon (omni_mp.control.mps)
 
     @property
     def proc(self) -> StageProcess | None:
@@ -157,7 +166,11 @@ class StageHandle:
             log.write(f"==== spawn {time.strftime('%H:%M:%S')} (restart {self.restarts}) ====\n".encode())
             log.flush()
             return popen(
-                cmd, env=stage_env(self.cfg, self.stage), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                cmd,
+                env=stage_env(self.cfg, self.stage, mps_pipe=self.mps_pipe),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
 
     def restart(self) -> None:

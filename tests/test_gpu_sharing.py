@@ -1,0 +1,107 @@
+"""GPU sharing (omni_mp.control.mps): which stages run as MPS clients, what their processes'
+environment says, and how a daemon that cannot start is reported. The daemon itself needs an
+NVIDIA GPU: launch/gpu_mps_check.py runs it on one (clients, equal outputs, nothing left after
+a shutdown or a SIGKILLed coordinator)."""
+
+from __future__ import annotations
+
+import glob
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from omni_mp.config import ConfigError, parse_config
+from omni_mp.control.mps import CONTROL, CONTROL_ENV, PIPE_ENV, MpsDaemon, MpsUnavailable, control_program, plan_sharing
+from omni_mp.control.stage_handle import stage_env
+from omni_mp.keys import generate
+
+
+@pytest.fixture(scope="module")
+def ray(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What a pipeline on Ray needs besides its placement: tcp and CURVE keys."""
+    keys = tmp_path_factory.mktemp("keys")
+    generate(keys, ["tester"])
+    return {"placement": {"kind": "ray"}, "endpoints": {"transport": "tcp"}, "security": {"keys": str(keys)}}
+
+
+def pipeline(devices: list[list[int]], **extra: Any) -> Any:
+    stages: list[dict[str, Any]] = [
+        {"id": 0, "model": "tiny-qwen2", "devices": devices[0]},
+        {"id": 1, "model": "tiny-qwen2", "devices": devices[1], "inputs": [0], "processor": "continue_tokens"},
+        {"id": 2, "model": "tiny-qwen2", "devices": devices[2], "inputs": [1], "processor": "continue_tokens",
+         "final_output": True},
+    ]  # fmt: skip
+    return parse_config({"name": "t", "stages": stages, **extra}, check_engine_args=False)
+
+
+def test_stages_that_share_a_gpu_become_clients_of_a_daemon_of_ours() -> None:
+    one = plan_sharing(pipeline([[0], [0], [0]]), env={})
+    assert one.stages == {0, 1, 2} and one.gpus == (0,) and one.needs_daemon
+    # the two-GPU layout: the thinker has GPU 0 to itself; talker and vocoder share GPU 1
+    two = plan_sharing(pipeline([[0], [1], [1]]), env={})
+    assert two.stages == {1, 2} and two.gpus == (1,) and "GPU 1: stages 1, 2" in two.why
+    # a stage on two GPUs, one of them shared, is a client too (the daemon serves every GPU)
+    assert plan_sharing(pipeline([[0, 1], [1], [2]]), env={}).stages == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("devices", "extra", "why"),
+    [
+        ([[0], [1], [2]], {}, "no GPU is shared"),
+        ([[], [], []], {}, "no GPU is shared"),
+        ([[0], [0], [0]], {"gpu_sharing": {"mode": "time_slice"}}, "gpu_sharing: time_slice"),
+        ([[0], [0], [0]], "ray", "placement ray"),
+    ],
+)
+def test_no_mps_without_a_shared_gpu_or_when_the_config_says_so(
+    devices: list[list[int]], extra: dict[str, Any] | str, why: str, ray: dict[str, Any]
+) -> None:
+    plan = plan_sharing(pipeline(devices, **(ray if extra == "ray" else extra)), env={})
+    assert not plan.stages and not plan.needs_daemon and why in plan.why
+
+
+def test_a_daemon_the_environment_names_is_used_instead_of_starting_one() -> None:
+    plan = plan_sharing(pipeline([[0], [0], [0]]), env={PIPE_ENV: "/run/site-mps"})
+    assert plan.host_pipe == "/run/site-mps" and not plan.needs_daemon
+
+
+def test_config_refuses_mps_with_ray_and_unknown_modes_by_name(ray: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="gpu_sharing.mode.*'mps'.*ray"):
+        pipeline([[0], [0], [0]], gpu_sharing={"mode": "mps"}, **ray)
+    with pytest.raises(ConfigError, match="gpu_sharing.mode"):
+        pipeline([[0], [0], [0]], gpu_sharing={"mode": "exclusive"})
+
+
+def test_stage_environment_names_its_daemon() -> None:
+    cfg = pipeline([[0], [0], [0]])
+    assert stage_env(cfg, cfg.stages[0], base={}, mps_pipe="/tmp/omni-mps-x/pipe")[PIPE_ENV] == "/tmp/omni-mps-x/pipe"
+    assert PIPE_ENV not in stage_env(cfg, cfg.stages[0], base={})
+    # auto keeps a daemon the user's environment names; time_slice opts out of it
+    assert stage_env(cfg, cfg.stages[0], base={PIPE_ENV: "/run/site-mps"})[PIPE_ENV] == "/run/site-mps"
+    sliced = pipeline([[0], [0], [0]], gpu_sharing={"mode": "time_slice"})
+    assert PIPE_ENV not in stage_env(sliced, sliced.stages[0], base={PIPE_ENV: "/run/site-mps"})
+
+
+def test_no_control_program_is_named_in_the_error() -> None:
+    with pytest.raises(MpsUnavailable, match=f"{CONTROL} is not on PATH"):
+        control_program(env={"PATH": "/nonexistent"})
+
+
+def test_a_daemon_that_exits_at_once_is_reported_and_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A control program that exits instead of serving (here `false`, as a broken driver
+    install would): the error names it and its exit code; the guard process is gone, and so
+    is the daemon's directory."""
+    monkeypatch.setenv(CONTROL_ENV, "/bin/false")
+    pattern = str(Path(tempfile.gettempdir()) / "omni-mps-*")
+    before = set(glob.glob(pattern))
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(MpsUnavailable, match=r"/bin/false did not start: /bin/false -f exited with code 1"):
+        MpsDaemon.start(tmp_path / "guard.log")
+    assert set(glob.glob(pattern)) == before
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in children and p.is_running()]
+    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
