@@ -187,7 +187,7 @@ class Coordinator:
         plan, mode = self.sharing, self.cfg.gpu_sharing.mode
         if not plan.stages:
             if mode != "auto" or any(s.devices for s in self.cfg.stages):
-                self.progress(f"gpu sharing: {plan.why}")
+                self.progress(f"gpu sharing: time-slicing ({plan.why})")
             return
         pipe = plan.host_pipe
         if pipe is None:
@@ -267,6 +267,12 @@ class Coordinator:
             self._client_gone(client)
 
     def _supervise(self, now: float) -> None:
+        if self.mps is not None and not self.mps.alive():
+            # Stages (re)started from now on find no daemon and run time-sliced: CUDA runs a
+            # program without MPS when it cannot reach a daemon.
+            self.progress(f"gpu sharing: the MPS daemon's guard exited (code {self.mps.guard.returncode})")
+            self.mps.stop()
+            self.mps = None
         stalled = {sid for sid, link in self.links.items() if link.stalled()}
         for sid, reason in self.supervisor.check(now, stalled):
             link = self.links.pop(sid, None)

@@ -53,7 +53,7 @@ class SharingPlan:
     stages: frozenset[int]  # stage ids to run as MPS clients (every stage on a shared GPU)
     gpus: tuple[int, ...]  # GPUs that two or more stages use
     host_pipe: str | None  # the pipe directory of an MPS daemon already serving this host
-    why: str  # one line for the log: why time-slicing, or which stages share which GPU
+    why: str  # for the log: why no MPS, or which stages share which GPU
 
     @property
     def needs_daemon(self) -> bool:
@@ -81,9 +81,9 @@ def plan_sharing(cfg: PipelineConfig, env: Mapping[str, str] | None = None) -> S
     env = os.environ if env is None else env
     none = frozenset[int]()
     if cfg.gpu_sharing.mode == "time_slice":
-        return SharingPlan(none, (), None, "time-slicing (gpu_sharing: time_slice)")
+        return SharingPlan(none, (), None, "gpu_sharing: time_slice")
     if cfg.placement.kind == "ray":  # config.validate refuses mode `mps` with ray
-        return SharingPlan(none, (), None, "time-slicing (placement ray: MPS is the hosts' own to run)")
+        return SharingPlan(none, (), None, "placement ray: MPS is the hosts' own to run")
     shared = shared_gpus(cfg)
     if not shared:
         return SharingPlan(none, (), None, "no GPU is shared by two stages")
