@@ -508,14 +508,6 @@ def add_gpu_sharing_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def gpu_sharing_used(coord: Any) -> str:
-    """What the running pipeline's stages do on their shared GPUs, for the report."""
-    if not coord.sharing.stages or all(coord.stages[sid].mps_pipe is None for sid in coord.sharing.stages):
-        return f"time-slicing ({coord.sharing.why})"
-    whose = "a private daemon" if coord.mps is not None else f"the host's daemon ({coord.sharing.host_pipe})"
-    return f"MPS through {whose} ({coord.sharing.why})"
-
-
 def device_name() -> str:
     import torch
 
@@ -536,7 +528,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     t_last = time.time()
     with embedded_pipeline(cfg, progress=lambda m: say(m)) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
-        out["gpu_sharing"] = gpu_sharing_used(coord)
+        out["gpu_sharing"] = coord.sharing_note
         say(f"{'stream' if stream else 'nostream'}: pipeline ready in {out['cold_start_s']:.1f}s")
         # One warm-up round at the highest concurrency (allocator growth, every batch size's
         # first run), then --rounds measured rounds per level, the best kept.

@@ -72,7 +72,6 @@ from benchmarks.omni_gpu import (  # noqa: E402
     check_round,
     closed_loop_round,
     device_name,
-    gpu_sharing_used,
     playback_line,
     stage_step_summary,
     stage_steps_table,
@@ -270,7 +269,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     t_last = time.time()
     with embedded_pipeline(cfg, progress=say) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
-        out["gpu_sharing"] = gpu_sharing_used(coord)
+        out["gpu_sharing"] = coord.sharing_note
         say(f"{name}: pipeline ready in {out['cold_start_s']:.1f}s")
         batch = chat_prompts(config, max(args.concurrency), args.prompt_len, 1)
         warm = asyncio.run(_round(coord.client_endpoint, batch))

@@ -126,6 +126,7 @@ class Coordinator:
         }
         self.sharing = plan_sharing(cfg)
         self.mps: MpsDaemon | None = None  # the private MPS daemon of this run, while it runs
+        self.sharing_note = f"time-slicing ({self.sharing.why})"  # what the stages on shared GPUs do
         self.supervisor = Supervisor(cfg, self.stages, self.progress)
         self.wiring = Wiring(cfg, self.stages)
         self.table = RequestTable(cfg.admission.max_inflight)
@@ -187,7 +188,7 @@ class Coordinator:
         plan, mode = self.sharing, self.cfg.gpu_sharing.mode
         if not plan.stages:
             if mode != "auto" or any(s.devices for s in self.cfg.stages):
-                self.progress(f"gpu sharing: time-slicing ({plan.why})")
+                self.progress(f"gpu sharing: {self.sharing_note}")
             return
         pipe = plan.host_pipe
         if pipe is None:
@@ -196,14 +197,20 @@ class Coordinator:
             except MpsUnavailable as err:
                 if mode == "mps":
                     raise StartupError(f"gpu_sharing: mps: {err}") from None
-                self.progress(f"gpu sharing: time-slicing ({plan.why}); no MPS: {err}")
+                self.sharing_note = f"time-slicing ({plan.why}); no MPS: {err}"
+                self.progress(f"gpu sharing: {self.sharing_note}")
                 return
             pipe, whose = self.mps.pipe, f"a private MPS daemon (guard pid {self.mps.guard.pid})"
         else:
             whose = f"the host's MPS daemon ({pipe})"
-        for sid in plan.stages:
+        self._use_mps(pipe)
+        self.sharing_note = f"MPS through {whose} ({plan.why})"
+        self.progress(f"gpu sharing: {self.sharing_note}")
+
+    def _use_mps(self, pipe: str | None) -> None:
+        """Stages on shared GPUs start as clients of the daemon at `pipe` (None: of none)."""
+        for sid in self.sharing.stages:
             self.stages[sid].mps_pipe = pipe
-        self.progress(f"gpu sharing: MPS through {whose}; {plan.why}")
 
     def stop(self) -> None:
         self._stop.set()
@@ -270,9 +277,11 @@ class Coordinator:
         if self.mps is not None and not self.mps.alive():
             # Stages (re)started from now on find no daemon and run time-sliced: CUDA runs a
             # program without MPS when it cannot reach a daemon.
-            self.progress(f"gpu sharing: the MPS daemon's guard exited (code {self.mps.guard.returncode})")
+            self.sharing_note = f"time-slicing: the MPS daemon's guard exited (code {self.mps.guard.returncode})"
+            self.progress(f"gpu sharing: {self.sharing_note}")
             self.mps.stop()
             self.mps = None
+            self._use_mps(None)
         stalled = {sid for sid, link in self.links.items() if link.stalled()}
         for sid, reason in self.supervisor.check(now, stalled):
             link = self.links.pop(sid, None)
