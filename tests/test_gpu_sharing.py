@@ -6,6 +6,7 @@ a shutdown or a SIGKILLed coordinator)."""
 from __future__ import annotations
 
 import glob
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -103,5 +104,32 @@ def test_a_daemon_that_exits_at_once_is_reported_and_leaves_nothing_behind(
     with pytest.raises(MpsUnavailable, match=r"/bin/false did not start: /bin/false -f exited with code 1"):
         MpsDaemon.start(tmp_path / "guard.log")
     assert set(glob.glob(pattern)) == before
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in children and p.is_running()]
+    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize(
+    ("control", "said"),
+    [(None, f"{CONTROL} is not on PATH"), ("/bin/false", "/bin/false -f exited with code 1")],
+)
+def test_mode_mps_without_a_daemon_fails_start_up_before_any_stage(
+    control: str | None, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gpu_sharing: mps` and no daemon: start() fails naming why, no stage was spawned, and
+    the coordinator's sockets and processes are gone."""
+    from omni_mp.control.coordinator import Coordinator, StartupError
+
+    monkeypatch.delenv(PIPE_ENV, raising=False)
+    if control is None:
+        monkeypatch.delenv(CONTROL_ENV, raising=False)
+        monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # python, without the MPS program
+    else:
+        monkeypatch.setenv(CONTROL_ENV, control)
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    coord = Coordinator(pipeline([[0], [0], [0]], gpu_sharing={"mode": "mps"}))
+    with pytest.raises(StartupError, match=f"gpu_sharing: mps: .*{said}"):
+        coord.start()
+    assert all(h.pid is None for h in coord.stages.values())
+    assert coord.mps is None and coord._closed
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in children and p.is_running()]
     assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
