@@ -20,6 +20,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,8 @@ PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"  # where clients find their daemon
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 SYSTEM_PIPE = "/tmp/nvidia-mps"  # a daemon started without PIPE_ENV listens here; clients try it by default
 READY_LINE = "ready"
+PID_FILE = "nvidia-cuda-mps-control.pid"  # the control daemon writes its pid there, in its pipe directory
+_LINE_MAX = 4096  # the guard's one line (ready, or why not)
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; the daemon's sockets sit inside its pipe directory
 
 
@@ -104,9 +107,10 @@ def control_program(env: Mapping[str, str] | None = None) -> str:
 class MpsDaemon:
     """A private MPS control daemon for one pipeline run, through its guard process."""
 
-    def __init__(self, guard: subprocess.Popen[bytes], root: Path) -> None:
+    def __init__(self, guard: subprocess.Popen[bytes], root: Path, control: str) -> None:
         self.guard = guard
         self.root = root
+        self.control = control
 
     @property
     def pipe(self) -> str:
@@ -127,13 +131,13 @@ class MpsDaemon:
         assert guard.stdout is not None
         deadline = time.monotonic() + timeout_s
         line = b""
-        while not line.endswith(b"\n") and time.monotonic() < deadline:
+        while not line.endswith(b"\n") and len(line) < _LINE_MAX and time.monotonic() < deadline:
             if select.select([guard.stdout], [], [], 0.1)[0]:
                 chunk = os.read(guard.stdout.fileno(), 4096)
                 if not chunk:  # the guard ended
                     break
                 line += chunk
-        daemon = cls(guard, root)
+        daemon = cls(guard, root, control)
         if line.strip().decode(errors="replace") != READY_LINE:
             daemon.stop()
             said = line.strip().decode(errors="replace") or f"nothing within {timeout_s:.0f}s"
@@ -153,6 +157,39 @@ class MpsDaemon:
             log.warning("MPS guard %d did not end within %.0fs; killing it", self.guard.pid, timeout_s)
             self.guard.kill()
             self.guard.wait(timeout_s)
+        if self.guard.returncode is None or self.guard.returncode < 0:  # killed: it quit nothing
+            self._quit_daemon(timeout_s)
         if self.guard.stdout is not None:
             self.guard.stdout.close()
         shutil.rmtree(self.root, ignore_errors=True)  # the guard's job; again in case it was killed
+
+    def _quit_daemon(self, timeout_s: float) -> None:
+        """Quit the daemon without its guard: it runs in a session of its own (out of reach of
+        a terminal's Ctrl-C), so the guard's death does not end it. Waits for it to exit (its
+        pid file, which the daemon writes in its pipe directory), killing it after `timeout_s`."""
+        try:
+            pid = int((Path(self.pipe) / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            pid = None
+        env = {**os.environ, PIPE_ENV: self.pipe}
+        try:
+            subprocess.run([self.control], input=b"quit\n", env=env, timeout=timeout_s, capture_output=True)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            log.warning("MPS daemon at %s: quit failed: %s", self.pipe, err)
+        deadline = time.monotonic() + timeout_s
+        while pid is not None and _alive(pid):
+            if time.monotonic() > deadline:
+                log.warning("MPS daemon %d did not quit within %.0fs; killing it", pid, timeout_s)
+                os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process now has the pid: ours is gone
+        return False
+    return True
