@@ -92,9 +92,7 @@ def read_audio(path: str | Path, max_seconds: float = MAX_READ_S) -> tuple[np.nd
             _check_rate(rate, str(p), AudioFileError)
             max_frames = min(int(max_seconds * rate), MAX_READ_SAMPLES)
             if max_frames < f.frames < _UNKNOWN_FRAMES:
-                raise AudioFileError(
-                    f"{p}: {f.frames / rate:.1f} s of audio; at most {max_frames / rate:g} s is read"
-                )
+                raise AudioFileError(f"{p}: {f.frames / rate:.1f} s of audio; at most {max_frames / rate:g} s is read")
             samples = _read_mono(f, p, max_frames)
     except soundfile.SoundFileError as err:  # libsndfile's reason, e.g. "Format not recognised"
         reason = str(err).removeprefix(f"Error opening {str(p)!r}: ")

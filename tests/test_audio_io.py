@@ -170,7 +170,7 @@ def test_resampling_keeps_length_and_pitch(rate: int) -> None:
     print(f"{rate} Hz -> {TARGET} Hz, 60 s: {elapsed * 1e3:.1f} ms")
     assert y.dtype == np.float32 and abs(y.size - x.size * TARGET / rate) <= 1
     assert abs(peak_frequency(y, TARGET) - 1000) <= TARGET / y.size  # within one FFT bin
-    middle = y[TARGET : -TARGET]  # away from the edges' filter transients
+    middle = y[TARGET:-TARGET]  # away from the edges' filter transients
     assert abs(np.sqrt(2 * np.mean(middle.astype(np.float64) ** 2)) - 0.5) < 0.005  # amplitude kept
     back = resample(y, TARGET, rate)
     assert abs(back.size - x.size) <= 1 and abs(peak_frequency(back, rate) - 1000) <= rate / back.size

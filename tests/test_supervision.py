@@ -116,10 +116,7 @@ def test_a_spent_restart_budget_stops_the_stage_or_keeps_retrying(tmp_path: Path
         h.kill()
 
 
-CHILD = (
-    "import sys, time; from omni_mp.procs import die_with_parent; "
-    "die_with_parent(int(sys.argv[1])); time.sleep(60)"
-)
+CHILD = "import sys, time; from omni_mp.procs import die_with_parent; die_with_parent(int(sys.argv[1])); time.sleep(60)"
 
 
 def test_children_forked_from_a_short_lived_thread_outlive_it() -> None:

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from omni_mp.processors.base import StageProcessor
 
 
-
 def _generic_processor(name: str) -> Any:
     def load() -> Any:
         from omni_mp.processors import generic

@@ -33,6 +33,7 @@ MAX_INFO_ENTRIES = 1024
 # A peer can send any msgpack it likes, so messages show at most this much of a bad value.
 _MAX_SHOWN = 80
 
+
 class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Bounds every received message is checked against before any tensor is built.
 
