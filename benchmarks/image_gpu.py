@@ -502,6 +502,7 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
             del level["windows"]
         out["sizes"][key] = res
     shutil.copytree(profile_dir, args.out / "profile-omni", dirs_exist_ok=True)
+    shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
 
 

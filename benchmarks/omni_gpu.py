@@ -556,6 +556,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     out["transport"] = transport_summary(profile_dir, t_last)
     out["stage_steps"] = stage_step_summary(profile_dir, windows)
     shutil.copytree(profile_dir, args.out / f"profile-{'stream' if stream else 'nostream'}", dirs_exist_ok=True)
+    shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
 
 

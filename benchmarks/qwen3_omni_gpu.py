@@ -294,6 +294,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     if args.closed_loop:
         out["closed_stage_steps"] = stage_step_summary(profile_dir, closed_windows)
     shutil.copytree(profile_dir, args.out / f"profile-{name}", dirs_exist_ok=True)
+    shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
 
 
