@@ -389,12 +389,12 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"up to {args.code2wav_max_batch} windows a step"
     )
     lines.append(f"code2wav CUDA graphs: {args.code2wav_graphs}")
-    if st.get("gpu_sharing"):
-        lines.append(f"GPU sharing: {st['gpu_sharing']} (--gpu-sharing {args.gpu_sharing})")
     lines.append(
         f"code2wav float32 matmuls and convolutions: {args.code2wav_matmul} "
         f"({'exact fp32' if args.code2wav_matmul == 'highest' else 'TF32'})"
     )
+    if st.get("gpu_sharing"):
+        lines.append(f"GPU sharing: {st['gpu_sharing']} (--gpu-sharing {args.gpu_sharing})")
     if st.get("graph_sizes"):
         lines.append(f"thinker and talker CUDA graph sizes (tokens per step): {st['graph_sizes']}")
     from peer_vllm_omni import peer_table  # vllm-omni's Qwen3-Omni runs in --out, if any

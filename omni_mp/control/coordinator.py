@@ -191,7 +191,7 @@ class Coordinator:
                 self.progress(f"gpu sharing: {self.sharing_note}")
             return
         pipe = plan.host_pipe
-        if pipe is None:
+        if plan.needs_daemon:
             try:
                 self.mps = MpsDaemon.start(self.log_dir / "mps_guard.log")
             except MpsUnavailable as err:

@@ -104,6 +104,16 @@ def control_program(env: Mapping[str, str] | None = None) -> str:
     return path
 
 
+def send_quit(control: str, env: Mapping[str, str], timeout_s: float) -> str | None:
+    """Ask the daemon whose pipe directory `env` names to quit (its servers, then itself);
+    why that could not be asked, or None."""
+    try:
+        subprocess.run([control], input=b"quit\n", env=dict(env), timeout=timeout_s, capture_output=True)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"quit failed: {err}"
+    return None
+
+
 class MpsDaemon:
     """A private MPS control daemon for one pipeline run, through its guard process."""
 
@@ -171,11 +181,9 @@ class MpsDaemon:
             pid = int((Path(self.pipe) / PID_FILE).read_text().strip())
         except (OSError, ValueError):
             pid = None
-        env = {**os.environ, PIPE_ENV: self.pipe}
-        try:
-            subprocess.run([self.control], input=b"quit\n", env=env, timeout=timeout_s, capture_output=True)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            log.warning("MPS daemon at %s: quit failed: %s", self.pipe, err)
+        failed = send_quit(self.control, {**os.environ, PIPE_ENV: self.pipe}, timeout_s)
+        if failed is not None:
+            log.warning("MPS daemon at %s: %s", self.pipe, failed)
         deadline = time.monotonic() + timeout_s
         while pid is not None and _alive(pid):
             if time.monotonic() > deadline:

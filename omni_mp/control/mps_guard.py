@@ -19,7 +19,7 @@ from collections import deque
 from pathlib import Path
 from types import FrameType
 
-from omni_mp.control.mps import LOG_ENV, PIPE_ENV, READY_LINE
+from omni_mp.control.mps import LOG_ENV, PIPE_ENV, READY_LINE, send_quit
 
 READY_S = 20.0  # for the daemon's control socket to appear
 QUIT_S = 15.0  # for `quit` to end the daemon (its server waits for clients to detach)
@@ -57,14 +57,18 @@ def _say(line: str) -> None:
 
 
 def _quit(control: str, env: dict[str, str], daemon: subprocess.Popen[bytes]) -> None:
-    if daemon.poll() is None:
+    if daemon.poll() is not None:
+        return
+    failed = send_quit(control, env, QUIT_S)
+    if failed is None:
         try:
-            subprocess.run([control], input=b"quit\n", env=env, timeout=QUIT_S, capture_output=True, check=False)
             daemon.wait(QUIT_S)
+            return
         except subprocess.TimeoutExpired:
-            print(f"mps_guard: the daemon did not quit within {QUIT_S:.0f}s; killing it", file=sys.stderr)
-            daemon.kill()
-            daemon.wait(QUIT_S)
+            failed = f"it did not quit within {QUIT_S:.0f}s"
+    print(f"mps_guard: {failed}; killing the daemon", file=sys.stderr)
+    daemon.kill()
+    daemon.wait(QUIT_S)
 
 
 def main(argv: list[str] | None = None) -> int:
