@@ -74,7 +74,9 @@ class StageMemory(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     `max_model_len` request, AR stages) or its activations (`max_batch` trajectories,
     diffusion stages), and `reserve_gib`. An AR stage then gets the rest as its KV cache
     (vLLM's `kv_cache_memory_bytes`) instead of a `gpu_memory_utilization` share of the
-    device, so several engines can share one GPU whatever order they start in."""
+    device, so several engines can share one GPU whatever order they start in. The stage holds
+    to it while serving (omni_mp.stage.memory_check): PyTorch's allocations are capped at the
+    budget less a CUDA context, and a started stage over it refuses to serve."""
 
     gpu_gib: Annotated[float, Meta(gt=0.0, le=1e5)]
     # CUDA context, CUDA graph pools, allocator slack: what no estimate below counts.
@@ -110,6 +112,10 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     restart: RestartPolicy = RestartPolicy()
     diffusion: DiffusionStageConfig = DiffusionStageConfig()  # `kind: diffusion` only
     memory: StageMemory | None = None  # GPU stages: a memory budget per device (see StageMemory)
+    # GPU stages under MPS (`gpu_sharing`): `below_normal` makes this stage's kernels yield to
+    # those of the normal-priority stages on its GPU (CUDA_MPS_CLIENT_PRIORITY=1), for a stage
+    # with slack beside ones on the critical path. Time-sliced, it changes nothing.
+    mps_priority: Literal["normal", "below_normal"] = "normal"
     # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) and the cores its threads bind to
     # (VLLM_CPU_OMP_THREADS_BIND); None = one core per stage, round-robin.
     cpu_kv_cache_gib: int = 1
@@ -406,6 +412,8 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
             raise ConfigError(f"`{where}.devices`: GPU ids must be distinct and >= 0, got {s.devices}")
         if s.memory is not None:
             _check_memory(s, where)
+        if s.mps_priority != "normal" and not s.devices:
+            raise ConfigError(f"`{where}.mps_priority`: a GPU stage's MPS client priority; this stage has no `devices`")
         if s.cpu_kv_cache_gib < 1:
             raise ConfigError(f"`{where}.cpu_kv_cache_gib`: must be >= 1, got {s.cpu_kv_cache_gib}")
         if s.cpu_cores is not None:

@@ -15,7 +15,16 @@ import psutil
 import pytest
 
 from omni_mp.config import ConfigError, parse_config
-from omni_mp.control.mps import CONTROL, CONTROL_ENV, PIPE_ENV, MpsDaemon, MpsUnavailable, control_program, plan_sharing
+from omni_mp.control.mps import (
+    CONTROL,
+    CONTROL_ENV,
+    PIPE_ENV,
+    PRIORITY_ENV,
+    MpsDaemon,
+    MpsUnavailable,
+    control_program,
+    plan_sharing,
+)
 from omni_mp.control.stage_handle import stage_env
 from omni_mp.keys import generate
 
@@ -84,6 +93,24 @@ def test_stage_environment_names_its_daemon() -> None:
     assert stage_env(cfg, cfg.stages[0], base={PIPE_ENV: "/run/site-mps"})[PIPE_ENV] == "/run/site-mps"
     sliced = pipeline([[0], [0], [0]], gpu_sharing={"mode": "time_slice"})
     assert PIPE_ENV not in stage_env(sliced, sliced.stages[0], base={PIPE_ENV: "/run/site-mps"})
+
+
+def test_a_stage_with_slack_can_yield_its_gpu_under_mps() -> None:
+    raw: list[dict[str, Any]] = [
+        {"id": 0, "model": "tiny-qwen2", "devices": [0]},
+        {"id": 1, "model": "tiny-qwen2", "devices": [0], "inputs": [0], "processor": "continue_tokens",
+         "final_output": True, "mps_priority": "below_normal"},
+    ]  # fmt: skip
+    cfg = parse_config({"name": "t", "stages": raw}, check_engine_args=False)
+    assert plan_sharing(cfg, env={}).why == "GPU 0: stages 0, 1; below normal priority: stage 1"
+    # every GPU stage says its level, so one inherited from the caller's environment never applies
+    assert stage_env(cfg, cfg.stages[0], base={PRIORITY_ENV: "1"})[PRIORITY_ENV] == "0"
+    assert stage_env(cfg, cfg.stages[1], base={}, mps_pipe="/tmp/omni-mps-x/pipe")[PRIORITY_ENV] == "1"
+    cpu = [{**raw[0], "devices": []}, {**raw[1], "devices": []}]
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.mps_priority.*no `devices`"):
+        parse_config({"name": "t", "stages": cpu}, check_engine_args=False)
+    with pytest.raises(ConfigError, match="mps_priority"):
+        parse_config({"name": "t", "stages": [raw[0], {**raw[1], "mps_priority": "high"}]}, check_engine_args=False)
 
 
 def test_no_control_program_is_named_in_the_error() -> None:

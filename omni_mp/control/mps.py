@@ -38,6 +38,8 @@ CONTROL = "nvidia-cuda-mps-control"
 CONTROL_ENV = "OMNI_MP_MPS_CONTROL"  # the control program's path; default: CONTROL found on PATH
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"  # where clients find their daemon
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"  # a client's priority: 0 normal, 1 below normal
+PRIORITY_LEVELS = {"normal": "0", "below_normal": "1"}
 SYSTEM_PIPE = "/tmp/nvidia-mps"  # a daemon started without PIPE_ENV listens here; clients try it by default
 READY_LINE = "ready"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # the control daemon writes its pid there, in its pipe directory
@@ -92,6 +94,9 @@ def plan_sharing(cfg: PipelineConfig, env: Mapping[str, str] | None = None) -> S
         return SharingPlan(none, (), None, "no GPU is shared by two stages")
     stages = frozenset(sid for ids in shared.values() for sid in ids)
     on = "; ".join(f"GPU {gpu}: stages {', '.join(map(str, ids))}" for gpu, ids in shared.items())
+    low = sorted(s.id for s in cfg.stages if s.id in stages and s.mps_priority == "below_normal")
+    if low:
+        on += f"; below normal priority: stage{'s' if len(low) > 1 else ''} {', '.join(map(str, low))}"
     return SharingPlan(stages, tuple(shared), host_daemon_pipe(env), on)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
 from omni_mp.control.endpoints import RunEndpoints
-from omni_mp.control.mps import PIPE_ENV
+from omni_mp.control.mps import PIPE_ENV, PRIORITY_ENV, PRIORITY_LEVELS
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
 from omni_mp.procs import popen
 from omni_mp.wire.messages import StageStats
@@ -35,6 +35,7 @@ def stage_env(
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if stage.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, stage.devices))
+        env[PRIORITY_ENV] = PRIORITY_LEVELS[stage.mps_priority]  # read by CUDA at init, as an MPS client
         # torch's intra-op threads default to every core, in each stage: with several stages
         # on a host their host-side work (prefills, input handling) fights for the cores. Each
         # gets an equal share, one share kept for the coordinator and its client; a value the
