@@ -241,3 +241,22 @@ def test_shipped_qwen3_omni_budgets_cover_the_estimate(tmp_path: Path) -> None:
     problems = [line.strip() for line in str(err.value).splitlines()[1:]]
     assert len(problems) == 1, err.value
     assert problems[0].startswith(f"stage 2: memory.gpu_gib {code2wav.memory.gpu_gib:g} "), err.value
+
+
+def test_a_started_stage_over_its_budget_refuses_to_serve_naming_the_numbers() -> None:
+    """omni_mp.stage.memory_check: what the process holds once started (the driver's count on a
+    GPU host, given here) against its budget. The GPU benchmarks, whose stages have budgets, run
+    the measuring path: each stage's Ready line shows what it uses."""
+    from omni_mp.stage.memory_check import check_gpu_memory
+
+    stage = parse_config({"name": "t", "stages": [_ar("tiny-qwen2", devices=[0, 1])]}).stages[0]  # budget 4 GiB
+    assert check_gpu_memory(stage, {0: 3 * GiB, 1: 4 * GiB}) == (
+        "GPU 0: 3.00 of 4.00 GiB (driver); GPU 1: 4.00 of 4.00 GiB (driver)"
+    )
+    with pytest.raises(MemoryBudgetError) as err:
+        check_gpu_memory(stage, {0: 3 * GiB, 1: int(5.5 * GiB)})
+    msg = str(err.value)
+    assert msg.startswith("stage 0: started, but uses 5.50 GiB on GPU 1 (driver), over its budget memory.gpu_gib 4")
+    assert "Raise memory.reserve_gib by at least 1.5" in msg and "max_num_batched_tokens default" in msg
+    cpu = parse_config({"name": "t", "stages": [_ar("tiny-qwen2", devices=[], memory=None)]}).stages[0]
+    assert check_gpu_memory(cpu) is None  # a CPU stage has no GPU budget

@@ -85,14 +85,27 @@ def _gib(n: float) -> str:
 
 
 # ---- devices --------------------------------------------------------------------------------
+def nvml_module() -> Any:
+    """NVML's Python bindings: the `pynvml` package, else the copy vLLM ships; None: neither."""
+    try:
+        import pynvml
+
+        return pynvml
+    except ImportError:
+        pass
+    try:
+        from vllm.third_party import pynvml
+
+        return pynvml
+    except ImportError:
+        return None
+
+
 def query_devices() -> dict[int, DeviceMemory] | None:
     """Total and free memory of every NVIDIA GPU of this host, without a CUDA context; None
     when there is no driver. Indices are NVML's (PCI order); CUDA's default order can differ
     on hosts with mixed GPU models (set CUDA_DEVICE_ORDER=PCI_BUS_ID there)."""
-    try:
-        import pynvml
-    except ImportError:
-        pynvml = None
+    pynvml = nvml_module()
     if pynvml is not None:
         try:
             pynvml.nvmlInit()

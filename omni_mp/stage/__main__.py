@@ -123,8 +123,21 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
-    engine = build_engine(stage)
+    import torch
+
+    from omni_mp.stage.memory_check import cap_gpu_memory, check_gpu_memory, out_of_budget
+
+    cap = cap_gpu_memory(stage)  # before the engine allocates anything
+    try:
+        engine = build_engine(stage)
+    except torch.OutOfMemoryError as err:
+        if cap is None:
+            raise
+        raise out_of_budget(stage, err) from err
     log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
+    memory = check_gpu_memory(stage)  # over its budget: refuse to serve (MemoryBudgetError)
+    if memory and cap:
+        memory = f"{memory}, {cap}"
     starting.set()
     beat.join()
     loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
@@ -134,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     warmup = getattr(engine, "warmup_note", None)
     if warmup:  # the coordinator prints it with the stage's Ready
         info["warmup"] = warmup
+    if memory:
+        info["gpu_memory"] = memory
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
     try:
         loop.run()

@@ -1,0 +1,119 @@
+"""A GPU stage's own memory against its budget (`stages[i].memory`): capped while it runs, and
+checked once it has started.
+
+The coordinator sizes each budget before any stage starts (omni_mp.control.memory_budget):
+weights, the KV cache that is left, and an estimate of the rest. What the estimate cannot see
+(CUDA graph pools at every captured size, kernel workspaces at the step budget) shows only once
+the engine has started. A stage over its budget leaves less than planned to the stages beside
+it, and one of them then fails with CUDA out-of-memory in the middle of serving. Seen on one
+H200: with `max_num_batched_tokens: 8192` and 64 sequences, Qwen3-Omni's thinker and talker
+used 4.5 and 5.5 GiB more than their budgets, and code2wav died of out-of-memory at its first
+64-window step. Most of that came after start-up, while serving (the talker: 12.5 GiB once
+started, 18.2 after the rounds), in blocks PyTorch keeps cached once used. So:
+- before its engine starts, a stage caps PyTorch's allocations on each of its GPUs at its budget
+  less a CUDA context (`torch.cuda.set_per_process_memory_fraction`): at the cap PyTorch first
+  frees its unused cached blocks and retries, and only a stage whose live tensors exceed its
+  own budget fails, itself, instead of a neighbour;
+- once started, it measures its process's memory by the driver's count (PyTorch's and the
+  rest: CUDA context, library workspaces) and refuses to serve when over, naming the numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from omni_mp.config import StageConfig
+from omni_mp.control.memory_budget import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml_module
+
+log = logging.getLogger(__name__)
+
+
+def cap_gpu_memory(stage: StageConfig) -> str | None:
+    """Cap PyTorch's allocations on each GPU this process sees at the stage's budget less one
+    CUDA context (outside PyTorch's count); a note of the cap, or None (no budget, no GPU)."""
+    if stage.memory is None or not stage.devices:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    allowed = max(int(stage.memory.gpu_gib * GiB) - CUDA_CONTEXT_BYTES, GiB // 4)
+    for i in range(torch.cuda.device_count()):
+        total = torch.cuda.get_device_properties(i).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total), i)
+    return f"PyTorch capped at {allowed / GiB:.2f} GiB a GPU"
+
+
+def out_of_budget(stage: StageConfig, err: BaseException) -> MemoryBudgetError:
+    """The error of a stage that ran out of its budget while starting (`err`: PyTorch's)."""
+    assert stage.memory is not None
+    first = str(err).split(". ")[0]
+    return MemoryBudgetError(
+        f"stage {stage.id}: ran out of its GPU memory budget while starting (memory.gpu_gib "
+        f"{stage.memory.gpu_gib:g}, reserve_gib {stage.memory.reserve_gib:g}): {first}. Raise memory.reserve_gib "
+        "(it comes out of the KV cache) or memory.gpu_gib, or lower max_num_batched_tokens or max_num_seqs"
+    )
+
+
+def process_gpu_bytes(pid: int, devices: list[int]) -> dict[int, int] | None:
+    """Bytes `pid` holds on each of `devices` (NVML indices), as the driver counts them: every
+    allocation of the process (PyTorch's cached blocks, CUDA graph pools, the CUDA context,
+    library workspaces). None: NVML is not available, or it does not list this process (a
+    container whose pid namespace differs from the driver's)."""
+    pynvml = nvml_module()
+    if pynvml is None:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        log.info("NVML unavailable (%s)", err)
+        return None
+    try:
+        out: dict[int, int] = {}
+        for d in devices:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(d)
+            used = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid]
+            if not used or used[0] is None:
+                return None
+            out[d] = int(used[0])
+        return out
+    except pynvml.NVMLError as err:
+        log.info("NVML could not list this process's memory (%s)", err)
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def torch_gpu_bytes(devices: list[int]) -> dict[int, int]:
+    """The fallback measure: PyTorch's reserved memory per visible device (its cached blocks
+    and CUDA graph pools; not the CUDA context, which the budget's reserve covers)."""
+    import torch
+
+    return {d: int(torch.cuda.memory_reserved(i)) for i, d in enumerate(devices)}
+
+
+def check_gpu_memory(stage: StageConfig, used: dict[int, int] | None = None) -> str | None:
+    """MemoryBudgetError if the stage uses more than its budget on any of its GPUs; else a
+    note of what it uses (None: no budget, or a CPU stage). `used`: device -> bytes, measured
+    here when None."""
+    if stage.memory is None or not stage.devices:
+        return None
+    source = "driver"
+    if used is None:
+        used = process_gpu_bytes(os.getpid(), stage.devices)
+        if used is None:
+            used, source = torch_gpu_bytes(stage.devices), "PyTorch reserved"
+    budget = int(stage.memory.gpu_gib * GiB)
+    over = {d: n for d, n in used.items() if n > budget}
+    if over:
+        worst = max(over.values()) - budget
+        where = ", ".join(f"{n / GiB:.2f} GiB on GPU {d}" for d, n in sorted(over.items()))
+        raise MemoryBudgetError(
+            f"stage {stage.id}: started, but uses {where} ({source}), over its budget memory.gpu_gib "
+            f"{stage.memory.gpu_gib:g}: what the plan did not count (CUDA graphs, kernel workspaces at "
+            f"max_num_batched_tokens {stage.engine_args.get('max_num_batched_tokens', 'default')}) would be "
+            f"taken from the stages sharing its GPU. Raise memory.reserve_gib by at least {worst / GiB:.1f} "
+            "(it comes out of the KV cache), raise memory.gpu_gib, or lower max_num_batched_tokens"
+        )
+    return "; ".join(f"GPU {d}: {n / GiB:.2f} of {budget / GiB:.2f} GiB ({source})" for d, n in sorted(used.items()))
