@@ -33,7 +33,9 @@ talker and code2wav: what streaming gains). Outputs in --out: qwen3_omni_gpu.jso
 
 One H200 (kind nvidia-h200), all three stages on GPU 0 with memory budgets 0.70 / 0.14 / 0.10
 of it (thinker ~57 GiB of bf16 weights without towers + KV; talker + code predictor ~6.2 GiB
-+ KV; code2wav 0.8 GiB fp32 + its batch's activations):
++ KV; code2wav 0.8 GiB fp32 + its batch's activations), thinker and talker keeping
+--ar-reserve-gib beside their KV caches; stage_configs/qwen3_omni.yaml's step budget (8192) and
+code2wav priority (below normal) by default, both flags to compare:
   ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
         VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
   $ENV && python3 benchmarks/qwen3_omni_gpu.py --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
@@ -92,8 +94,13 @@ LAYOUT = {1: "all three stages on GPU 0", 2: "thinker on GPU 0, talker + code2wa
 # piecewise CUDA graphs up to the step budget (vLLM's default list stops at 2 x max_num_seqs),
 # as stage_configs/qwen3_omni.yaml captures them: on an H200, a step outside the graphs costs
 # ~48 ms whatever its size (1024 tokens as 2048), one inside them what its tokens cost.
-PREFILL_GRAPH_SIZES = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048)
-MAX_BATCHED_TOKENS = 2048  # vLLM's online default, stated: the graph sizes above reach it
+PREFILL_GRAPH_SIZES = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 3072, 4096, 6144, 8192)
+# Thinker's and talker's tokens per step (--prefill-budget), as stage_configs/qwen3_omni.yaml: a
+# burst of 2500-token prompts prefills in fewer, fuller steps (one H200, 32 requests: RTF 0.317
+# at 2048 -> 0.292 at 8192, with code2wav below normal priority; docs/benchmarks.md). vLLM's
+# online default is 2048. Their budgets then keep AR_RESERVE_GIB beside the KV cache.
+MAX_BATCHED_TOKENS = 8192
+AR_RESERVE_GIB = 9.0
 FRAMES_PER_S = 12.5
 STAGE_NAMES = ("thinker", "talker", "code2wav")
 # Published numbers (issue 22): vllm-omni nightly, 3 H100s, 2500 tokens in, 900 out.
@@ -172,11 +179,12 @@ def chat_prompts(config: dict[str, Any], n: int, length: int, seed: int) -> list
     return out
 
 
-def capture_sizes(max_num_seqs: int, prefill: bool) -> list[int]:
+def capture_sizes(max_num_seqs: int, prefill: bool, budget: int) -> list[int]:
     """CUDA graph sizes of an AR stage: vLLM's default decode sizes (1, 2, 4, then every 8 up to
-    2 x max_num_seqs), and with `prefill` the sizes of PREFILL_GRAPH_SIZES above them."""
+    2 x max_num_seqs), and with `prefill` the sizes of PREFILL_GRAPH_SIZES above them up to the
+    step budget `budget`."""
     decode = [1, 2, 4, *range(8, 2 * max_num_seqs + 1, 8)]
-    return decode + [n for n in PREFILL_GRAPH_SIZES if prefill and decode[-1] < n <= MAX_BATCHED_TOKENS]
+    return decode + [n for n in PREFILL_GRAPH_SIZES if prefill and decode[-1] < n <= budget]
 
 
 def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
@@ -191,8 +199,10 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         devs = [list(d) for d in DEVICES[args.gpus]]
         common = {
             "dtype": "bfloat16",
-            "max_num_batched_tokens": MAX_BATCHED_TOKENS,
-            "compilation_config": {"cudagraph_capture_sizes": capture_sizes(conc, args.prefill_graphs == "on")},
+            "max_num_batched_tokens": args.prefill_budget,
+            "compilation_config": {
+                "cudagraph_capture_sizes": capture_sizes(conc, args.prefill_graphs == "on", args.prefill_budget)
+            },
         }
     common.update({"seed": 0, "max_num_seqs": conc, "load_format": "dummy"})
     layer = int(config["talker_config"]["accept_hidden_layer"])
@@ -241,12 +251,31 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
             raise SystemExit(f"--gpus {args.gpus} needs GPUs 0..{args.gpus - 1} to size the memory budgets")
         for s, share in zip(stages, SHARES[args.gpus], strict=True):
             s["memory"] = {"gpu_gib": round(devices[s["devices"][0]].total_bytes * share / GiB, 1)}
+        for s in (thinker, talker):
+            s["memory"]["reserve_gib"] = args.ar_reserve_gib
+        code2wav["mps_priority"] = args.code2wav_priority
     return {
         "name": "qwen3_omni_bench",
         "timeouts": {"stage_startup_s": 900},
         "gpu_sharing": {"mode": args.gpu_sharing},
         "stages": stages,
     }
+
+
+def stage_memory_now(coord: Any) -> dict[str, str]:
+    """What each GPU stage's process holds now, by the driver's count (PyTorch keeps what it
+    once allocated cached, so after the rounds this is about each stage's peak)."""
+    from omni_mp.control.memory_budget import GiB
+    from omni_mp.stage.memory_check import process_gpu_bytes
+
+    out = {}
+    for sid, h in coord.stages.items():
+        if h.run is None or not h.stage.devices:
+            continue
+        used = process_gpu_bytes(h.pid, h.stage.devices)
+        if used is not None:
+            out[str(sid)] = "; ".join(f"GPU {d}: {n / GiB:.2f} GiB" for d, n in sorted(used.items()))
+    return out
 
 
 def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
@@ -270,6 +299,10 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     with embedded_pipeline(cfg, progress=say) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
         out["gpu_sharing"] = coord.sharing_note
+        # what each stage holds once started, against its budget (omni_mp.stage.memory_check)
+        out["stage_memory"] = {
+            str(sid): h.run.info.get("gpu_memory") for sid, h in coord.stages.items() if h.run is not None
+        }
         say(f"{name}: pipeline ready in {out['cold_start_s']:.1f}s")
         batch = chat_prompts(config, max(args.concurrency), args.prompt_len, 1)
         warm = asyncio.run(_round(coord.client_endpoint, batch))
@@ -289,6 +322,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
             )
         if args.closed_loop:
             out["closed"], closed_windows = closed_loops(args, coord.client_endpoint, config)
+        out["stage_memory_after"] = stage_memory_now(coord)
     out["transport"] = transport_summary(profile_dir, t_last)
     out["stage_steps"] = stage_step_summary(profile_dir, windows)
     if args.closed_loop:
@@ -389,12 +423,19 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"up to {args.code2wav_max_batch} windows a step"
     )
     lines.append(f"code2wav CUDA graphs: {args.code2wav_graphs}")
+    lines.append(f"code2wav MPS client priority: {args.code2wav_priority}")
+    lines.append(f"thinker and talker step budget (max_num_batched_tokens): {args.prefill_budget} tokens")
     lines.append(
         f"code2wav float32 matmuls and convolutions: {args.code2wav_matmul} "
         f"({'exact fp32' if args.code2wav_matmul == 'highest' else 'TF32'})"
     )
     if st.get("gpu_sharing"):
         lines.append(f"GPU sharing: {st['gpu_sharing']} (--gpu-sharing {args.gpu_sharing})")
+    after = st.get("stage_memory_after") or {}
+    for sid, note in (st.get("stage_memory") or {}).items():
+        if note:
+            later = f"; after the rounds {after[sid]}" if sid in after else ""
+            lines.append(f"{STAGE_NAMES[int(sid)]} GPU memory once started: {note}{later}")
     if st.get("graph_sizes"):
         lines.append(f"thinker and talker CUDA graph sizes (tokens per step): {st['graph_sizes']}")
     from peer_vllm_omni import peer_table  # vllm-omni's Qwen3-Omni runs in --out, if any
@@ -564,6 +605,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "highest = exact fp32",
     )
     add_gpu_sharing_arg(p)
+    p.add_argument(
+        "--code2wav-priority",
+        choices=("normal", "below_normal"),
+        default="below_normal",
+        help="code2wav's MPS client priority (stage mps_priority; stage_configs/qwen3_omni.yaml's: below_normal): "
+        "below_normal lets the thinker's and talker's kernels go first on the shared GPU; time-sliced it changes "
+        "nothing (--smoke: CPU stages, no priority)",
+    )
+    p.add_argument(
+        "--ar-reserve-gib",
+        type=float,
+        default=AR_RESERVE_GIB,
+        help="thinker's and talker's memory.reserve_gib (stage_configs/qwen3_omni.yaml's: 9; the config default 2): "
+        "what their budgets keep beyond weights, KV cache and the activation estimate, for CUDA graph pools and "
+        "workspaces, out of the KV cache. A larger --prefill-budget needs more",
+    )
+    p.add_argument(
+        "--prefill-budget",
+        type=int,
+        default=MAX_BATCHED_TOKENS,
+        choices=[n for n in PREFILL_GRAPH_SIZES if n >= 2048],
+        help="thinker's and talker's tokens per engine step (max_num_batched_tokens; prefill graphs up to it): a "
+        "burst of 2500-token prompts is prefilled in larger chunks",
+    )
     p.add_argument(
         "--code2wav-graphs",
         choices=("on", "off"),
