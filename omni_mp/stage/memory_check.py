@@ -95,12 +95,16 @@ def torch_gpu_bytes(devices: list[int]) -> dict[int, int]:
 
 def check_gpu_memory(stage: StageConfig, used: dict[int, int] | None = None) -> str | None:
     """MemoryBudgetError if the stage uses more than its budget on any of its GPUs; else a
-    note of what it uses (None: no budget, or a CPU stage). `used`: device -> bytes, measured
-    here when None."""
+    note of what it uses (None: no budget, a CPU stage, or no GPU to measure). `used`: device
+    -> bytes, measured here when None."""
     if stage.memory is None or not stage.devices:
         return None
     source = "driver"
     if used is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
         used = process_gpu_bytes(os.getpid(), stage.devices)
         if used is None:
             used, source = torch_gpu_bytes(stage.devices), "PyTorch reserved"
