@@ -247,7 +247,7 @@ def test_a_started_stage_over_its_budget_refuses_to_serve_naming_the_numbers() -
     """omni_mp.stage.memory_check: what the process holds once started (the driver's count on a
     GPU host, given here) against its budget. The GPU benchmarks, whose stages have budgets, run
     the measuring path: each stage's Ready line shows what it uses."""
-    from omni_mp.stage.memory_check import cap_gpu_memory, check_gpu_memory
+    from omni_mp.stage.memory_check import cap_gpu_memory, check_gpu_memory, out_of_budget
 
     stage = parse_config({"name": "t", "stages": [_ar("tiny-qwen2", devices=[0, 1])]}).stages[0]  # budget 4 GiB
     assert check_gpu_memory(stage, {0: 3 * GiB, 1: 4 * GiB}) == (
@@ -260,5 +260,11 @@ def test_a_started_stage_over_its_budget_refuses_to_serve_naming_the_numbers() -
     assert "Raise memory.reserve_gib by at least 1.5" in msg and "max_num_batched_tokens default" in msg
     cpu = parse_config({"name": "t", "stages": [_ar("tiny-qwen2", devices=[], memory=None)]}).stages[0]
     assert check_gpu_memory(cpu) is None  # a CPU stage has no GPU budget
+    # PyTorch's out-of-memory while the engine starts under the cap, as the stage reports it
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 284.00 MiB. GPU 0 has a total capacity of ...")
+    assert str(out_of_budget(stage, oom)).startswith(
+        "stage 0: ran out of its GPU memory budget while starting (memory.gpu_gib 4, reserve_gib 2): "
+        "CUDA out of memory. Tried to allocate 284.00 MiB. Raise memory.reserve_gib"
+    )
     if not torch.cuda.is_available():  # nothing to measure or cap: no note, no cap
         assert check_gpu_memory(stage) is None and cap_gpu_memory(stage) is None

@@ -48,7 +48,7 @@ def cap_gpu_memory(stage: StageConfig) -> str | None:
 def out_of_budget(stage: StageConfig, err: BaseException) -> MemoryBudgetError:
     """The error of a stage that ran out of its budget while starting (`err`: PyTorch's)."""
     assert stage.memory is not None
-    first = str(err).split(". ")[0]
+    first = ". ".join(str(err).split(". ")[:2])  # "CUDA out of memory. Tried to allocate N MiB"
     return MemoryBudgetError(
         f"stage {stage.id}: ran out of its GPU memory budget while starting (memory.gpu_gib "
         f"{stage.memory.gpu_gib:g}, reserve_gib {stage.memory.reserve_gib:g}): {first}. Raise memory.reserve_gib "
