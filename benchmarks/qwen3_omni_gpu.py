@@ -265,8 +265,7 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
 def stage_memory_now(coord: Any) -> dict[str, str]:
     """What each GPU stage's process holds now, by the driver's count (PyTorch keeps what it
     once allocated cached, so after the rounds this is about each stage's peak)."""
-    from omni_mp.control.memory_budget import GiB
-    from omni_mp.stage.memory_check import process_gpu_bytes
+    from omni_mp.gpu_memory import GiB, process_gpu_bytes
 
     out = {}
     for sid, h in coord.stages.items():

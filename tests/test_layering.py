@@ -1,6 +1,7 @@
 """Layering: a stage process imports nothing of the control plane (what both need lives in
-`omni_mp.procs` and `omni_mp.wire`), and neither the control plane nor the stage loop names a
-`vllm_hooks*` module (vLLM internals are reached only through an engine or a model family)."""
+`omni_mp.procs`, `omni_mp.wire` and `omni_mp.gpu_memory`), and neither the control plane nor
+the stage loop names a `vllm_hooks*` module (vLLM internals are reached only through an engine
+or a model family)."""
 
 from __future__ import annotations
 

@@ -30,24 +30,17 @@ from typing import Any
 import msgspec
 
 from omni_mp.config import PipelineConfig, StageConfig
+from omni_mp.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml_module
 from omni_mp.models.family import CheckpointSizing
 from omni_mp.models.registry import checkpoint_sizing
 
 log = logging.getLogger("omni_mp.control.memory_budget")
 
-GiB = 2**30
-# A process's CUDA context (driver, cuBLAS workspaces) is outside torch's counters; vLLM's
-# start-up snapshot already sees it as used, so the utilization share leaves it out.
-CUDA_CONTEXT_BYTES = GiB
 BLOCK_TOKENS = 16  # vLLM's default KV block size: the minimum KV cache rounds up to it
 DEFAULT_BATCHED_TOKENS = 8192  # vLLM's max_num_batched_tokens default for the offline engine
 DEFAULT_MAX_SEQS = 256
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-class MemoryBudgetError(ValueError):
-    """A budget cannot fit; the message names every stage and device with its numbers."""
 
 
 class DeviceMemory(msgspec.Struct, frozen=True):
@@ -85,22 +78,6 @@ def _gib(n: float) -> str:
 
 
 # ---- devices --------------------------------------------------------------------------------
-def nvml_module() -> Any:
-    """NVML's Python bindings: the `pynvml` package, else the copy vLLM ships; None: neither."""
-    try:
-        import pynvml
-
-        return pynvml
-    except ImportError:
-        pass
-    try:
-        from vllm.third_party import pynvml
-
-        return pynvml
-    except ImportError:
-        return None
-
-
 def query_devices() -> dict[int, DeviceMemory] | None:
     """Total and free memory of every NVIDIA GPU of this host, without a CUDA context; None
     when there is no driver. Indices are NVML's (PCI order); CUDA's default order can differ

@@ -20,13 +20,10 @@ started, 18.2 after the rounds), in blocks PyTorch keeps cached once used. So:
 
 from __future__ import annotations
 
-import logging
 import os
 
 from omni_mp.config import StageConfig
-from omni_mp.control.memory_budget import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml_module
-
-log = logging.getLogger(__name__)
+from omni_mp.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, process_gpu_bytes
 
 
 def cap_gpu_memory(stage: StageConfig) -> str | None:
@@ -54,35 +51,6 @@ def out_of_budget(stage: StageConfig, err: BaseException) -> MemoryBudgetError:
         f"{stage.memory.gpu_gib:g}, reserve_gib {stage.memory.reserve_gib:g}): {first}. Raise memory.reserve_gib "
         "(it comes out of the KV cache) or memory.gpu_gib, or lower max_num_batched_tokens or max_num_seqs"
     )
-
-
-def process_gpu_bytes(pid: int, devices: list[int]) -> dict[int, int] | None:
-    """Bytes `pid` holds on each of `devices` (NVML indices), as the driver counts them: every
-    allocation of the process (PyTorch's cached blocks, CUDA graph pools, the CUDA context,
-    library workspaces). None: NVML is not available, or it does not list this process (a
-    container whose pid namespace differs from the driver's)."""
-    pynvml = nvml_module()
-    if pynvml is None:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as err:
-        log.info("NVML unavailable (%s)", err)
-        return None
-    try:
-        out: dict[int, int] = {}
-        for d in devices:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(d)
-            used = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid]
-            if not used or used[0] is None:
-                return None
-            out[d] = int(used[0])
-        return out
-    except pynvml.NVMLError as err:
-        log.info("NVML could not list this process's memory (%s)", err)
-        return None
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def torch_gpu_bytes(devices: list[int]) -> dict[int, int]:
