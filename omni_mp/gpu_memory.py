@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -34,20 +36,36 @@ def nvml_module() -> Any:
         return None
 
 
+@contextmanager
+def nvml() -> Iterator[Any]:
+    """NVML initialised for the block: the bindings, or None (none installed, or no driver).
+    An NVML error inside the block ends it, logged, and goes no further."""
+    pynvml = nvml_module()
+    if pynvml is None:
+        yield None
+        return
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        log.info("NVML unavailable (%s)", err)
+        yield None
+        return
+    try:
+        yield pynvml
+    except pynvml.NVMLError as err:
+        log.info("NVML failed (%s)", err)
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def process_gpu_bytes(pid: int, devices: list[int]) -> dict[int, int] | None:
     """Bytes `pid` holds on each of `devices` (NVML indices), as the driver counts them: every
     allocation of the process (PyTorch's cached blocks, CUDA graph pools, the CUDA context,
     library workspaces). None: NVML is not available, or it does not list this process (a
     container whose pid namespace differs from the driver's)."""
-    pynvml = nvml_module()
-    if pynvml is None:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as err:
-        log.info("NVML unavailable (%s)", err)
-        return None
-    try:
+    with nvml() as pynvml:
+        if pynvml is None:
+            return None
         out: dict[int, int] = {}
         for d in devices:
             handle = pynvml.nvmlDeviceGetHandleByIndex(d)
@@ -56,8 +74,4 @@ def process_gpu_bytes(pid: int, devices: list[int]) -> dict[int, int] | None:
                 return None
             out[d] = int(used[0])
         return out
-    except pynvml.NVMLError as err:
-        log.info("NVML could not list this process's memory (%s)", err)
-        return None
-    finally:
-        pynvml.nvmlShutdown()
+    return None  # an NVML error, logged

@@ -266,5 +266,11 @@ def test_a_started_stage_over_its_budget_refuses_to_serve_naming_the_numbers() -
         "stage 0: ran out of its GPU memory budget while starting (memory.gpu_gib 4, reserve_gib 2): "
         "CUDA out of memory. Tried to allocate 284.00 MiB. Raise memory.reserve_gib"
     )
+    # a diffusion stage has no KV cache: its activations are sized by max_batch
+    dit = {"id": 0, "model": "tiny-qwen2", "kind": "diffusion", "devices": [0], "final_output": True,
+           "memory": {"gpu_gib": 4}, "diffusion": {"model_type": "qwen3_omni_code2wav", "max_batch": 64}}  # fmt: skip
+    with pytest.raises(MemoryBudgetError) as err:
+        check_gpu_memory(parse_config({"name": "t", "stages": [dit]}, check_engine_args=False).stages[0], {0: 5 * GiB})
+    assert "workspaces at diffusion.max_batch 64" in str(err.value) and "KV cache" not in str(err.value)
     if not torch.cuda.is_available():  # nothing to measure or cap: no note, no cap
         assert check_gpu_memory(stage) is None and cap_gpu_memory(stage) is None

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from omni_mp.config import PipelineConfig, StageConfig
-from omni_mp.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml_module
+from omni_mp.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml
 from omni_mp.models.family import CheckpointSizing
 from omni_mp.models.registry import checkpoint_sizing
 
@@ -82,21 +82,14 @@ def query_devices() -> dict[int, DeviceMemory] | None:
     """Total and free memory of every NVIDIA GPU of this host, without a CUDA context; None
     when there is no driver. Indices are NVML's (PCI order); CUDA's default order can differ
     on hosts with mixed GPU models (set CUDA_DEVICE_ORDER=PCI_BUS_ID there)."""
-    pynvml = nvml_module()
-    if pynvml is not None:
-        try:
-            pynvml.nvmlInit()
-            try:
-                out = {}
-                for i in range(pynvml.nvmlDeviceGetCount()):
-                    info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
-                    out[i] = DeviceMemory(i, int(info.total), int(info.free))
-                return out
-            finally:
-                pynvml.nvmlShutdown()
-        except pynvml.NVMLError as err:
-            log.info("NVML unavailable (%s); trying nvidia-smi", err)
-    smi = shutil.which("nvidia-smi")
+    with nvml() as pynvml:
+        if pynvml is not None:
+            out = {}
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+                out[i] = DeviceMemory(i, int(info.total), int(info.free))
+            return out
+    smi = shutil.which("nvidia-smi")  # no NVML, or it failed (logged)
     if smi is None:
         return None
     try:

@@ -42,14 +42,28 @@ def cap_gpu_memory(stage: StageConfig) -> str | None:
     return f"PyTorch capped at {allowed / GiB:.2f} GiB a GPU"
 
 
+def _sizing_knob(stage: StageConfig) -> str:
+    """The setting that sizes the stage's activations, with its value."""
+    if stage.kind == "diffusion":
+        return f"diffusion.max_batch {stage.diffusion.max_batch}"
+    return f"max_num_batched_tokens {stage.engine_args.get('max_num_batched_tokens', 'default')}"
+
+
+def _remedy(stage: StageConfig) -> str:
+    """What follows "Raise memory.reserve_gib" for a stage over its budget."""
+    if stage.kind == "diffusion":
+        return ", raise memory.gpu_gib, or lower diffusion.max_batch"
+    return " (it comes out of the KV cache), raise memory.gpu_gib, or lower max_num_batched_tokens or max_num_seqs"
+
+
 def out_of_budget(stage: StageConfig, err: BaseException) -> MemoryBudgetError:
     """The error of a stage that ran out of its budget while starting (`err`: PyTorch's)."""
     assert stage.memory is not None
     first = ". ".join(str(err).split(". ")[:2])  # "CUDA out of memory. Tried to allocate N MiB"
     return MemoryBudgetError(
         f"stage {stage.id}: ran out of its GPU memory budget while starting (memory.gpu_gib "
-        f"{stage.memory.gpu_gib:g}, reserve_gib {stage.memory.reserve_gib:g}): {first}. Raise memory.reserve_gib "
-        "(it comes out of the KV cache) or memory.gpu_gib, or lower max_num_batched_tokens or max_num_seqs"
+        f"{stage.memory.gpu_gib:g}, reserve_gib {stage.memory.reserve_gib:g}): {first}. "
+        f"Raise memory.reserve_gib{_remedy(stage)}"
     )
 
 
@@ -84,8 +98,7 @@ def check_gpu_memory(stage: StageConfig, used: dict[int, int] | None = None) -> 
         raise MemoryBudgetError(
             f"stage {stage.id}: started, but uses {where} ({source}), over its budget memory.gpu_gib "
             f"{stage.memory.gpu_gib:g}: what the plan did not count (CUDA graphs, kernel workspaces at "
-            f"max_num_batched_tokens {stage.engine_args.get('max_num_batched_tokens', 'default')}) would be "
-            f"taken from the stages sharing its GPU. Raise memory.reserve_gib by at least {worst / GiB:.1f} "
-            "(it comes out of the KV cache), raise memory.gpu_gib, or lower max_num_batched_tokens"
+            f"{_sizing_knob(stage)}) would be taken from the stages sharing its GPU. Raise memory.reserve_gib by "
+            f"at least {worst / GiB:.1f}{_remedy(stage)}"
         )
     return "; ".join(f"GPU {d}: {n / GiB:.2f} of {budget / GiB:.2f} GiB ({source})" for d, n in sorted(used.items()))
