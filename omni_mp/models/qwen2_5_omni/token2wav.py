@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,9 +51,10 @@ from omni_mp.models.qwen2_5_omni.speakers import load_speakers
 from omni_mp.models.qwen2_5_omni.token2wav_fused import (
     AntialiasedSnake,
     amp_block,
-    antialiased_snake,
     block_masks,
     dit_block,
+    down_sample,
+    up_snake,
 )
 
 SAMPLE_RATE = 24000  # BigVGAN output rate of Qwen2.5-Omni (480 samples per codec token, 50 tokens/s)
@@ -119,10 +121,12 @@ class Token2WavOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     dit_dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16: opt-in, changes the waveform
     vocoder_dtype: Literal["float32", "bfloat16"] = "float32"
-    # torch.compile the DiT block / BigVGAN's activations (token2wav_fused.py): the same
-    # arithmetic fused into fewer kernels (H100 one-shot waveform vs eager exact fp32: relative
-    # L2 8.4e-6). Costs a compile at start-up, which the stage's graph warm-up runs. None: on
-    # for a CUDA device, off elsewhere (on a CPU, inductor's C++ compile outlasts a demo's run).
+    # The DiT block / BigVGAN's activations fused into fewer kernels (token2wav_fused.py): the
+    # block under torch.compile; the activations as Triton kernels on CUDA (vocoder_triton.py),
+    # under torch.compile elsewhere. The same arithmetic (H200 one-shot waveform vs eager exact
+    # fp32: relative L2 8.4e-6). Costs a compile at start-up, which the stage's graph warm-up
+    # runs. None: on for a CUDA device, off elsewhere (on a CPU, inductor's C++ compile outlasts
+    # a demo's run).
     compile_dit: bool | None = None
     compile_vocoder: bool | None = None
 
@@ -178,12 +182,23 @@ class Token2WavModel:
         )
         self.compiled = (compile_dit, compile_vocoder)  # what runs compiled (shown by the benchmarks)
         self._block: Any = torch.compile(dit_block, dynamic=True) if compile_dit else dit_block
-        self._snake: Any = None  # eager: transformers' activations (cuDNN depthwise convolutions)
-        self._acts: list[list[AntialiasedSnake]] = []
+        # BigVGAN's activations, fused: empty = transformers' (cuDNN depthwise convolutions)
+        self._acts: list[list[Callable[[torch.Tensor], torch.Tensor]]] = []
         if compile_vocoder:
-            self._snake = torch.compile(antialiased_snake, dynamic=True)
-            self._acts = [[AntialiasedSnake(a) for a in block.activations] for block in self.vocoder.resblocks]
-            self._act_post = AntialiasedSnake(self.vocoder.activation_post)
+            fused = self._fused_activation()
+            self._acts = [[fused(AntialiasedSnake(a)) for a in block.activations] for block in self.vocoder.resblocks]
+            self._act_post = fused(AntialiasedSnake(self.vocoder.activation_post))
+
+    def _fused_activation(self) -> Callable[[AntialiasedSnake], Callable[[torch.Tensor], torch.Tensor]]:
+        """How an `AntialiasedSnake` runs: on CUDA as two Triton kernels (vocoder_triton.py: 32-bit
+        index arithmetic, where inductor's dynamic-shape kernels ran at a fifth of the memory
+        bandwidth), elsewhere its functions under torch.compile."""
+        if self.device.type == "cuda":
+            from omni_mp.models.qwen2_5_omni.vocoder_triton import TritonSnake
+
+            return TritonSnake
+        fns = (torch.compile(up_snake, dynamic=True), torch.compile(down_sample, dynamic=True))
+        return lambda act: partial(act, fns=fns)
 
     def _reduced(self, module: torch.nn.Module, dtype: str) -> Any:
         """A factory of the autocast context `module` runs in (bf16 weights), or of a no-op (fp32)."""
@@ -395,12 +410,12 @@ class Token2WavModel:
                 blocks = range(i * v.num_residual_blocks, (i + 1) * v.num_residual_blocks)
                 res = sum(self._resblock(k, h) for k in blocks)
                 h = res / v.num_residual_blocks
-            wav = v.conv_post(v.activation_post(h) if self._snake is None else self._act_post(h, self._snake)).float()
+            wav = v.conv_post(self._act_post(h) if self._acts else v.activation_post(h)).float()
         return torch.clamp(wav, min=-1.0, max=1.0).reshape(mel.shape[0], -1)
 
     def _resblock(self, k: int, h: torch.Tensor) -> torch.Tensor:
         block = self.vocoder.resblocks[k]
-        return block(h) if self._snake is None else amp_block(block, self._acts[k], h, self._snake)
+        return amp_block(block, self._acts[k], h) if self._acts else block(h)
 
     @torch.no_grad()
     def decode(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:

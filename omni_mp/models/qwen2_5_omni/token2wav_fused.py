@@ -7,7 +7,7 @@ residuals, the first head's RoPE); each of BigVGAN's 109 anti-aliased activation
 replicate pad, a depthwise transposed convolution, a scale, five elementwise ops of SnakeBeta,
 another pad and a depthwise convolution, each a full pass over a tensor twice the input's
 length. Compiled, a block's elementwise work becomes a few fused kernels around the matmuls and
-attention, and an activation one or two kernels that read the input once. Measured on an H100
+attention, and an activation two or three kernels that write the activated signal once. Measured on an H100
 (TF32, CUDA graphs, `launch/gpu_token2wav_graphs_check.py --compile off|all`): a solver step of
 32 windows 131 -> 111 ms (its DiT-only steps 63 -> 54 ms: now matmul-bound), the vocoder for 32
 windows 410 -> 282 ms, one window's solver step 15.4 -> 11.5 ms.
@@ -17,9 +17,10 @@ windows 410 -> 282 ms, one window's solver step 15.4 -> 11.5 ms.
   look-ahead pairs) once per velocity call instead of once per layer.
 - `AntialiasedSnake` computes `Qwen2_5OmniAntiAliasedActivation1d(SnakeBeta)` polyphase:
   upsampling by r with a K-tap filter is, for each of the r output phases, a K/r-tap filter
-  over the input; SnakeBeta runs on the interleaved phases; the downsampling filter is a sum
-  of K strided slices. Replicate padding is a clamp of indices, so the compiled kernel never
-  materializes a padded or zero-stuffed tensor. Eagerly this is slower than cuDNN's depthwise
+  over the input; SnakeBeta runs on each phase and the phases are interleaved (`up_snake`);
+  the downsampling filter is a sum of K strided slices (`down_sample`). Replicate padding is a
+  clamp of indices, so the compiled kernels never materialize a padded or zero-stuffed
+  tensor. Eagerly this is slower than cuDNN's depthwise
   convolutions (2K slice products), so it runs only compiled.
 
 Both are within float rounding of transformers' modules (tests/test_token2wav_fused.py: the
@@ -28,6 +29,7 @@ same functions eagerly and compiled against transformers, and the whole token2wa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -92,33 +94,50 @@ class AntialiasedSnake:
             self.alpha = torch.exp(act.alpha.float())[:, None]  # [C, 1]
             self.inv_beta = (1.0 / (torch.exp(act.beta.float()) + act.no_div_by_zero))[:, None]
 
-    def __call__(self, x: torch.Tensor, fn: Any = None) -> torch.Tensor:
-        """`fn`: the (compiled) `antialiased_snake` to run; eager by default."""
-        return (fn or antialiased_snake)(
-            x, self.alpha, self.inv_beta, self.up_taps, self.up_pad, self.down_taps, self.down_pad, self.down_stride
-        )
+    def __call__(self, x: torch.Tensor, fns: tuple[Any, Any] | None = None) -> torch.Tensor:
+        """`fns`: the (compiled) `up_snake` and `down_sample` to run; eager by default."""
+        up, down = fns or (up_snake, down_sample)
+        z = up(x, self.alpha, self.inv_beta, self.up_taps, self.up_pad)
+        return down(z, self.down_taps, self.down_pad, self.down_stride)
 
 
-def antialiased_snake(
+# Two functions, compiled apart, so that the activated signal is written once and read by the
+# downsampling filter. Compiled as one, inductor fused SnakeBeta into the downsampling kernel
+# and evaluated it once per filter tap (12 sines per input sample): on an H200 the activations
+# took 177 of the vocoder's 245 ms for 32 windows of 148 frames, their sine kernel alone 100 ms
+# (launch/gpu_token2wav_profile.py).
+def up_snake(
     x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, up_taps: tuple[tuple[tuple[int, float], ...], ...],
-    up_pad: int, down_taps: tuple[float, ...], down_pad: tuple[int, int], down_stride: int,
+    up_pad: int,
 ) -> torch.Tensor:  # fmt: skip
-    """[B, C, T] -> [B, C, T * ratio // down_stride] (see AntialiasedSnake)."""
+    """[B, C, T] -> SnakeBeta of the upsampled signal, [B, C, ratio * T]. SnakeBeta is
+    elementwise, so it runs on each phase before the phases are interleaved."""
     t = x.shape[-1]
     xp = F.pad(x, (up_pad, up_pad), mode="replicate")
-    phases = [sum(w * xp[..., d : d + t] for d, w in taps) for taps in up_taps]
-    z = torch.stack(phases, dim=-1).flatten(-2)  # [B, C, ratio * T], the phases interleaved
-    z = z + inv_beta.to(z.dtype) * torch.sin(z * alpha.to(z.dtype)) ** 2
+    alpha, inv_beta = alpha.to(x.dtype), inv_beta.to(x.dtype)
+    phases = []
+    for taps in up_taps:
+        z = sum(w * xp[..., d : d + t] for d, w in taps)
+        phases.append(z + inv_beta * torch.sin(z * alpha) ** 2)
+    return torch.stack(phases, dim=-1).flatten(-2)  # the phases interleaved
+
+
+def down_sample(
+    z: torch.Tensor, down_taps: tuple[float, ...], down_pad: tuple[int, int], down_stride: int
+) -> torch.Tensor:
+    """`Qwen2_5OmniDownSample1d`: replicate padding, then a strided low-pass filter."""
     zp = F.pad(z, down_pad, mode="replicate")
     n = (zp.shape[-1] - len(down_taps)) // down_stride + 1
     span = down_stride * (n - 1) + 1
     return sum(g * zp[..., k : k + span : down_stride] for k, g in enumerate(down_taps))  # type: ignore[return-value]
 
 
-def amp_block(block: torch.nn.Module, acts: list[AntialiasedSnake], h: torch.Tensor, fn: Any) -> torch.Tensor:
+def amp_block(
+    block: torch.nn.Module, acts: list[Callable[[torch.Tensor], torch.Tensor]], h: torch.Tensor
+) -> torch.Tensor:
     """`Qwen2_5OmniAMPBlock.forward` with its activations as `acts` (in the block's order)."""
     for i, (conv1, conv2) in enumerate(zip(block.convs1, block.convs2, strict=True)):
         residual = h
-        h = conv2(acts[2 * i + 1](conv1(acts[2 * i](h, fn)), fn))
+        h = conv2(acts[2 * i + 1](conv1(acts[2 * i](h))))
         h = residual + h
     return h

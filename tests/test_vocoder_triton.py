@@ -1,0 +1,59 @@
+"""BigVGAN's anti-aliased SnakeBeta as Triton kernels (`vocoder_triton.py`, what a CUDA
+token2wav stage runs) against transformers' `Qwen2_5OmniAntiAliasedActivation1d`, on the CPU
+through Triton's interpreter (`TRITON_INTERPRET=1`, read when the kernels are defined, so the
+check runs in a process of its own): every distinct activation of the tiny vocoder, lengths
+from one sample (replicate padding reaching across the whole input) to several tiles of the
+kernels, and the whole vocoder with the kernels against transformers' BigVGAN forward."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_triton_activation_is_transformers() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "checked" in proc.stdout
+
+
+def _check() -> None:
+    import copy
+
+    import torch
+
+    from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
+    from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel
+    from omni_mp.models.qwen2_5_omni.token2wav_fused import AntialiasedSnake
+    from omni_mp.models.qwen2_5_omni.vocoder_triton import BLOCK, TritonSnake
+
+    model = Token2WavModel.from_checkpoint(build_token2wav(TOKEN2WAV_SPECS["tiny-token2wav"]), torch.device("cpu"))
+    vocoder = copy.deepcopy(model.vocoder)
+    acts = [b.activations[0] for b in vocoder.resblocks[:: vocoder.num_residual_blocks]] + [vocoder.activation_post]
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for act in acts:  # one per width
+            act.act.alpha.copy_(torch.randn(act.act.alpha.shape, generator=g) * 0.5)  # SnakeBeta's init is 0
+            act.act.beta.copy_(torch.randn(act.act.beta.shape, generator=g) * 0.5)
+            kernels = TritonSnake(AntialiasedSnake(act))
+            for frames in (1, 2, 5, 37, BLOCK + 3):
+                x = torch.randn(2, act.act.in_features, frames, generator=g) * 3
+                want, got = act(x), kernels(x)
+                assert got.shape == want.shape, (got.shape, want.shape)
+                err = float((got - want).abs().max() / want.abs().max())
+                assert err <= 1e-5, (act.act.in_features, frames, err)
+        # the whole vocoder with every activation as the kernels
+        model._acts = [[TritonSnake(AntialiasedSnake(a)) for a in b.activations] for b in model.vocoder.resblocks]
+        model._act_post = TritonSnake(AntialiasedSnake(model.vocoder.activation_post))
+        mel = torch.randn(1, model.state_dim, 6, generator=g) - 4.0
+        want = copy.deepcopy(model.vocoder)(mel)  # transformers' BigVGAN forward
+        got = model._vocode(mel)
+        err = float((got - want).norm() / want.norm())
+        assert want.abs().max() > 1e-3 and err <= 1e-5, err
+    print("checked")
+
+
+if __name__ == "__main__":
+    _check()
