@@ -329,6 +329,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     if not args.smoke:
         for s, gib in zip(stages, budgets_gib(args), strict=True):
             s["memory"] = {"gpu_gib": gib}
+        token2wav["mps_priority"] = args.token2wav_priority
     return {
         "name": "qwen2_5_omni_bench",
         "timeouts": {"stage_startup_s": 900},
@@ -826,6 +827,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"token2wav float32 matmuls: {args.token2wav_matmul} "
         f"({'exact fp32' if args.token2wav_matmul == 'highest' else 'TF32'}); weights: {args.token2wav_dtype}; "
         f"torch.compile: {args.token2wav_compile}; CUDA graphs: {args.token2wav_graphs}; "
+        f"MPS client priority: {args.token2wav_priority}; "
         "streaming chunks (codes): first "
         f"{args.token2wav_first_chunk or 24}, then {args.token2wav_chunk or 48}",
     ]
@@ -1073,6 +1075,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["on", "off"],
         default="on",
         help="token2wav's DiT and BigVGAN as CUDA graphs per batch/length bucket (on a GPU), or eager",
+    )
+    p.add_argument(
+        "--token2wav-priority",
+        choices=["normal", "below_normal"],
+        default="normal",
+        help="token2wav's MPS client priority (stage mps_priority): below_normal lets the thinker's and talker's "
+        "kernels go first on the shared GPU; time-sliced it changes nothing (--smoke: CPU stages, no priority)",
     )
     p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
     p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")

@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.omni_gpu import T2W_COMPILE, T2W_DTYPES  # noqa: E402
+from benchmarks.omni_gpu import T2W_COMPILE, T2W_DTYPES, use_precision  # noqa: E402
 from omni_mp.engines.diffusion.batcher import StepPlan, TrajectorySpec  # noqa: E402
 from omni_mp.engines.diffusion.chunking import one_shot  # noqa: E402
 from omni_mp.engines.diffusion.graphs import GraphSet  # noqa: E402
@@ -128,6 +128,16 @@ def velocity_replay_is_eager(runner: DiffusionRunner, wins: list[Window]) -> boo
     return torch.equal(runner._velocity(batch, x, t), model.velocity(batch, x, t))  # type: ignore[misc]
 
 
+def open_device(cpu: bool, matmul: str) -> torch.device | None:
+    """cuda:0, or the CPU for a smoke run, with what a stage of that `float32_matmul` runs with
+    (matmuls and cuDNN convolutions); None when there is no CUDA device."""
+    if not cpu and not torch.cuda.is_available():
+        print("no CUDA device (use --cpu for the smoke run)")
+        return None
+    use_precision(matmul)
+    return torch.device("cpu" if cpu else "cuda:0")
+
+
 def wall_ms(fn: Any) -> float:
     """Wall ms of one call of `fn`, synchronized on a GPU."""
     cuda = torch.cuda.is_available()
@@ -195,11 +205,9 @@ def main() -> int:
         contender(args.contender)
         return 0
     cuda = not args.cpu
-    if cuda and not torch.cuda.is_available():
-        print("no CUDA device (use --cpu for the smoke run)")
+    device = open_device(args.cpu, args.matmul)
+    if device is None:
         return 2
-    device = torch.device("cuda:0" if cuda else "cpu")
-    torch.set_float32_matmul_precision(args.matmul)
     spec = TOKEN2WAV_SPECS["tiny-token2wav" if args.tiny else "token2wav-default-size"]
     t0 = time.perf_counter()
     options = {**T2W_DTYPES[args.dtype], **T2W_COMPILE[args.compile]}
