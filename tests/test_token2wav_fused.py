@@ -46,14 +46,22 @@ def compiled(t2w_dir: str) -> Token2WavModel:
 
 
 @torch.no_grad()
-def test_polyphase_snake_is_transformers_activation(eager: Token2WavModel) -> None:
-    vocoder = copy.deepcopy(eager.vocoder)
+def distinct_activations(vocoder: torch.nn.Module, g: torch.Generator) -> list[torch.nn.Module]:
+    """One anti-aliased activation per width of a copy of `vocoder`, the last one included,
+    with random SnakeBeta parameters (their init is 0)."""
+    vocoder = copy.deepcopy(vocoder)
     acts = [block.activations[0] for block in vocoder.resblocks[:: vocoder.num_residual_blocks]]
-    acts.append(vocoder.activation_post)  # one per width, the last one included
-    g = torch.Generator().manual_seed(3)
+    acts.append(vocoder.activation_post)
     for act in acts:
-        act.act.alpha.copy_(torch.randn(act.act.alpha.shape, generator=g) * 0.5)  # SnakeBeta's init is 0
+        act.act.alpha.copy_(torch.randn(act.act.alpha.shape, generator=g) * 0.5)
         act.act.beta.copy_(torch.randn(act.act.beta.shape, generator=g) * 0.5)
+    return acts
+
+
+@torch.no_grad()
+def test_polyphase_snake_is_transformers_activation(eager: Token2WavModel) -> None:
+    g = torch.Generator().manual_seed(3)
+    for act in distinct_activations(eager.vocoder, g):
         fused = AntialiasedSnake(act)
         for frames in (1, 2, 5, 37, 168):
             x = torch.randn(2, act.act.in_features, frames, generator=g) * 3

@@ -2,7 +2,7 @@
 token2wav stage runs) against transformers' `Qwen2_5OmniAntiAliasedActivation1d`, on the CPU
 through Triton's interpreter (`TRITON_INTERPRET=1`, read when the kernels are defined, so the
 check runs in a process of its own): every distinct activation of the tiny vocoder, lengths
-from one sample (replicate padding reaching across the whole input) to several tiles of the
+from one sample (replicate padding reaching across the whole input) to past one tile of the
 kernels, and the whole vocoder with the kernels against transformers' BigVGAN forward."""
 
 from __future__ import annotations
@@ -10,11 +10,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_triton_activation_is_transformers() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.test_vocoder_triton"], cwd=repo, env=env, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "checked" in proc.stdout
 
@@ -28,15 +33,12 @@ def _check() -> None:
     from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel
     from omni_mp.models.qwen2_5_omni.token2wav_fused import AntialiasedSnake
     from omni_mp.models.qwen2_5_omni.vocoder_triton import BLOCK, TritonSnake
+    from tests.test_token2wav_fused import distinct_activations
 
     model = Token2WavModel.from_checkpoint(build_token2wav(TOKEN2WAV_SPECS["tiny-token2wav"]), torch.device("cpu"))
-    vocoder = copy.deepcopy(model.vocoder)
-    acts = [b.activations[0] for b in vocoder.resblocks[:: vocoder.num_residual_blocks]] + [vocoder.activation_post]
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        for act in acts:  # one per width
-            act.act.alpha.copy_(torch.randn(act.act.alpha.shape, generator=g) * 0.5)  # SnakeBeta's init is 0
-            act.act.beta.copy_(torch.randn(act.act.beta.shape, generator=g) * 0.5)
+        for act in distinct_activations(model.vocoder, g):
             kernels = TritonSnake(AntialiasedSnake(act))
             for frames in (1, 2, 5, 37, BLOCK + 3):
                 x = torch.randn(2, act.act.in_features, frames, generator=g) * 3

@@ -7,10 +7,11 @@ residuals, the first head's RoPE); each of BigVGAN's 109 anti-aliased activation
 replicate pad, a depthwise transposed convolution, a scale, five elementwise ops of SnakeBeta,
 another pad and a depthwise convolution, each a full pass over a tensor twice the input's
 length. Compiled, a block's elementwise work becomes a few fused kernels around the matmuls and
-attention, and an activation two or three kernels that write the activated signal once. Measured on an H100
-(TF32, CUDA graphs, `launch/gpu_token2wav_graphs_check.py --compile off|all`): a solver step of
-32 windows 131 -> 111 ms (its DiT-only steps 63 -> 54 ms: now matmul-bound), the vocoder for 32
-windows 410 -> 282 ms, one window's solver step 15.4 -> 11.5 ms.
+attention, and an activation two or three kernels that write the activated signal once.
+Measured on an H100 (TF32, CUDA graphs, `launch/gpu_token2wav_graphs_check.py --compile
+off|all`): a solver step of 32 windows 131 -> 111 ms (its DiT-only steps 63 -> 54 ms: now
+matmul-bound), the vocoder for 32 windows 410 -> 282 ms, one window's solver step 15.4 ->
+11.5 ms.
 
 - `dit_block` is `DiTDecoderLayer.forward`'s arithmetic on transformers' own submodules, with
   the block-attention mask passed in: the engine builds the 2-3 distinct masks (look-back /
@@ -20,8 +21,8 @@ windows 410 -> 282 ms, one window's solver step 15.4 -> 11.5 ms.
   over the input; SnakeBeta runs on each phase and the phases are interleaved (`up_snake`);
   the downsampling filter is a sum of K strided slices (`down_sample`). Replicate padding is a
   clamp of indices, so the compiled kernels never materialize a padded or zero-stuffed
-  tensor. Eagerly this is slower than cuDNN's depthwise
-  convolutions (2K slice products), so it runs only compiled.
+  tensor. Eagerly this is slower than cuDNN's depthwise convolutions (2K slice products), so
+  it runs only compiled; on CUDA as Triton kernels of its own (vocoder_triton.py).
 
 Both are within float rounding of transformers' modules (tests/test_token2wav_fused.py: the
 same functions eagerly and compiled against transformers, and the whole token2wav).
