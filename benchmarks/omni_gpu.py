@@ -320,7 +320,15 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
             "cuda_graphs": args.token2wav_graphs == "on", "model_options": t2w_options(args),
         },
     }  # fmt: skip
-    streaming = {k: v for k, v in (("first_chunk", args.token2wav_first_chunk), ("chunk", args.token2wav_chunk)) if v}
+    streaming = {
+        k: v
+        for k, v in (
+            ("first_chunk", args.token2wav_first_chunk),
+            ("chunk", args.token2wav_chunk),
+            ("max_chunk", args.token2wav_max_chunk),
+        )
+        if v
+    }
     if streaming:
         token2wav["diffusion"]["streaming"] = streaming  # type: ignore[index]
     stages = [thinker, talker, token2wav]
@@ -330,6 +338,8 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         for s, gib in zip(stages, budgets_gib(args), strict=True):
             s["memory"] = {"gpu_gib": gib}
         token2wav["mps_priority"] = args.token2wav_priority
+        talker["mps_priority"] = args.talker_priority
+        thinker["mps_priority"] = args.thinker_priority
     return {
         "name": "qwen2_5_omni_bench",
         "timeouts": {"stage_startup_s": 900},
@@ -556,6 +566,8 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     # the stage processes have exited: their timelines are written
     out["transport"] = transport_summary(profile_dir, t_last)
     out["stage_steps"] = stage_step_summary(profile_dir, windows)
+    if 1 in windows:
+        out["critical_path_c1"] = critical_path(profile_dir, windows[1], first_audio_codes(args))
     shutil.copytree(profile_dir, args.out / f"profile-{'stream' if stream else 'nostream'}", dirs_exist_ok=True)
     shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
@@ -707,6 +719,79 @@ def stage_step_summary(profile_dir: Path, windows: dict[int, tuple[float, float]
     return out
 
 
+def first_audio_codes(args: argparse.Namespace) -> int:
+    """Codes the talker must write before token2wav can start the first chunk: the first chunk
+    and its right context (the DiT's 12-code attention block; `diffusion.streaming`)."""
+    return (args.token2wav_first_chunk or 24) + 12
+
+
+def critical_path(profile_dir: Path, window: tuple[float, float], first_codes: int) -> dict[str, Any]:
+    """One request alone (the last round at concurrency 1), from the stage timelines: when each
+    stage did its part, in ms from the round's start. At one request each talker step with
+    output wrote one code, so the talker's `first_codes`-th output step is when token2wav could
+    start the first chunk; what follows the thinker's last token (the talker alone, then the
+    last chunk) is the tail the thinker's pace does not set."""
+    t0, t1 = window
+    stages = {}
+    for sid in (0, 1, 2):
+        recs = _steps(profile_dir, sid, t0)
+        if isinstance(recs, str):
+            return {"error": recs}
+        stages[sid] = [r for r in recs if t0 <= r["t"] <= t1]
+    thinker = [r for r in stages[0] if r["reqs"] > 0]
+    talker = [r for r in stages[1] if r["reqs"] > 0]
+    t2w = [r for r in stages[2] if r["step_ms"] > 0]
+    t2w_out = [r for r in t2w if r["reqs"] > 0]
+    if not thinker or len(talker) < first_codes or not t2w_out:
+        counts = f"{len(thinker)} thinker, {len(talker)} talker, {len(t2w)} token2wav steps"
+        return {"error": f"incomplete timelines ({counts})"}
+
+    def end(r: dict[str, Any]) -> float:
+        return (r["t"] - t0) * 1000 + r["step_ms"]
+
+    thinker_end = thinker[-1]["t"] + thinker[-1]["step_ms"] / 1000
+    talker_end = talker[-1]["t"] + talker[-1]["step_ms"] / 1000
+    talker_tail = [r for r in stages[1] if r["t"] >= thinker_end]
+    t2w_before_first = [r for r in t2w if r["t"] <= t2w_out[0]["t"] and r["t"] >= talker[first_codes - 1]["t"]]
+    t2w_tail = [r for r in t2w if r["t"] >= talker_end]
+    return {
+        "thinker_first_token_ms": end(thinker[0]),
+        "thinker_last_token_ms": end(thinker[-1]),
+        "thinker_steps": len(thinker),
+        "thinker_step_ms_mean": statistics.fmean(r["step_ms"] for r in thinker[1:] or thinker),
+        "talker_first_code_ms": end(talker[0]),
+        "talker_first_chunk_codes": first_codes,
+        "talker_first_chunk_ms": end(talker[first_codes - 1]),
+        "talker_steps_before_thinker_end": len(stages[1]) - len(talker_tail),
+        "talker_tail_steps": len(talker_tail),
+        "talker_tail_step_ms_mean": statistics.fmean(r["step_ms"] for r in talker_tail) if talker_tail else 0.0,
+        "talker_last_code_ms": end(talker[-1]),
+        "t2w_first_chunk_steps": len(t2w_before_first),
+        "t2w_first_chunk_step_ms_sum": sum(r["step_ms"] for r in t2w_before_first),
+        "t2w_first_out_ms": end(t2w_out[0]),
+        "t2w_tail_steps": len(t2w_tail),
+        "t2w_tail_step_ms_sum": sum(r["step_ms"] for r in t2w_tail),
+        "t2w_last_out_ms": end(t2w_out[-1]),
+    }
+
+
+def critical_path_line(cp: dict[str, Any]) -> str:
+    """`critical_path` as one report line."""
+    if "error" in cp:
+        return f"\none request's path through the stages: not measured ({cp['error']})"
+    return (
+        "\none request's path through the stages (c=1, last round; ms from the round's start): "
+        f"thinker first token {cp['thinker_first_token_ms']:.0f}, last {cp['thinker_last_token_ms']:.0f} "
+        f"({cp['thinker_steps']} steps, {cp['thinker_step_ms_mean']:.2f} ms each after the first); "
+        f"talker first code {cp['talker_first_code_ms']:.0f}, code {cp['talker_first_chunk_codes']} (first chunk's "
+        f"last) {cp['talker_first_chunk_ms']:.0f}, last {cp['talker_last_code_ms']:.0f} "
+        f"({cp['talker_tail_steps']} steps after the thinker's last token, {cp['talker_tail_step_ms_mean']:.2f} ms "
+        f"each); token2wav first chunk out {cp['t2w_first_out_ms']:.0f} ({cp['t2w_first_chunk_steps']} steps, "
+        f"{cp['t2w_first_chunk_step_ms_sum']:.0f} ms), last chunk out {cp['t2w_last_out_ms']:.0f} "
+        f"({cp['t2w_tail_steps']} steps after the talker's last code, {cp['t2w_tail_step_ms_sum']:.0f} ms)"
+    )
+
+
 def _steps(profile_dir: Path, stage_id: int, since: float) -> list[dict[str, Any]] | str:
     files = sorted(profile_dir.glob(f"stage{stage_id}-*.json"))
     if not files:
@@ -827,9 +912,11 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"token2wav float32 matmuls: {args.token2wav_matmul} "
         f"({'exact fp32' if args.token2wav_matmul == 'highest' else 'TF32'}); weights: {args.token2wav_dtype}; "
         f"torch.compile: {args.token2wav_compile}; CUDA graphs: {args.token2wav_graphs}; "
-        f"MPS client priority: {args.token2wav_priority}; "
+        f"MPS client priority: {args.token2wav_priority} (thinker: {args.thinker_priority}, "
+        f"talker: {args.talker_priority}); "
         "streaming chunks (codes): first "
-        f"{args.token2wav_first_chunk or 24}, then {args.token2wav_chunk or 48}",
+        f"{args.token2wav_first_chunk or 24}, then {args.token2wav_chunk or 48}"
+        + (f" doubling up to {args.token2wav_max_chunk}" if args.token2wav_max_chunk else ""),
     ]
     t2w = results.get("t2w_tf32", {})
     if "rel_l2" in t2w:
@@ -912,6 +999,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         )
     else:
         lines.append(f"- talker receive side: not measured ({tr.get('talker_error', 'no streaming phase')})")
+    if st.get("critical_path_c1"):
+        lines.append(critical_path_line(st["critical_path_c1"]))
     if st.get("stage_steps"):
         lines += stage_steps_table(
             "\nengine steps per stage (streaming, last round of each level): steps, step p50 / mean ms, busy",
@@ -994,6 +1083,26 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
 
 
 # ---- orchestration ----------------------------------------------------------------------------
+def phase_error(e: Exception, limit: int = 2000) -> str:
+    """A phase's exception for the report: its start (what failed) and its end (a stage's log
+    tail ends with the exception that stopped it), at most `limit` characters."""
+    text = f"{type(e).__name__}: {e}"
+    if len(text) <= limit:
+        return text
+    head = limit // 5
+    return f"{text[:head]} [...] {text[-(limit - head) :]}"
+
+
+def run_phase(args: argparse.Namespace) -> dict[str, Any]:
+    if args.phase == "hf":
+        return run_hf(args)
+    if args.phase in ("stream", "nostream"):
+        return run_pipeline(args, args.phase == "stream")
+    if args.phase == "t2w_tf32":
+        return run_t2w_precision(args)
+    return run_cold(args, int(args.phase[4:]))
+
+
 def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | None) -> dict[str, Any]:
     """`phase` in a fresh process, within --phase-timeout-s and what is left of --deadline-s."""
     result = args.out / f"{phase}.json"
@@ -1005,6 +1114,7 @@ def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | No
             say(f"phase {phase} {data['error']}")
             result.write_text(json.dumps(data))
             return data
+    result.unlink(missing_ok=True)  # a failed child leaves its error there, nothing older
     cmd = [sys.executable, __file__, "--phase", phase, *sys.argv[1:]]
     env = dict(os.environ)
     if args.compile_cache == "per-phase" and not args.smoke:
@@ -1020,7 +1130,8 @@ def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | No
     except subprocess.TimeoutExpired:
         code = f"timeout after {timeout:.0f}s"
     if code != 0 or not result.exists():
-        data = {"error": f"exit code {code}"}
+        child = json.loads(result.read_text()).get("error") if result.exists() else None
+        data = {"error": f"exit code {code}" + (f": {child}" if child else "")}
         say(f"phase {phase} failed: {data['error']}")
         result.write_text(json.dumps(data))
         return data
@@ -1065,6 +1176,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token2wav-first-chunk", type=int, help="codes of the first audio chunk (stage default: 24)")
     p.add_argument("--token2wav-chunk", type=int, help="codes of each later audio chunk (stage default: 48)")
     p.add_argument(
+        "--token2wav-max-chunk",
+        type=int,
+        help="growing chunks: after the first, sizes double from --token2wav-chunk up to this (stage default: 0, off)",
+    )
+    p.add_argument(
         "--talker",
         choices=["released", "default"],
         default="released",
@@ -1082,6 +1198,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="normal",
         help="token2wav's MPS client priority (stage mps_priority): below_normal lets the thinker's and talker's "
         "kernels go first on the shared GPU; time-sliced it changes nothing (--smoke: CPU stages, no priority)",
+    )
+    p.add_argument(
+        "--thinker-priority",
+        choices=["normal", "below_normal"],
+        default="normal",
+        help="the thinker's MPS client priority; with --talker-priority below_normal too, token2wav's kernels go "
+        "first (its chunks are short bursts on the first audio's path)",
+    )
+    p.add_argument(
+        "--talker-priority",
+        choices=["normal", "below_normal"],
+        default="normal",
+        help="the talker's MPS client priority; with --token2wav-priority below_normal too, the thinker's kernels "
+        "go first (the talker waits for its rows anyway while the thinker writes)",
     )
     p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
     p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")
@@ -1121,15 +1251,12 @@ def main() -> int:
     # load; "" names none): vllm-omni's, should it be importable here, patches vLLM classes.
     os.environ["VLLM_PLUGINS"] = ""
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.phase:  # a child: run one phase, write its result
-        if args.phase == "hf":
-            data = run_hf(args)
-        elif args.phase in ("stream", "nostream"):
-            data = run_pipeline(args, args.phase == "stream")
-        elif args.phase == "t2w_tf32":
-            data = run_t2w_precision(args)
-        else:
-            data = run_cold(args, int(args.phase[4:]))
+    if args.phase:  # a child: run one phase, write its result (or its error, for the report)
+        try:
+            data = run_phase(args)
+        except Exception as e:
+            (args.out / f"{args.phase}.json").write_text(json.dumps({"error": phase_error(e)}))
+            raise
         (args.out / f"{args.phase}.json").write_text(json.dumps(data))
         return 0
     phases = list(filter(None, args.phases.split(",")))  # none: only re-render the report

@@ -1,0 +1,59 @@
+"""benchmarks/omni_gpu.py on the CPU at tiny sizes (`--smoke`): the stage timelines' account of
+one request (`critical_path`) against what the pipeline actually did, and a phase that fails
+reported with the reason its stage gave. Real stage processes, real engines, real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks" / "omni_gpu.py"
+
+
+def _bench(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(BENCH), "--smoke", "--phases", "stream", "--concurrency", "1", *extra]
+    cmd += ["--out", str(tmp_path), "--work-dir", str(tmp_path / "models")]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_one_request_path_through_the_stages(tmp_path: Path) -> None:
+    """One request of 8 thinker tokens and 36 codes, streamed in two chunks (12 codes, then the
+    rest): the timelines place each stage's part in the order the pipeline's data flow forces."""
+    run = _bench(tmp_path, "--token2wav-first-chunk", "12", "--talker-priority", "below_normal")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stream = json.loads((tmp_path / "stream.json").read_text())
+    assert stream["1"]["audio_s_per_request"] == 36 * 480 / 24000  # the fixed lengths held
+    cp = stream["critical_path_c1"]
+    assert "error" not in cp, cp
+    # one token a step at one request (a last step may carry only the final hidden rows)
+    assert cp["thinker_steps"] in (8, 9)
+    assert cp["talker_first_chunk_codes"] == 24  # the first chunk and its 12 codes of right context
+    assert 0 < cp["thinker_first_token_ms"] <= cp["thinker_last_token_ms"]
+    # the talker starts from the thinker's rows; token2wav from the talker's codes
+    assert cp["thinker_first_token_ms"] <= cp["talker_first_code_ms"] <= cp["talker_first_chunk_ms"]
+    assert cp["talker_first_chunk_ms"] < cp["talker_last_code_ms"]
+    assert cp["talker_first_chunk_ms"] <= cp["t2w_first_out_ms"] < cp["t2w_last_out_ms"]
+    assert cp["talker_last_code_ms"] <= cp["t2w_last_out_ms"]
+    # the first chunk took solver steps; the last chunk was solved after the last code came
+    assert cp["t2w_first_chunk_steps"] >= 1 and cp["t2w_first_chunk_step_ms_sum"] > 0
+    assert cp["t2w_tail_steps"] >= 1 and cp["t2w_tail_step_ms_sum"] > 0
+    md = (tmp_path / "omni_gpu.md").read_text()
+    assert "one request's path through the stages" in md
+    assert "(thinker: normal, talker: below_normal)" in md  # the priorities asked for are named
+
+
+def test_a_failed_phase_is_reported_with_its_stage_error(tmp_path: Path) -> None:
+    """A first chunk token2wav cannot take (not a multiple of its 12-code attention block): the
+    stage exits at start-up, and the report names the reason, not only an exit code."""
+    run = _bench(tmp_path, "--token2wav-first-chunk", "7")
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]  # failed, and the report still written
+    error = json.loads((tmp_path / "stream.json").read_text())["error"]
+    assert error.startswith("exit code 1: StartupError: stage 2 exited"), error
+    assert "streaming.first_chunk: must be a multiple of the model's block alignment (12 ids)" in error, error
+    md = (tmp_path / "omni_gpu.md").read_text()
+    assert "phase stream failed: exit code 1: StartupError" in md
