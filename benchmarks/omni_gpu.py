@@ -721,8 +721,11 @@ def stage_step_summary(profile_dir: Path, windows: dict[int, tuple[float, float]
 
 def first_audio_codes(args: argparse.Namespace) -> int:
     """Codes the talker must write before token2wav can start the first chunk: the first chunk
-    and its right context (the DiT's 12-code attention block; `diffusion.streaming`)."""
-    return (args.token2wav_first_chunk or 24) + 12
+    and its right context (`diffusion.streaming`, the stage's defaults unless set here)."""
+    from omni_mp.engines.diffusion.params import StreamingConfig
+
+    defaults = StreamingConfig()
+    return (args.token2wav_first_chunk or defaults.first_chunk) + defaults.right_context
 
 
 def critical_path(profile_dir: Path, window: tuple[float, float], first_codes: int) -> dict[str, Any]:
@@ -762,7 +765,6 @@ def critical_path(profile_dir: Path, window: tuple[float, float], first_codes: i
         "talker_first_code_ms": end(talker[0]),
         "talker_first_chunk_codes": first_codes,
         "talker_first_chunk_ms": end(talker[first_codes - 1]),
-        "talker_steps_before_thinker_end": len(stages[1]) - len(talker_tail),
         "talker_tail_steps": len(talker_tail),
         "talker_tail_step_ms_mean": statistics.fmean(r["step_ms"] for r in talker_tail) if talker_tail else 0.0,
         "talker_last_code_ms": end(talker[-1]),
@@ -1103,6 +1105,14 @@ def run_phase(args: argparse.Namespace) -> dict[str, Any]:
     return run_cold(args, int(args.phase[4:]))
 
 
+def _child_error(result: Path) -> str | None:
+    """The error a failed phase process wrote, if it got that far (a killed one may not have)."""
+    try:
+        return json.loads(result.read_text()).get("error")
+    except (OSError, ValueError):
+        return None
+
+
 def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | None) -> dict[str, Any]:
     """`phase` in a fresh process, within --phase-timeout-s and what is left of --deadline-s."""
     result = args.out / f"{phase}.json"
@@ -1130,7 +1140,7 @@ def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | No
     except subprocess.TimeoutExpired:
         code = f"timeout after {timeout:.0f}s"
     if code != 0 or not result.exists():
-        child = json.loads(result.read_text()).get("error") if result.exists() else None
+        child = _child_error(result)
         data = {"error": f"exit code {code}" + (f": {child}" if child else "")}
         say(f"phase {phase} failed: {data['error']}")
         result.write_text(json.dumps(data))
