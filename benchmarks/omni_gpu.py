@@ -564,10 +564,11 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
                 f"{best['thinker_tok_s']:.0f} thinker tok/s, {best['audio_s_per_request']:.2f} s audio/request"
             )
     # the stage processes have exited: their timelines are written
-    out["transport"] = transport_summary(profile_dir, t_last)
-    out["stage_steps"] = stage_step_summary(profile_dir, windows)
+    timelines = read_timelines(profile_dir, min((t0 for t0, _ in windows.values()), default=0.0))
+    out["transport"] = transport_summary(timelines, t_last)
+    out["stage_steps"] = stage_step_summary(timelines, windows)
     if 1 in windows:
-        out["critical_path_c1"] = critical_path(profile_dir, windows[1], first_audio_codes(args))
+        out["critical_path_c1"] = critical_path(timelines, windows[1], first_audio_codes(args))
     shutil.copytree(profile_dir, args.out / f"profile-{'stream' if stream else 'nostream'}", dirs_exist_ok=True)
     shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
@@ -692,13 +693,20 @@ def use_precision(precision: str) -> None:
     use_kernel_settings(DiffusionStageConfig(float32_matmul=precision))  # type: ignore[arg-type]
 
 
-def stage_step_summary(profile_dir: Path, windows: dict[int, tuple[float, float]]) -> dict[str, Any]:
+Timelines = dict[int, list[dict[str, Any]] | str]  # stage id -> its step records, or why there are none
+
+
+def read_timelines(profile_dir: Path, since: float) -> Timelines:
+    """Every stage's step records from `since` on, each timeline file read once for all the
+    summaries below."""
+    return {sid: _steps(profile_dir, sid, since) for sid in (0, 1, 2)}
+
+
+def stage_step_summary(timelines: Timelines, windows: dict[int, tuple[float, float]]) -> dict[str, Any]:
     """Per concurrency level (its last round) and stage: engine steps, step time p50/mean, how
     busy the engine thread was (sum of step times / round wall time) and its idle waits: the
     slowest stage is the one busy all the time."""
     out: dict[str, Any] = {}
-    since = min((t0 for t0, _ in windows.values()), default=0.0)
-    timelines = {sid: _steps(profile_dir, sid, since) for sid in (0, 1, 2)}  # each file read once
     for c, (t0, t1) in windows.items():
         level: dict[str, Any] = {}
         for sid, all_recs in timelines.items():
@@ -728,7 +736,7 @@ def first_audio_codes(args: argparse.Namespace) -> int:
     return (args.token2wav_first_chunk or defaults.first_chunk) + defaults.right_context
 
 
-def critical_path(profile_dir: Path, window: tuple[float, float], first_codes: int) -> dict[str, Any]:
+def critical_path(timelines: Timelines, window: tuple[float, float], first_codes: int) -> dict[str, Any]:
     """One request alone (the last round at concurrency 1), from the stage timelines: when each
     stage did its part, in ms from the round's start. At one request each talker step with
     output wrote one code, so the talker's `first_codes`-th output step is when token2wav could
@@ -737,7 +745,7 @@ def critical_path(profile_dir: Path, window: tuple[float, float], first_codes: i
     t0, t1 = window
     stages = {}
     for sid in (0, 1, 2):
-        recs = _steps(profile_dir, sid, t0)
+        recs = timelines[sid]
         if isinstance(recs, str):
             return {"error": recs}
         stages[sid] = [r for r in recs if t0 <= r["t"] <= t1]
@@ -802,18 +810,18 @@ def _steps(profile_dir: Path, stage_id: int, since: float) -> list[dict[str, Any
     return [dict(zip(doc["fields"], s, strict=True)) for s in doc["steps"] if s[1] >= since]
 
 
-def transport_summary(profile_dir: Path, since: float) -> dict[str, Any]:
+def transport_summary(timelines: Timelines, since: float) -> dict[str, Any]:
     """Thinker -> talker per engine step, in the last round (the highest concurrency), from the
     stage timelines (omni_mp.stage.timeline): on the thinker, the steps that emitted hidden-state
     rows: build (engine thread, outputs -> messages) and send (output thread, encode + send) and
     their wire bytes; on the talker, the steps that took step-embedding rows: receive + decode
     (input thread) and handling (engine thread: the processor's rows into the engine)."""
     out: dict[str, Any] = {}
-    thinker = _steps(profile_dir, 0, since)
+    thinker = timelines[0]
     if isinstance(thinker, str):
         out["error"] = thinker
     else:
-        steps = [r for r in thinker if r["rows"] > 0]
+        steps = [r for r in thinker if r["rows"] > 0 and r["t"] >= since]
         if steps:
             out["thinker"] = {
                 "steps": len(steps),
@@ -833,11 +841,11 @@ def transport_summary(profile_dir: Path, since: float) -> dict[str, Any]:
             }
         else:
             out["error"] = "no thinker steps with hidden-state rows"
-    talker = _steps(profile_dir, 1, since)
+    talker = timelines[1]
     if isinstance(talker, str):
         out["talker_error"] = talker
     else:
-        steps = [r for r in talker if r["rows"] > 0]
+        steps = [r for r in talker if r["rows"] > 0 and r["t"] >= since]
         if steps and "recv_ms" in steps[0]:
             out["talker"] = {
                 "steps": len(steps),

@@ -75,6 +75,7 @@ from benchmarks.omni_gpu import (  # noqa: E402
     closed_loop_round,
     device_name,
     playback_line,
+    read_timelines,
     stage_step_summary,
     stage_steps_table,
     transport_summary,
@@ -322,10 +323,12 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         if args.closed_loop:
             out["closed"], closed_windows = closed_loops(args, coord.client_endpoint, config)
         out["stage_memory_after"] = stage_memory_now(coord)
-    out["transport"] = transport_summary(profile_dir, t_last)
-    out["stage_steps"] = stage_step_summary(profile_dir, windows)
+    # from the first measured round on (the closed loops ran after the rounds)
+    timelines = read_timelines(profile_dir, min((t0 for t0, _ in windows.values()), default=0.0))
+    out["transport"] = transport_summary(timelines, t_last)
+    out["stage_steps"] = stage_step_summary(timelines, windows)
     if args.closed_loop:
-        out["closed_stage_steps"] = stage_step_summary(profile_dir, closed_windows)
+        out["closed_stage_steps"] = stage_step_summary(timelines, closed_windows)
     shutil.copytree(profile_dir, args.out / f"profile-{name}", dirs_exist_ok=True)
     shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
