@@ -47,8 +47,7 @@ def _check() -> None:
                 err = float((got - want).abs().max() / want.abs().max())
                 assert err <= 1e-5, (act.act.in_features, frames, err)
         # the whole vocoder with every activation as the kernels
-        model._acts = [[TritonSnake(AntialiasedSnake(a)) for a in b.activations] for b in model.vocoder.resblocks]
-        model._act_post = TritonSnake(AntialiasedSnake(model.vocoder.activation_post))
+        model.fuse_activations(TritonSnake)
         mel = torch.randn(1, model.state_dim, 6, generator=g) - 4.0
         want = copy.deepcopy(model.vocoder)(mel)  # transformers' BigVGAN forward
         got = model._vocode(mel)

@@ -185,9 +185,12 @@ class Token2WavModel:
         # BigVGAN's activations, fused: empty = transformers' (cuDNN depthwise convolutions)
         self._acts: list[list[Callable[[torch.Tensor], torch.Tensor]]] = []
         if compile_vocoder:
-            fused = self._fused_activation()
-            self._acts = [[fused(AntialiasedSnake(a)) for a in block.activations] for block in self.vocoder.resblocks]
-            self._act_post = fused(AntialiasedSnake(self.vocoder.activation_post))
+            self.fuse_activations(self._fused_activation())
+
+    def fuse_activations(self, fused: Callable[[AntialiasedSnake], Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        """Run every BigVGAN activation as `fused(AntialiasedSnake(activation))`."""
+        self._acts = [[fused(AntialiasedSnake(a)) for a in block.activations] for block in self.vocoder.resblocks]
+        self._act_post = fused(AntialiasedSnake(self.vocoder.activation_post))
 
     def _fused_activation(self) -> Callable[[AntialiasedSnake], Callable[[torch.Tensor], torch.Tensor]]:
         """How an `AntialiasedSnake` runs: on CUDA as two Triton kernels (vocoder_triton.py: 32-bit
