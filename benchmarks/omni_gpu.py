@@ -326,6 +326,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
             ("first_chunk", args.token2wav_first_chunk),
             ("chunk", args.token2wav_chunk),
             ("max_chunk", args.token2wav_max_chunk),
+            ("max_chunks_in_flight", args.token2wav_chunks_in_flight),
         )
         if v
     }
@@ -340,12 +341,26 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         token2wav["mps_priority"] = args.token2wav_priority
         talker["mps_priority"] = args.talker_priority
         thinker["mps_priority"] = args.thinker_priority
+        for s, share in zip(stages, sm_percents(args), strict=True):
+            if share is not None:
+                s["mps_sm_percent"] = share
+        if args.ar_quantization != "none":  # vLLM quantizes the bf16 weights as it loads them
+            for s in (thinker, talker):
+                s["engine_args"]["quantization"] = args.ar_quantization  # type: ignore[index]
     return {
         "name": "qwen2_5_omni_bench",
         "timeouts": {"stage_startup_s": 900},
         "gpu_sharing": {"mode": args.gpu_sharing},
         "stages": stages,
     }
+
+
+def sm_percents(args: argparse.Namespace) -> list[int | None]:
+    """--sm-percent "T,K,W" -> each stage's MPS share of the SMs (None: all of them)."""
+    parts = (args.sm_percent or ",,").split(",")
+    if len(parts) != 3:
+        raise SystemExit(f"--sm-percent: three values, thinker,talker,token2wav; got {args.sm_percent!r}")
+    return [int(p) if p.strip() else None for p in parts]
 
 
 class Playback:
@@ -924,9 +939,12 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"torch.compile: {args.token2wav_compile}; CUDA graphs: {args.token2wav_graphs}; "
         f"MPS client priority: {args.token2wav_priority} (thinker: {args.thinker_priority}, "
         f"talker: {args.talker_priority}); "
+        f"MPS SM shares (thinker, talker, token2wav): {args.sm_percent or 'all'}; "
+        f"thinker and talker weights: {args.ar_quantization if args.ar_quantization != 'none' else 'bf16'}; "
         "streaming chunks (codes): first "
         f"{args.token2wav_first_chunk or 24}, then {args.token2wav_chunk or 48}"
-        + (f" doubling up to {args.token2wav_max_chunk}" if args.token2wav_max_chunk else ""),
+        + (f" doubling up to {args.token2wav_max_chunk}" if args.token2wav_max_chunk else "")
+        + f"; chunks of a request in flight: {args.token2wav_chunks_in_flight or 1}",
     ]
     t2w = results.get("t2w_tf32", {})
     if "rel_l2" in t2w:
@@ -1199,6 +1217,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="growing chunks: after the first, sizes double from --token2wav-chunk up to this (stage default: 0, off)",
     )
     p.add_argument(
+        "--token2wav-chunks-in-flight",
+        type=int,
+        help="chunks of one request solved at once (streaming max_chunks_in_flight; stage default 1): 2 lets a "
+        "request's last chunk start while the one before it is still being solved",
+    )
+    p.add_argument(
         "--talker",
         choices=["released", "default"],
         default="released",
@@ -1230,6 +1254,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="normal",
         help="the talker's MPS client priority; with --token2wav-priority below_normal too, the thinker's kernels "
         "go first (the talker waits for its rows anyway while the thinker writes)",
+    )
+    p.add_argument(
+        "--sm-percent",
+        help="thinker,talker,token2wav: each stage's share of the SMs under MPS (stage mps_sm_percent), an empty "
+        "field for all of them; e.g. 60,, caps the thinker so token2wav's and the talker's kernels find free SMs",
+    )
+    p.add_argument(
+        "--ar-quantization",
+        choices=["none", "fp8"],
+        default="none",
+        help="fp8: vLLM's online FP8 quantization of the thinker's and talker's weights (half the bytes a decode "
+        "step reads; tokens and codes change, so an opt-in like the bf16 DiT)",
     )
     p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
     p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")

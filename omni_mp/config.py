@@ -116,6 +116,11 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # those of the normal-priority stages on its GPU (CUDA_MPS_CLIENT_PRIORITY=1), for a stage
     # with slack beside ones on the critical path. Time-sliced, it changes nothing.
     mps_priority: Literal["normal", "below_normal"] = "normal"
+    # GPU stages under MPS: the share of the GPU's SMs this stage's kernels may hold at once
+    # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), so a stage that streams weights at every step (a
+    # decoding thinker) leaves SMs free for the short kernels of a stage beside it, which then
+    # start at once instead of queueing behind it. None: all of them. Time-sliced: no effect.
+    mps_sm_percent: Annotated[int, Meta(ge=1, le=100)] | None = None
     # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) and the cores its threads bind to
     # (VLLM_CPU_OMP_THREADS_BIND); None = one core per stage, round-robin.
     cpu_kv_cache_gib: int = 1
@@ -414,6 +419,8 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
             _check_memory(s, where)
         if s.mps_priority != "normal" and not s.devices:
             raise ConfigError(f"`{where}.mps_priority`: a GPU stage's MPS client priority; this stage has no `devices`")
+        if s.mps_sm_percent is not None and not s.devices:
+            raise ConfigError(f"`{where}.mps_sm_percent`: an MPS share of a GPU; this stage has no `devices`")
         if s.cpu_kv_cache_gib < 1:
             raise ConfigError(f"`{where}.cpu_kv_cache_gib`: must be >= 1, got {s.cpu_kv_cache_gib}")
         if s.cpu_cores is not None:

@@ -20,6 +20,7 @@ from omni_mp.control.mps import (
     CONTROL_ENV,
     PIPE_ENV,
     PRIORITY_ENV,
+    SM_PERCENT_ENV,
     MpsDaemon,
     MpsUnavailable,
     control_program,
@@ -111,6 +112,25 @@ def test_a_stage_with_slack_can_yield_its_gpu_under_mps() -> None:
         parse_config({"name": "t", "stages": cpu}, check_engine_args=False)
     with pytest.raises(ConfigError, match="mps_priority"):
         parse_config({"name": "t", "stages": [raw[0], {**raw[1], "mps_priority": "high"}]}, check_engine_args=False)
+
+
+def test_a_stage_can_hold_a_share_of_the_sms_under_mps() -> None:
+    raw: list[dict[str, Any]] = [
+        {"id": 0, "model": "tiny-qwen2", "devices": [0], "mps_sm_percent": 70},
+        {"id": 1, "model": "tiny-qwen2", "devices": [0], "inputs": [0], "processor": "continue_tokens",
+         "final_output": True},
+    ]  # fmt: skip
+    cfg = parse_config({"name": "t", "stages": raw}, check_engine_args=False)
+    assert plan_sharing(cfg, env={}).why == "GPU 0: stages 0, 1; SM shares: stage 0 70%"
+    assert stage_env(cfg, cfg.stages[0], base={})[SM_PERCENT_ENV] == "70"
+    # a share in the caller's environment is not passed on to a stage that sets none
+    assert SM_PERCENT_ENV not in stage_env(cfg, cfg.stages[1], base={SM_PERCENT_ENV: "20"})
+    for bad in (0, 101):
+        with pytest.raises(ConfigError, match=r"stages\[0\]\.mps_sm_percent"):
+            parse_config({"name": "t", "stages": [{**raw[0], "mps_sm_percent": bad}, raw[1]]}, check_engine_args=False)
+    cpu = [{**raw[0], "devices": []}, {**raw[1], "devices": []}]
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.mps_sm_percent.*no `devices`"):
+        parse_config({"name": "t", "stages": cpu}, check_engine_args=False)
 
 
 def test_no_control_program_is_named_in_the_error() -> None:

@@ -39,6 +39,7 @@ CONTROL_ENV = "OMNI_MP_MPS_CONTROL"  # the control program's path; default: CONT
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"  # where clients find their daemon
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"  # a client's priority: 0 normal, 1 below normal
+SM_PERCENT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # a client's share of the SMs, in percent
 PRIORITY_LEVELS = {"normal": "0", "below_normal": "1"}
 SYSTEM_PIPE = "/tmp/nvidia-mps"  # a daemon started without PIPE_ENV listens here; clients try it by default
 READY_LINE = "ready"
@@ -97,6 +98,9 @@ def plan_sharing(cfg: PipelineConfig, env: Mapping[str, str] | None = None) -> S
     low = sorted(s.id for s in cfg.stages if s.id in stages and s.mps_priority == "below_normal")
     if low:
         on += f"; below normal priority: stage{'s' if len(low) > 1 else ''} {', '.join(map(str, low))}"
+    capped = [f"stage {s.id} {s.mps_sm_percent}%" for s in cfg.stages if s.id in stages and s.mps_sm_percent]
+    if capped:
+        on += f"; SM shares: {', '.join(capped)}"
     return SharingPlan(stages, tuple(shared), host_daemon_pipe(env), on)
 
 

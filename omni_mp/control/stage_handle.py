@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
 from omni_mp.control.endpoints import RunEndpoints
-from omni_mp.control.mps import PIPE_ENV, PRIORITY_ENV, PRIORITY_LEVELS
+from omni_mp.control.mps import PIPE_ENV, PRIORITY_ENV, PRIORITY_LEVELS, SM_PERCENT_ENV
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
 from omni_mp.procs import popen
 from omni_mp.wire.messages import StageStats
@@ -36,6 +36,10 @@ def stage_env(
     if stage.devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, stage.devices))
         env[PRIORITY_ENV] = PRIORITY_LEVELS[stage.mps_priority]  # read by CUDA at init, as an MPS client
+        if stage.mps_sm_percent is not None:
+            env[SM_PERCENT_ENV] = str(stage.mps_sm_percent)
+        else:
+            env.pop(SM_PERCENT_ENV, None)  # a share meant for another program is not this stage's
         # torch's intra-op threads default to every core, in each stage: with several stages
         # on a host their host-side work (prefills, input handling) fights for the cores. Each
         # gets an equal share, one share kept for the coordinator and its client; a value the

@@ -31,6 +31,9 @@ def device_info() -> dict[str, str]:
         info["torch_cuda_device_count"] = str(n)
         info["torch_cuda_devices"] = "; ".join(torch.cuda.get_device_name(i) for i in range(n))
         info["torch_cuda_current_device"] = str(torch.cuda.current_device())
+        # SMs this process may use: fewer than the GPU has under an MPS share (mps_sm_percent)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info["torch_cuda_sms"] = str(props.multi_processor_count)
     else:
         info["torch_cuda_device_count"] = "0"
     return info
@@ -142,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     beat.join()
     loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
+    if stage.mps_sm_percent is not None:
+        log.info("stage %d: MPS share %d%%: %s SMs usable", stage.id, stage.mps_sm_percent, info.get("torch_cuda_sms"))
     if loop.speakers:  # the voices a request may pick here (the HTTP server lists them)
         info["speakers"] = ",".join(sorted(loop.speakers))
     warmup = getattr(engine, "warmup_note", None)

@@ -358,7 +358,9 @@ class DiffusionRunner:
             result.begun += begun
             result.ended += ended
             stepped += advanced
-        finished = [tid for tid in stepped if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1]
+        # In trajectory id order: a request's chunks are planned in order, so chunks of one
+        # request that finish in the same step (max_chunks_in_flight > 1) join in order.
+        finished = sorted(tid for tid in stepped if self.trajectories[tid].k == len(self.trajectories[tid].grid) - 1)
         if self.owned:
             self._previews([self.trajectories[t] for t in stepped if t not in finished], result)
         if finished:
