@@ -343,7 +343,7 @@ class Coordinator:
         h.became_ready(endpoint, dict(msg.info), time.monotonic())
         sender = MessageSender(self.ctx, endpoint, self.cfg.limits, hwm=CONTROL_HWM)
         self.links[h.stage.id] = StageLink(sender, self.cfg.limits, self.cfg.admission.stage_queue)
-        warm = "".join(f"; {msg.info[k]}" for k in ("warmup", "gpu_memory") if k in msg.info)
+        warm = "".join(f"; {msg.info[k]}" for k in ("warmup", "gpu_memory", "mps_share") if k in msg.info)
         self.progress(
             f"stage {h.stage.id}: ready in {msg.info.get('init_s', '?')}s (pid {msg.pid}, restarts {h.restarts}{warm})"
         )

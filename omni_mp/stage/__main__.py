@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     beat.join()
     loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
     info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
-    if stage.mps_sm_percent is not None:
-        log.info("stage %d: MPS share %d%%: %s SMs usable", stage.id, stage.mps_sm_percent, info.get("torch_cuda_sms"))
+    if stage.mps_sm_percent is not None:  # the coordinator prints it with the stage's Ready
+        info["mps_share"] = f"MPS share {stage.mps_sm_percent}%: {info.get('torch_cuda_sms', '?')} SMs usable"
     if loop.speakers:  # the voices a request may pick here (the HTTP server lists them)
         info["speakers"] = ",".join(sorted(loop.speakers))
     warmup = getattr(engine, "warmup_note", None)
