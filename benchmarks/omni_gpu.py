@@ -342,7 +342,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         token2wav["mps_priority"] = args.token2wav_priority
         talker["mps_priority"] = args.talker_priority
         thinker["mps_priority"] = args.thinker_priority
-        for s, share in zip(stages, sm_percents(args), strict=True):
+        for s, share in zip(stages, args.sm_percent or [None, None, None], strict=True):
             if share is not None:
                 s["mps_sm_percent"] = share
         if args.ar_quantization != "none":  # vLLM quantizes the bf16 weights as it loads them
@@ -356,12 +356,17 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     }
 
 
-def sm_percents(args: argparse.Namespace) -> list[int | None]:
-    """--sm-percent "T,K,W" -> each stage's MPS share of the SMs (None: all of them)."""
-    parts = (args.sm_percent or ",,").split(",")
-    if len(parts) != 3:
-        raise SystemExit(f"--sm-percent: three values, thinker,talker,token2wav; got {args.sm_percent!r}")
-    return [int(p) if p.strip() else None for p in parts]
+def sm_percents(text: str) -> list[int | None]:
+    """--sm-percent "T,K,W" -> each stage's MPS share of the SMs (None: all of them), checked as
+    the arguments are parsed, not in the phase process that builds the pipeline."""
+    parts = text.split(",")
+    try:
+        shares = [int(p) if p.strip() else None for p in parts]
+    except ValueError:
+        shares = []
+    if len(parts) != 3 or len(shares) != 3 or any(v is not None and not 1 <= v <= 100 for v in shares):
+        raise argparse.ArgumentTypeError(f"three percentages 1-100 or empty (thinker,talker,token2wav), got {text!r}")
+    return shares
 
 
 class Playback:
@@ -940,7 +945,9 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"torch.compile: {args.token2wav_compile}; CUDA graphs: {args.token2wav_graphs}; "
         f"MPS client priority: {args.token2wav_priority} (thinker: {args.thinker_priority}, "
         f"talker: {args.talker_priority}); "
-        f"MPS SM shares (thinker, talker, token2wav): {args.sm_percent or 'all'}; "
+        "MPS SM shares (thinker, talker, token2wav): "
+        + ", ".join(f"{v}%" if v else "all" for v in args.sm_percent or [None, None, None])
+        + "; "
         f"thinker and talker weights: {args.ar_quantization if args.ar_quantization != 'none' else 'bf16'}; "
         "streaming chunks (codes): first "
         f"{args.token2wav_first_chunk or 24}, then {args.token2wav_chunk or 48}"
@@ -1258,6 +1265,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--sm-percent",
+        type=sm_percents,
         help="thinker,talker,token2wav: each stage's share of the SMs under MPS (stage mps_sm_percent), an empty "
         "field for all of them; e.g. 60,, caps the thinker so token2wav's and the talker's kernels find free SMs",
     )
