@@ -342,7 +342,7 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         token2wav["mps_priority"] = args.token2wav_priority
         talker["mps_priority"] = args.talker_priority
         thinker["mps_priority"] = args.thinker_priority
-        for s, share in zip(stages, args.sm_percent or [None, None, None], strict=True):
+        for s, share in zip(stages, args.sm_percent, strict=True):
             if share is not None:
                 s["mps_sm_percent"] = share
         if args.ar_quantization != "none":  # vLLM quantizes the bf16 weights as it loads them
@@ -946,7 +946,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"MPS client priority: {args.token2wav_priority} (thinker: {args.thinker_priority}, "
         f"talker: {args.talker_priority}); "
         "MPS SM shares (thinker, talker, token2wav): "
-        + ", ".join(f"{v}%" if v else "all" for v in args.sm_percent or [None, None, None])
+        + ", ".join(f"{v}%" if v else "all" for v in args.sm_percent)
         + "; "
         f"thinker and talker weights: {args.ar_quantization if args.ar_quantization != 'none' else 'bf16'}; "
         "streaming chunks (codes): first "
@@ -1266,6 +1266,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--sm-percent",
         type=sm_percents,
+        default=[None, None, None],
         help="thinker,talker,token2wav: each stage's share of the SMs under MPS (stage mps_sm_percent), an empty "
         "field for all of them; e.g. 60,, caps the thinker so token2wav's and the talker's kernels find free SMs",
     )
