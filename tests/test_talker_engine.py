@@ -83,10 +83,12 @@ def hf_talker(
     n: int,
     positions: torch.Tensor | None = None,
     delta: int = 0,
+    suppress: tuple[int, ...] = (BOS,),
 ) -> tuple[list[int], list[float], list[torch.Tensor]]:
     """transformers' talker by hand (KV cache): proj, talker.model, codec_head; repetition penalty
-    over [mask]*L + [pad, bos] + generated, suppress bos, greedy; stop at pad/end (the stop code
-    is kept, as vLLM reports it). Returns codes, top-2 margins and the raw logits of each step."""
+    over [mask]*L + [pad, bos] + generated, `suppress` (generate's: bos) at -inf, greedy; stop at
+    pad/end (the stop code is kept, as vLLM reports it). Returns codes, top-2 margins and the raw
+    logits of each step."""
     talker = omni().talker
     n_prompt = prefill.shape[0]
     if positions is None:
@@ -104,7 +106,7 @@ def hf_talker(
         ids = torch.tensor(seen)
         score = logits[ids]
         logits[ids] = torch.where(score < 0, score * PENALTY, score / PENALTY)
-        logits[BOS] = -float("inf")
+        logits[list(suppress)] = -float("inf")
         top = logits.topk(2).values
         margins.append(float(top[0] - top[1]))
         code = int(logits.argmax())
@@ -174,9 +176,9 @@ def drive(engine: Any, rid: str, max_steps: int = 200) -> tuple[list[int], list[
     raise AssertionError(f"{rid} did not finish in {max_steps} steps")
 
 
-def sampling(n: int) -> SamplingParamsMsg:
+def sampling(n: int, suppress: tuple[int, ...] = (BOS,)) -> SamplingParamsMsg:
     return SamplingParamsMsg(
-        max_tokens=n, repetition_penalty=PENALTY, stop_token_ids=[PAD, END], suppress_token_ids=[BOS]
+        max_tokens=n, repetition_penalty=PENALTY, stop_token_ids=[PAD, END], suppress_token_ids=list(suppress)
     )
 
 
@@ -264,6 +266,56 @@ def test_positions_override_gives_the_thinker_multimodal_positions(engine: Any) 
     assert not torch.allclose(text_raw[0], want_raw[0], rtol=RTOL, atol=ATOL)
 
 
+def test_each_request_suppresses_its_own_ids_through_batch_changes(engine: Any) -> None:
+    """Suppressed ids go to the runner's logits processor (vllm_hooks_sampling), one mask row per
+    request. Three requests at once, each suppressing, besides bos, the codes it writes most
+    without them (so its greedy path changes), of different lengths: the shortest finishes
+    first and the batch moves the others' rows; a fourth then joins with yet other ids. Each
+    one's codes equal transformers' with its own ids at -inf."""
+    prompts = [[5, 17, 42, 99, 7, 250, 3, 64], [286, 238, 231, 260, 97], [11, 23, 5, 77, 301, 290, 8], [40, 41, 42]]
+    lengths = [8, 30, 20, 16]
+    runs: list[dict[str, Any]] = []
+    for k, (ids, n) in enumerate(zip(prompts, lengths, strict=True)):
+        prefill, stream, fill = talker_inputs(ids, 8)
+        free, _, _ = hf_talker(prefill, stream, fill, n)
+        top = sorted(set(free), key=lambda c: (-free.count(c), c))[: 1 + k % 3]
+        suppress = tuple(sorted({BOS, *top}))
+        want, margins, _ = hf_talker(prefill, stream, fill, n, suppress=suppress)
+        assert want != free and not set(want) & set(suppress)  # the suppressed ids changed the path
+        runs.append({"rid": f"s{k}", "inputs": (prefill, stream, fill), "n": n, "suppress": suppress, "want": want})
+        runs[-1]["margins"] = margins
+
+    def start(run: dict[str, Any]) -> None:
+        prefill, stream, fill = run["inputs"]
+        L = prefill.shape[0]
+        start_request(
+            engine, run["rid"], sampling(run["n"], run["suppress"]), prompt_embeds=prefill,
+            prompt_token_ids=[MASK] * (L - 2) + [PAD, BOS], step_embeds=True, step_fill=fill,
+        )  # fmt: skip
+        engine.extend(run["rid"], Extension(step_rows=stream, closed=True))
+
+    assert len(runs[0]["want"]) < min(len(run["want"]) for run in runs[1:3])  # s0 leaves first
+    for run in runs[:3]:
+        start(run)
+    got: dict[str, list[int]] = {run["rid"]: [] for run in runs}
+    done: list[str] = []
+    for _ in range(200):
+        outputs, _ = engine.step()
+        for out in outputs:
+            got[out.request_id] += out.new_token_ids
+            if out.finished:
+                done.append(out.request_id)
+                if len(done) == 1:
+                    start(runs[3])  # joins the running batch in the freed row
+        if len(done) == len(runs):
+            break
+    assert done[0] == "s0" and sorted(done) == [run["rid"] for run in runs]
+    for run in runs:
+        assert_same_tokens(got[run["rid"]], run["want"], run["margins"], f"{run['rid']} suppressing {run['suppress']}")
+    engine.step()
+    assert engine_is_empty(engine)
+
+
 def test_wrong_inputs_are_refused_with_the_reason(engine: Any) -> None:
     from omni_mp.engines.base import EngineInputError
 
@@ -283,6 +335,8 @@ def test_wrong_inputs_are_refused_with_the_reason(engine: Any) -> None:
     with pytest.raises(EngineInputError, match=r"step embeddings: expected \[n, 64\]"):
         engine.extend("w", Extension(step_rows=torch.zeros(2, 96)))
     engine.abort(["w"])
+    with pytest.raises(EngineInputError, match=r"suppress_token_ids: \[128, 500\] outside the vocabulary of 128"):
+        start_request(engine, "w2", sampling(4, (BOS, 500, 128)), prompt_embeds=torch.zeros(5, E))
     engine.step()
     assert engine_is_empty(engine)
 
