@@ -590,6 +590,9 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     out["stage_steps"] = stage_step_summary(timelines, windows)
     if 1 in windows:
         out["critical_path_c1"] = critical_path(timelines, windows[1], first_audio_codes(args))
+    out["burst_paths"] = {
+        str(c): burst_path(timelines, w, c, first_audio_codes(args)) for c, w in windows.items() if c > 1
+    }
     shutil.copytree(profile_dir, args.out / f"profile-{'stream' if stream else 'nostream'}", dirs_exist_ok=True)
     shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
@@ -823,6 +826,66 @@ def critical_path_line(cp: dict[str, Any]) -> str:
     )
 
 
+def burst_path(timelines: Timelines, window: tuple[float, float], c: int, first_codes: int) -> dict[str, Any]:
+    """The last round at concurrency `c` (all requests sent at once), from the stage timelines:
+    when every request had its thinker token, when the talker stepped all of them, when all had
+    the codes the first chunk waits for (its `first_codes`-th step over all of them), and when
+    half had their first audio (the p50), in ms from the round's start; plus the host time the
+    talker's engine thread spent handling input before its first step over all requests."""
+    t0, t1 = window
+    st = {}
+    for sid in (0, 1, 2):
+        recs = timelines[sid]
+        if isinstance(recs, str):
+            return {"error": recs}
+        st[sid] = [r for r in recs if t0 <= r["t"] <= t1]
+
+    def end(r: dict[str, Any]) -> float:
+        return (r["t"] - t0) * 1000 + r["step_ms"]
+
+    thinker_all = [r for r in st[0] if r["reqs"] >= c]
+    talker_all = [r for r in st[1] if r["reqs"] >= c]
+    outs, n = [], 0
+    for r in st[2]:
+        n += r["reqs"]
+        outs.append((n, r))
+    half = next((r for k, r in outs if k >= (c + 1) // 2), None)
+    if not thinker_all or len(talker_all) < first_codes or half is None:
+        return {"error": f"incomplete timelines ({len(thinker_all)} thinker, {len(talker_all)} talker steps over all)"}
+    first_chunk = talker_all[first_codes - 1]
+    before = [r for r in st[1] if r["t"] <= talker_all[0]["t"]]
+    t2w = [r for r in st[2] if first_chunk["t"] <= r["t"] <= half["t"] and r["step_ms"] > 0]
+    return {
+        "thinker_first_step_ms": end(st[0][0]),
+        "thinker_all_first_token_ms": end(thinker_all[0]),
+        "thinker_steps_before": sum(1 for r in st[0] if r["t"] < thinker_all[0]["t"]),
+        "talker_first_step_all_ms": end(talker_all[0]),
+        "talker_handle_before_ms": sum(r["handle_ms"] for r in before),
+        "talker_steps_before": len(before) - 1,
+        "talker_step_ms_before": sum(r["step_ms"] for r in before[:-1]),
+        "talker_first_chunk_ms": end(first_chunk),
+        "talker_step_ms_mean": statistics.fmean(r["step_ms"] for r in talker_all[:first_codes]),
+        "t2w_steps": len(t2w),
+        "t2w_step_ms_sum": sum(r["step_ms"] for r in t2w),
+        "t2w_half_out_ms": end(half),
+    }
+
+
+def burst_path_line(c: str, bp: dict[str, Any]) -> str:
+    """`burst_path` as one report line."""
+    if "error" in bp:
+        return f"- c={c}: not measured ({bp['error']})"
+    return (
+        f"- c={c}: thinker first step ends {bp['thinker_first_step_ms']:.0f}, every request's first token "
+        f"{bp['thinker_all_first_token_ms']:.0f} ({bp['thinker_steps_before']} steps before); talker's first step "
+        f"over all {bp['talker_first_step_all_ms']:.0f} (before it: {bp['talker_steps_before']} steps, "
+        f"{bp['talker_step_ms_before']:.0f} ms, input handling {bp['talker_handle_before_ms']:.0f} ms), all "
+        f"at the first chunk's codes {bp['talker_first_chunk_ms']:.0f} ({bp['talker_step_ms_mean']:.1f} ms a step); "
+        f"half with first audio {bp['t2w_half_out_ms']:.0f} ({bp['t2w_steps']} token2wav steps, "
+        f"{bp['t2w_step_ms_sum']:.0f} ms)"
+    )
+
+
 def _steps(profile_dir: Path, stage_id: int, since: float) -> list[dict[str, Any]] | str:
     files = sorted(profile_dir.glob(f"stage{stage_id}-*.json"))
     if not files:
@@ -1037,6 +1100,9 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         lines.append(f"- talker receive side: not measured ({tr.get('talker_error', 'no streaming phase')})")
     if st.get("critical_path_c1"):
         lines.append(critical_path_line(st["critical_path_c1"]))
+    if st.get("burst_paths"):
+        lines.append("\nall requests of a level at once (the last round; ms from its start):")
+        lines += [burst_path_line(c, bp) for c, bp in st["burst_paths"].items()]
     if st.get("stage_steps"):
         lines += stage_steps_table(
             "\nengine steps per stage (streaming, last round of each level): steps, step p50 / mean ms, busy",

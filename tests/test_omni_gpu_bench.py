@@ -14,17 +14,18 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks" / "omni_gpu.py"
 
 
-def _bench(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _bench(tmp_path: Path, *extra: str, concurrency: str = "1") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, str(BENCH), "--smoke", "--phases", "stream", "--concurrency", "1", *extra]
+    cmd = [sys.executable, str(BENCH), "--smoke", "--phases", "stream", "--concurrency", concurrency, *extra]
     cmd += ["--out", str(tmp_path), "--work-dir", str(tmp_path / "models")]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_one_request_path_through_the_stages(tmp_path: Path) -> None:
     """One request of 8 thinker tokens and 36 codes, streamed in two chunks (12 codes, then the
-    rest): the timelines place each stage's part in the order the pipeline's data flow forces."""
-    run = _bench(tmp_path, "--token2wav-first-chunk", "12", "--talker-priority", "below_normal")
+    rest): the timelines place each stage's part in the order the pipeline's data flow forces;
+    then three at once (`burst_path`), in the same order."""
+    run = _bench(tmp_path, "--token2wav-first-chunk", "12", "--talker-priority", "below_normal", concurrency="1,3")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     stream = json.loads((tmp_path / "stream.json").read_text())
     assert stream["1"]["audio_s_per_request"] == 36 * 480 / 24000  # the fixed lengths held
@@ -42,8 +43,16 @@ def test_one_request_path_through_the_stages(tmp_path: Path) -> None:
     # the first chunk took solver steps; the last chunk was solved after the last code came
     assert cp["t2w_first_chunk_steps"] >= 1 and cp["t2w_first_chunk_step_ms_sum"] > 0
     assert cp["t2w_tail_steps"] >= 1 and cp["t2w_tail_step_ms_sum"] > 0
+    # three requests at once: every thinker token, then the talker over all, then the codes of
+    # the first chunk, then half of them with audio
+    bp = stream["burst_paths"]["3"]
+    assert "error" not in bp, bp
+    assert 0 < bp["thinker_first_step_ms"] <= bp["thinker_all_first_token_ms"] <= bp["talker_first_step_all_ms"]
+    assert bp["talker_first_step_all_ms"] < bp["talker_first_chunk_ms"] <= bp["t2w_half_out_ms"]
+    assert bp["t2w_steps"] >= 1 and bp["talker_handle_before_ms"] > 0
     md = (tmp_path / "omni_gpu.md").read_text()
     assert "one request's path through the stages" in md
+    assert "- c=3: thinker first step ends" in md
     assert "(thinker: normal, talker: below_normal)" in md  # the priorities asked for are named
 
 
