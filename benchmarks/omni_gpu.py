@@ -760,19 +760,28 @@ def first_audio_codes(args: argparse.Namespace) -> int:
     return (args.token2wav_first_chunk or defaults.first_chunk) + defaults.right_context
 
 
+def in_window(timelines: Timelines, window: tuple[float, float]) -> dict[int, list[dict[str, Any]]] | str:
+    """Each stage's step records within `window`, or why a stage has none."""
+    t0, t1 = window
+    out = {}
+    for sid in (0, 1, 2):
+        recs = timelines[sid]
+        if isinstance(recs, str):
+            return recs
+        out[sid] = [r for r in recs if t0 <= r["t"] <= t1]
+    return out
+
+
 def critical_path(timelines: Timelines, window: tuple[float, float], first_codes: int) -> dict[str, Any]:
     """One request alone (the last round at concurrency 1), from the stage timelines: when each
     stage did its part, in ms from the round's start. At one request each talker step with
     output wrote one code, so the talker's `first_codes`-th output step is when token2wav could
     start the first chunk; what follows the thinker's last token (the talker alone, then the
     last chunk) is the tail the thinker's pace does not set."""
-    t0, t1 = window
-    stages = {}
-    for sid in (0, 1, 2):
-        recs = timelines[sid]
-        if isinstance(recs, str):
-            return {"error": recs}
-        stages[sid] = [r for r in recs if t0 <= r["t"] <= t1]
+    t0 = window[0]
+    stages = in_window(timelines, window)
+    if isinstance(stages, str):
+        return {"error": stages}
     thinker = [r for r in stages[0] if r["reqs"] > 0]
     talker = [r for r in stages[1] if r["reqs"] > 0]
     t2w = [r for r in stages[2] if r["step_ms"] > 0]
@@ -828,43 +837,52 @@ def critical_path_line(cp: dict[str, Any]) -> str:
 
 def burst_path(timelines: Timelines, window: tuple[float, float], c: int, first_codes: int) -> dict[str, Any]:
     """The last round at concurrency `c` (all requests sent at once), from the stage timelines:
-    when every request had its thinker token, when the talker stepped all of them, when all had
-    the codes the first chunk waits for (its `first_codes`-th step over all of them), and when
-    half had their first audio (the p50), in ms from the round's start; plus the host time the
-    talker's engine thread spent handling input before its first step over all requests."""
-    t0, t1 = window
-    st = {}
-    for sid in (0, 1, 2):
-        recs = timelines[sid]
-        if isinstance(recs, str):
-            return {"error": recs}
-        st[sid] = [r for r in recs if t0 <= r["t"] <= t1]
+    when every request had its thinker token, when the talker first stepped over all of them
+    (its widest step: a request whose thinker row is late sits a step out), when it had written
+    `c x first_codes` codes (each step writes one code per request it outputs: then the average
+    request has the codes its first chunk waits for), and when half of the requests had their
+    first audio (the p50), in ms from the round's start; plus the host time the talker's engine
+    thread spent handling input before its first step over all requests."""
+    t0 = window[0]
+    st = in_window(timelines, window)
+    if isinstance(st, str):
+        return {"error": st}
 
     def end(r: dict[str, Any]) -> float:
         return (r["t"] - t0) * 1000 + r["step_ms"]
 
-    thinker_all = [r for r in st[0] if r["reqs"] >= c]
-    talker_all = [r for r in st[1] if r["reqs"] >= c]
-    outs, n = [], 0
-    for r in st[2]:
-        n += r["reqs"]
-        outs.append((n, r))
-    half = next((r for k, r in outs if k >= (c + 1) // 2), None)
-    if not thinker_all or len(talker_all) < first_codes or half is None:
-        return {"error": f"incomplete timelines ({len(thinker_all)} thinker, {len(talker_all)} talker steps over all)"}
-    first_chunk = talker_all[first_codes - 1]
-    before = [r for r in st[1] if r["t"] <= talker_all[0]["t"]]
+    def reached(recs: list[dict[str, Any]], total: int) -> dict[str, Any] | None:
+        """The step whose outputs bring the running count of request outputs to `total`."""
+        n = 0
+        for r in recs:
+            n += r["reqs"]
+            if n >= total:
+                return r
+        return None
+
+    thinker_all = next((r for r in st[0] if r["reqs"] >= c), None)
+    widest = max((r["reqs"] for r in st[1]), default=0)
+    talker_all = next((r for r in st[1] if r["reqs"] >= widest), None) if widest else None
+    first_chunk = reached(st[1], c * first_codes)
+    half = reached(st[2], (c + 1) // 2)
+    if thinker_all is None or talker_all is None or first_chunk is None or half is None:
+        return {
+            "error": f"incomplete timelines ({len(st[0])} thinker, {len(st[1])} talker, {len(st[2])} token2wav steps)"
+        }
+    before = [r for r in st[1] if r["t"] <= talker_all["t"]]
+    coding = [r for r in st[1] if talker_all["t"] <= r["t"] <= first_chunk["t"]]
     t2w = [r for r in st[2] if first_chunk["t"] <= r["t"] <= half["t"] and r["step_ms"] > 0]
     return {
         "thinker_first_step_ms": end(st[0][0]),
-        "thinker_all_first_token_ms": end(thinker_all[0]),
-        "thinker_steps_before": sum(1 for r in st[0] if r["t"] < thinker_all[0]["t"]),
-        "talker_first_step_all_ms": end(talker_all[0]),
+        "thinker_all_first_token_ms": end(thinker_all),
+        "thinker_steps_before": sum(1 for r in st[0] if r["t"] < thinker_all["t"]),
+        "talker_first_step_all_ms": end(talker_all),
+        "talker_widest_step": widest,
         "talker_handle_before_ms": sum(r["handle_ms"] for r in before),
         "talker_steps_before": len(before) - 1,
         "talker_step_ms_before": sum(r["step_ms"] for r in before[:-1]),
         "talker_first_chunk_ms": end(first_chunk),
-        "talker_step_ms_mean": statistics.fmean(r["step_ms"] for r in talker_all[:first_codes]),
+        "talker_step_ms_mean": statistics.fmean(r["step_ms"] for r in coding),
         "t2w_steps": len(t2w),
         "t2w_step_ms_sum": sum(r["step_ms"] for r in t2w),
         "t2w_half_out_ms": end(half),
@@ -878,9 +896,10 @@ def burst_path_line(c: str, bp: dict[str, Any]) -> str:
     return (
         f"- c={c}: thinker first step ends {bp['thinker_first_step_ms']:.0f}, every request's first token "
         f"{bp['thinker_all_first_token_ms']:.0f} ({bp['thinker_steps_before']} steps before); talker's first step "
-        f"over all {bp['talker_first_step_all_ms']:.0f} (before it: {bp['talker_steps_before']} steps, "
-        f"{bp['talker_step_ms_before']:.0f} ms, input handling {bp['talker_handle_before_ms']:.0f} ms), all "
-        f"at the first chunk's codes {bp['talker_first_chunk_ms']:.0f} ({bp['talker_step_ms_mean']:.1f} ms a step); "
+        f"over all {bp['talker_first_step_all_ms']:.0f} ({bp['talker_widest_step']} requests; before it: "
+        f"{bp['talker_steps_before']} steps, {bp['talker_step_ms_before']:.0f} ms, input handling "
+        f"{bp['talker_handle_before_ms']:.0f} ms), the first chunk's codes for all {bp['talker_first_chunk_ms']:.0f} "
+        f"({bp['talker_step_ms_mean']:.1f} ms a step); "
         f"half with first audio {bp['t2w_half_out_ms']:.0f} ({bp['t2w_steps']} token2wav steps, "
         f"{bp['t2w_step_ms_sum']:.0f} ms)"
     )

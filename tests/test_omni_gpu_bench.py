@@ -47,6 +47,7 @@ def test_one_request_path_through_the_stages(tmp_path: Path) -> None:
     # the first chunk, then half of them with audio
     bp = stream["burst_paths"]["3"]
     assert "error" not in bp, bp
+    assert 1 <= bp["talker_widest_step"] <= 3
     assert 0 < bp["thinker_first_step_ms"] <= bp["thinker_all_first_token_ms"] <= bp["talker_first_step_all_ms"]
     assert bp["talker_first_step_all_ms"] < bp["talker_first_chunk_ms"] <= bp["t2w_half_out_ms"]
     assert bp["t2w_steps"] >= 1 and bp["talker_handle_before_ms"] > 0
