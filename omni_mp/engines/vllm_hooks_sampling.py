@@ -66,10 +66,10 @@ class SuppressTokens(LogitsProcessor):
         if row is not None:
             self.sets.move_to_end(ids)
             return row
-        if ids and ids[-1] >= self.vocab:
-            raise ValueError(f"suppressed id {ids[-1]} outside the vocabulary of {self.vocab}")
         host = torch.zeros(self.vocab, dtype=torch.bool, pin_memory=self.pin)
-        host[torch.tensor(ids, dtype=torch.long)] = True
+        # The AR engine refuses ids outside the vocabulary before a request gets here; one that
+        # came some other way masks nothing rather than failing the whole batch's step.
+        host[torch.tensor([t for t in ids if t < self.vocab], dtype=torch.long)] = True
         row = host.to(self.device, non_blocking=True)
         self.sets[ids] = row
         if len(self.sets) > MAX_CACHED_SETS:
