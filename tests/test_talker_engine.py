@@ -282,8 +282,10 @@ def test_each_request_suppresses_its_own_ids_through_batch_changes(engine: Any) 
         suppress = tuple(sorted({BOS, *top}))
         want, margins, _ = hf_talker(prefill, stream, fill, n, suppress=suppress)
         assert want != free and not set(want) & set(suppress)  # the suppressed ids changed the path
-        runs.append({"rid": f"s{k}", "inputs": (prefill, stream, fill), "n": n, "suppress": suppress, "want": want})
-        runs[-1]["margins"] = margins
+        runs.append(
+            {"rid": f"s{k}", "inputs": (prefill, stream, fill), "n": n, "suppress": suppress, "want": want,
+             "margins": margins}
+        )  # fmt: skip
 
     def start(run: dict[str, Any]) -> None:
         prefill, stream, fill = run["inputs"]

@@ -181,7 +181,8 @@ class AREngine:
 
         allowed, extra = None, None
         if p.suppress_token_ids:
-            outside = sorted(t for t in set(p.suppress_token_ids) if t >= self.vocab_size)
+            suppressed = set(p.suppress_token_ids)
+            outside = sorted(t for t in suppressed if t >= self.vocab_size)
             if outside:
                 raise EngineInputError(f"suppress_token_ids: {outside[:8]} outside the vocabulary of {self.vocab_size}")
             # -inf before penalties and sampling: exactly transformers' suppress_tokens (a logit
@@ -190,7 +191,6 @@ class AREngine:
             if self.suppress_in_runner:
                 extra = suppress_args(p.suppress_token_ids)
             else:
-                suppressed = set(p.suppress_token_ids)
                 allowed = [t for t in range(self.vocab_size) if t not in suppressed]
         return SamplingParams(
             max_tokens=p.max_tokens,
