@@ -841,8 +841,9 @@ def burst_path(timelines: Timelines, window: tuple[float, float], c: int, first_
     (its widest step: a request whose thinker row is late sits a step out), when it had written
     `c x first_codes` codes (each step writes one code per request it outputs: then the average
     request has the codes its first chunk waits for), and when half of the requests had their
-    first audio (the p50), in ms from the round's start; plus the host time the talker's engine
-    thread spent handling input before its first step over all requests."""
+    first audio (the p50: token2wav's first (c + 1) // 2 outputs, first chunks since those go
+    first), in ms from the round's start; plus the host time the talker's engine thread spent
+    handling input before its first step over all requests."""
     t0 = window[0]
     st = in_window(timelines, window)
     if isinstance(st, str):
