@@ -772,6 +772,11 @@ def in_window(timelines: Timelines, window: tuple[float, float]) -> dict[int, li
     return out
 
 
+def step_end_ms(r: dict[str, Any], t0: float) -> float:
+    """When a step record's step ended, in ms from `t0`."""
+    return (r["t"] - t0) * 1000 + r["step_ms"]
+
+
 def critical_path(timelines: Timelines, window: tuple[float, float], first_codes: int) -> dict[str, Any]:
     """One request alone (the last round at concurrency 1), from the stage timelines: when each
     stage did its part, in ms from the round's start. At one request each talker step with
@@ -790,31 +795,28 @@ def critical_path(timelines: Timelines, window: tuple[float, float], first_codes
         counts = f"{len(thinker)} thinker, {len(talker)} talker, {len(t2w)} token2wav steps"
         return {"error": f"incomplete timelines ({counts})"}
 
-    def end(r: dict[str, Any]) -> float:
-        return (r["t"] - t0) * 1000 + r["step_ms"]
-
     thinker_end = thinker[-1]["t"] + thinker[-1]["step_ms"] / 1000
     talker_end = talker[-1]["t"] + talker[-1]["step_ms"] / 1000
     talker_tail = [r for r in stages[1] if r["t"] >= thinker_end]
     t2w_before_first = [r for r in t2w if r["t"] <= t2w_out[0]["t"] and r["t"] >= talker[first_codes - 1]["t"]]
     t2w_tail = [r for r in t2w if r["t"] >= talker_end]
     return {
-        "thinker_first_token_ms": end(thinker[0]),
-        "thinker_last_token_ms": end(thinker[-1]),
+        "thinker_first_token_ms": step_end_ms(thinker[0], t0),
+        "thinker_last_token_ms": step_end_ms(thinker[-1], t0),
         "thinker_steps": len(thinker),
         "thinker_step_ms_mean": statistics.fmean(r["step_ms"] for r in thinker[1:] or thinker),
-        "talker_first_code_ms": end(talker[0]),
+        "talker_first_code_ms": step_end_ms(talker[0], t0),
         "talker_first_chunk_codes": first_codes,
-        "talker_first_chunk_ms": end(talker[first_codes - 1]),
+        "talker_first_chunk_ms": step_end_ms(talker[first_codes - 1], t0),
         "talker_tail_steps": len(talker_tail),
         "talker_tail_step_ms_mean": statistics.fmean(r["step_ms"] for r in talker_tail) if talker_tail else 0.0,
-        "talker_last_code_ms": end(talker[-1]),
+        "talker_last_code_ms": step_end_ms(talker[-1], t0),
         "t2w_first_chunk_steps": len(t2w_before_first),
         "t2w_first_chunk_step_ms_sum": sum(r["step_ms"] for r in t2w_before_first),
-        "t2w_first_out_ms": end(t2w_out[0]),
+        "t2w_first_out_ms": step_end_ms(t2w_out[0], t0),
         "t2w_tail_steps": len(t2w_tail),
         "t2w_tail_step_ms_sum": sum(r["step_ms"] for r in t2w_tail),
-        "t2w_last_out_ms": end(t2w_out[-1]),
+        "t2w_last_out_ms": step_end_ms(t2w_out[-1], t0),
     }
 
 
@@ -849,9 +851,6 @@ def burst_path(timelines: Timelines, window: tuple[float, float], c: int, first_
     if isinstance(st, str):
         return {"error": st}
 
-    def end(r: dict[str, Any]) -> float:
-        return (r["t"] - t0) * 1000 + r["step_ms"]
-
     def reached(recs: list[dict[str, Any]], total: int) -> dict[str, Any] | None:
         """The step whose outputs bring the running count of request outputs to `total`."""
         n = 0
@@ -874,19 +873,19 @@ def burst_path(timelines: Timelines, window: tuple[float, float], c: int, first_
     coding = [r for r in st[1] if talker_all["t"] <= r["t"] <= first_chunk["t"]]
     t2w = [r for r in st[2] if first_chunk["t"] <= r["t"] <= half["t"] and r["step_ms"] > 0]
     return {
-        "thinker_first_step_ms": end(st[0][0]),
-        "thinker_all_first_token_ms": end(thinker_all),
+        "thinker_first_step_ms": step_end_ms(st[0][0], t0),
+        "thinker_all_first_token_ms": step_end_ms(thinker_all, t0),
         "thinker_steps_before": sum(1 for r in st[0] if r["t"] < thinker_all["t"]),
-        "talker_first_step_all_ms": end(talker_all),
+        "talker_first_step_all_ms": step_end_ms(talker_all, t0),
         "talker_widest_step": widest,
         "talker_handle_before_ms": sum(r["handle_ms"] for r in before),
         "talker_steps_before": len(before) - 1,
         "talker_step_ms_before": sum(r["step_ms"] for r in before[:-1]),
-        "talker_first_chunk_ms": end(first_chunk),
+        "talker_first_chunk_ms": step_end_ms(first_chunk, t0),
         "talker_step_ms_mean": statistics.fmean(r["step_ms"] for r in coding),
         "t2w_steps": len(t2w),
         "t2w_step_ms_sum": sum(r["step_ms"] for r in t2w),
-        "t2w_half_out_ms": end(half),
+        "t2w_half_out_ms": step_end_ms(half, t0),
     }
 
 

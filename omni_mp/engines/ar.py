@@ -189,7 +189,7 @@ class AREngine:
             # bias would not be exact). vLLM's allowed_token_ids does it too, from the list of
             # every other id.
             if self.suppress_in_runner:
-                extra = suppress_args(p.suppress_token_ids)
+                extra = suppress_args(suppressed)
             else:
                 allowed = [t for t in range(self.vocab_size) if t not in suppressed]
         return SamplingParams(

@@ -20,6 +20,7 @@ after that mask), so greedy and sampled results are those of the allowed-ids mas
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,7 +34,7 @@ SUPPRESS_KEY = "omni_mp_suppress_token_ids"  # SamplingParams.extra_args key: so
 MAX_CACHED_SETS = 64  # distinct suppressed sets kept as device rows (a stage has one or two)
 
 
-def suppress_args(token_ids: list[int]) -> dict[str, Any]:
+def suppress_args(token_ids: Iterable[int]) -> dict[str, Any]:
     """The `extra_args` that make `SuppressTokens` mask these ids for one request."""
     return {SUPPRESS_KEY: tuple(sorted(set(token_ids)))}
 
