@@ -4,7 +4,9 @@ against transformers' own modules (CPU, tiny token2wav, random weights):
 - the polyphase anti-aliased SnakeBeta, run eagerly, against every distinct
   `Qwen2_5OmniAntiAliasedActivation1d` of the vocoder, at lengths down to one frame (where
   replicate padding reaches across the whole input);
-- the DiT block with masks built once per call against `DiTDecoderLayer.forward`: bit for bit;
+- the DiT block with every block's modulation from one matmul and masks built once per call,
+  against `DiTDecoderLayer.forward` (1e-6 relative: the fused matmul may sum in another
+  order);
 - the whole model compiled with inductor against transformers' DiT forward (+ CFG) and BigVGAN
   forward. Measured: velocity 2.8e-7 - 3.4e-7, waveform 1.6e-7 relative L2 (bound 1e-5, the
   fp32 bound of the other token2wav tests);
@@ -24,7 +26,13 @@ from omni_mp.engines.diffusion.model import Window
 from omni_mp.engines.diffusion.params import DiffusionParams
 from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
 from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel
-from omni_mp.models.qwen2_5_omni.token2wav_fused import AntialiasedSnake, block_masks, dit_block
+from omni_mp.models.qwen2_5_omni.token2wav_fused import (
+    AntialiasedSnake,
+    block_masks,
+    dit_block,
+    final_norm,
+    modulations,
+)
 from tests.test_token2wav_precision import GUIDANCE, one_request, rel, transformers_velocity
 
 CPU = torch.device("cpu")
@@ -72,8 +80,11 @@ def test_polyphase_snake_is_transformers_activation(eager: Token2WavModel) -> No
 
 
 @torch.no_grad()
-def test_dit_block_with_masks_built_once_is_transformers_layer(eager: Token2WavModel) -> None:
-    dit = eager.dit
+def test_dit_block_with_one_modulation_matmul_is_transformers_layer(eager: Token2WavModel) -> None:
+    """Blocks whose modulations come from one matmul, with masks built once per call and RoPE's
+    cos / sin built once per batch, against `DiTDecoderLayer.forward` on the same (shared)
+    weights; and the final norm against `Qwen2_5_OmniAdaLayerNormZero_Final`."""
+    dit, fused = eager.dit, eager._modulation
     window = Window("a", torch.arange(30) % (eager.num_codes - 1), 0, DiffusionParams(seed=1, speaker="Chelsie"))
     short = Window("b", torch.arange(18), 0, DiffusionParams(seed=2, speaker="Chelsie"))
     batch = eager.collate([eager.condition(window), eager.condition(short)], torch.tensor([GUIDANCE, GUIDANCE]))
@@ -81,14 +92,22 @@ def test_dit_block_with_masks_built_once_is_transformers_layer(eager: Token2WavM
     g = torch.Generator().manual_seed(5)
     h = torch.randn(rows, s, dit.config.hidden_size, generator=g)
     temb = dit.time_embed(torch.rand(rows, generator=g))
-    cos, sin = dit.rotary_embed(h, batch.position_ids[None].expand(rows, s))
+    cos, sin = dit.rotary_embed(h, torch.arange(s)[None].expand(rows, s))  # transformers': per row
+    assert torch.equal(batch.cos.expand(rows, -1, -1), cos) and torch.equal(batch.sin.expand(rows, -1, -1), sin)
     masks = block_masks(batch.block_diff, dit.transformer_blocks)
     assert len({id(m) for m in masks}) == len(
         {(x.look_backward_block, x.look_ahead_block) for x in dit.transformer_blocks}
     )
-    for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
+    mods, final_mod = modulations(fused, temb)
+    assert len(mods) == len(dit.transformer_blocks)
+    rows_per_block = 6 * dit.config.hidden_size
+    for i, (layer, mod, mask) in enumerate(zip(dit.transformer_blocks, mods, masks, strict=True)):
+        # the module's weight is a view of the fused matrix: the weights are held once
+        assert layer.attn_norm.linear.weight.data_ptr() == fused.weight[i * rows_per_block :].data_ptr()
         want = layer(h, temb, position_embeddings=(cos, sin), block_diff=batch.block_diff)
-        assert torch.equal(dit_block(layer, h, temb, cos, sin, mask), want)
+        got = dit_block(layer, h, mod, batch.cos, batch.sin, mask)
+        assert rel(got, want) <= 1e-6, rel(got, want)
+    assert rel(final_norm(dit.norm_out, h, final_mod), dit.norm_out(h, temb)) <= 1e-6
 
 
 def test_compiled_token2wav_is_transformers(t2w_dir: str, eager: Token2WavModel, compiled: Token2WavModel) -> None:

@@ -54,6 +54,9 @@ from omni_mp.models.qwen2_5_omni.token2wav_fused import (
     block_masks,
     dit_block,
     down_sample,
+    final_norm,
+    fuse_modulation,
+    modulations,
     up_snake,
 )
 
@@ -110,7 +113,10 @@ class Token2WavBatch:
     ecapa: torch.Tensor  # [R, enc_dim] (expanded over frames in `velocity`)
     spk: torch.Tensor  # [R, enc_emb_dim]
     block_diff: torch.Tensor  # int32 [R or 1, 1, S, S]
-    position_ids: torch.Tensor  # [S]
+    # RoPE's cos and sin, [1, S, head_dim] in the blocks' dtype (separate tensors: CUDA graphs
+    # copy a batch's tensor fields into their inputs)
+    cos: torch.Tensor
+    sin: torch.Tensor
     cfg_rows: torch.Tensor  # indices (into the B conditional rows) that also have an unconditional row
     guidance: torch.Tensor  # [len(cfg_rows), 1, 1]
     all_cfg: bool  # cfg_rows is every row (no gather)
@@ -167,6 +173,8 @@ class Token2WavModel:
         # under autocast so fp32 activations meet bf16 weights (norms and softmax stay fp32).
         self._dit_autocast = self._reduced(self.dit, self.options.dit_dtype)
         self._vocoder_autocast = self._reduced(self.vocoder, self.options.vocoder_dtype)
+        self._modulation = fuse_modulation(self.dit)  # after the dtype move: the modules' weights become views
+        self._dit_dtype = getattr(torch, self.options.dit_dtype)  # what the blocks compute in (autocast)
         self.graph_frame_step = cfg.block_size  # graph buckets: whole attention blocks
         # transformers' BigVGAN amplitude floor (-115 dB), made on the device once, as it makes it
         self._min_level = torch.exp(torch.tensor(-115 / 20.0 * math.log(10), device=device, dtype=torch.float32))
@@ -303,6 +311,9 @@ class Token2WavModel:
         spk = torch.stack([c.speaker.spk for c in conds] + [torch.zeros_like(conds[0].speaker.spk)] * (b - n))
         spk = torch.cat([spk, torch.zeros_like(spk[cfg_dev])])
         pos = torch.arange(s, device=dev)
+        # RoPE's cos and sin [1, S, head_dim] (broadcast over rows), in the blocks' dtype: the same
+        # for every velocity call of the batch
+        cos, sin = self.dit.rotary_embed(torch.empty(0, device=dev, dtype=self._dit_dtype), pos[None])
         block = pos // self.block_size
         block_diff = (block[None, :] - block[:, None]).to(torch.int32)[None]  # [1, S, S]: one pattern for every row
         if padded:
@@ -316,7 +327,8 @@ class Token2WavModel:
             # [R or 1, 1, S, S]: the layers' masks broadcast over heads (and rows), so each layer
             # builds a mask of S^2 (x rows when padded) elements, not rows x heads x S^2.
             block_diff=block_diff[:, None],
-            position_ids=pos,
+            cos=cos,
+            sin=sin,
             cfg_rows=cfg_dev,
             guidance=g.to(dev).view(-1, 1, 1),
             all_cfg=cfg_rows.numel() == b,
@@ -334,20 +346,20 @@ class Token2WavModel:
         else:
             x2, t2 = torch.cat([x, x[batch.cfg_rows]]), torch.cat([t, t[batch.cfg_rows]])
         with self._dit_autocast():
-            time_embedding = dit.time_embed(t2)
+            mods, final_mod = modulations(self._modulation, dit.time_embed(t2))
             ecapa = batch.ecapa[:, None].expand(rows, s, -1)
             spk = batch.spk[:, None].expand(rows, s, -1)
             h = dit.input_embed.proj(torch.cat((x2, ecapa, batch.code_embed, spk), dim=-1))
-            cos, sin = dit.rotary_embed(h, batch.position_ids[None].expand(rows, s))
             block_diff = batch.block_diff
             if self.compiled[0]:  # one mask layout, per row, so no second graph for a shared one
                 block_diff = block_diff.expand(rows, -1, -1, -1)
             masks = block_masks(block_diff, dit.transformer_blocks)
             if self.compiled[0]:  # a view as the first layer's input would guard on its
                 h = h.clone()  # base: a second compiled graph for the other layers
-            for layer, mask in zip(dit.transformer_blocks, masks, strict=True):
-                h = self._block(layer, h, time_embedding, cos, sin, mask)
-            out = dit.proj_out(dit.norm_out(h, time_embedding)).float()
+            cos, sin = batch.cos, batch.sin
+            for layer, mod, mask in zip(dit.transformer_blocks, mods, masks, strict=True):
+                h = self._block(layer, h, mod, cos, sin, mask)
+            out = dit.proj_out(final_norm(dit.norm_out, h, final_mod)).float()
         if rows == n:
             return out
         cond = out[:n]

@@ -16,6 +16,18 @@ matmul-bound), the vocoder for 32 windows 410 -> 282 ms, one window's solver ste
 - `dit_block` is `DiTDecoderLayer.forward`'s arithmetic on transformers' own submodules, with
   the block-attention mask passed in: the engine builds the 2-3 distinct masks (look-back /
   look-ahead pairs) once per velocity call instead of once per layer.
+- `DiTModulation` holds every block's AdaLN modulation matrix (six dim-wide vectors from the
+  time embedding) and the final norm's as rows of one matrix (`fuse_modulation`), so a velocity
+  call computes all 23 modulations in one matmul from one SiLU instead of 23 of each; the
+  modules' parameters become views of it (one copy of the weights). At one window a velocity
+  call is ~450 kernels of 3-4 us (bound by their count, not arithmetic). Measured on an H200
+  (`launch/gpu_token2wav_profile.py`, one velocity call from its CUDA graph, one machine
+  session): 1.70 -> 1.59 ms at one window with the bf16 DiT, 2.67 -> 2.45 ms in TF32; at 8 and
+  32 windows within run-to-run noise (3.97 -> 3.95, 12.5 -> 13.0 ms bf16). Tried and dropped:
+  q, k and v from one matmul as well. The matmuls got faster (32 windows: 4.8 -> 4.4 ms), but
+  RoPE on the first head then had to join q and k again from the fused output, which was
+  slower than transformers' in-place write into separate outputs (32 windows: 12.5 -> 15.3 ms a
+  call, and with the in-place write on the fused output 44 ms).
 - `AntialiasedSnake` computes `Qwen2_5OmniAntiAliasedActivation1d(SnakeBeta)` polyphase:
   upsampling by r with a K-tap filter is, for each of the r output phases, a K/r-tap filter
   over the input; SnakeBeta runs on each phase and the phases are interleaved (`up_snake`);
@@ -31,6 +43,7 @@ same functions eagerly and compiled against transformers, and the whole token2wa
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,13 +64,61 @@ def block_masks(block_diff: torch.Tensor, layers: Any) -> list[torch.Tensor]:
     return masks
 
 
+@dataclass(frozen=True, slots=True)
+class DiTModulation:
+    """Every block's AdaLN modulation and the final norm's in one matrix (module doc)."""
+
+    weight: torch.Tensor  # [(6 * blocks + 2) * dim, dim]
+    bias: torch.Tensor
+    dim: int
+
+
+def _fuse_linears(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One weight and bias stacking `linears`' rows; each module's parameters become views of
+    them, so the weights are held once."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = torch.cat([lin.bias.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight.data = weight[start : start + n]
+        lin.bias.data = bias[start : start + n]
+        start += n
+    return weight, bias
+
+
+@torch.no_grad()
+def fuse_modulation(dit: torch.nn.Module) -> DiTModulation:
+    """`DiTModulation` of transformers' `Qwen2_5OmniToken2WavDiTModel`, after its last dtype or
+    device move (a later `.to()` would copy the modules' parameters away from the views)."""
+    linears = [b.attn_norm.linear for b in dit.transformer_blocks] + [dit.norm_out.linear]
+    return DiTModulation(*_fuse_linears(linears), dit.config.hidden_size)
+
+
+def modulations(w: DiTModulation, temb: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Every block's AdaLN modulation [rows, 6 * dim] and the final norm's [rows, 2 * dim] from
+    the time embedding, in one matmul (transformers: `linear(silu(emb))` in each block). The
+    blocks' are strided views of one output: one compiled block serves them all."""
+    out = F.linear(F.silu(temb), w.weight, w.bias)
+    split = out.shape[1] - 2 * w.dim
+    return out[:, :split].view(out.shape[0], -1, 6 * w.dim).unbind(1), out[:, split:]
+
+
+def final_norm(norm_out: torch.nn.Module, h: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
+    """`Qwen2_5_OmniAdaLayerNormZero_Final.forward` with its modulation computed already."""
+    scale, shift = torch.chunk(mod, 2, dim=1)
+    return norm_out.norm(h) * (1 + scale)[:, None, :] + shift[:, None, :]
+
+
 def dit_block(
-    layer: torch.nn.Module, h: torch.Tensor, temb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    layer: torch.nn.Module, h: torch.Tensor, mod: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     mask: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
-    """One DiT decoder layer (transformers' submodules; its forward's arithmetic)."""
-    norm, gate_attn, shift_ff, scale_ff, gate_ff = layer.attn_norm(h, emb=temb)
-    h = h + gate_attn[:, None] * layer.attn(hidden_states=norm, position_embeddings=(cos, sin), attention_mask=mask)
+    """One DiT decoder layer (`DiTDecoderLayer.forward`'s arithmetic on transformers' submodules)
+    with its AdaLN modulation computed already (`modulations`)."""
+    shift_msa, scale_msa, gate_msa, shift_ff, scale_ff, gate_ff = torch.chunk(mod, 6, dim=1)
+    norm = layer.attn_norm.norm(h) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    h = h + gate_msa[:, None] * layer.attn(hidden_states=norm, position_embeddings=(cos, sin), attention_mask=mask)
     norm = layer.ff_norm(h) * (1 + scale_ff[:, None]) + shift_ff[:, None]
     return h + gate_ff[:, None] * layer.ff(norm)
 
