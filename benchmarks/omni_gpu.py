@@ -108,6 +108,10 @@ SAMPLES_PER_CODE, SAMPLE_RATE = 480, 24000
 # has no KV cache. With --gpus 2 the talker and token2wav share GPU 1: budgets there too, so
 # the talker's KV cache does not take a fixed 90% of it while token2wav loads beside it.
 SHARES = {1: (0.42, 0.38, 0.12), 2: (0.85, 0.7, 0.15)}
+# token2wav's least budget: its fp32 weights, the CUDA graphs warmed up to a batch of 64 windows
+# (4.1 GiB of pools) and the activations of 64 windows' steps. Its 12% of an H100 (9.6 GiB,
+# 8.6 usable) ran out of memory at 64 requests (TF32, 2026-11-27); an H200's 16.8 GiB serves.
+T2W_MIN_GIB = 16.0
 
 
 def say(msg: str) -> None:
@@ -268,7 +272,21 @@ def budgets_gib(args: argparse.Namespace) -> list[float]:
     devices = query_devices()
     if not devices or any(d not in devices for d in range(args.gpus)):
         raise SystemExit(f"--gpus {args.gpus} needs GPUs 0..{args.gpus - 1} to size the budgets (or --budgets-gib)")
-    return [round(devices[0].total_bytes * f / GiB, 1) for f in SHARES[args.gpus]]
+    return split_budgets(devices[0].total_bytes / GiB, args.gpus)
+
+
+def split_budgets(total_gib: float, gpus: int) -> list[float]:
+    """Thinker / talker / token2wav budgets (GiB) on a device of `total_gib`: SHARES, with
+    token2wav at T2W_MIN_GIB at least, taken from the stages beside it on its GPU (on one GPU
+    the thinker and talker, in their shares' ratio; on two the talker)."""
+    thinker, talker, t2w = SHARES[gpus]
+    t2w_gib = max(t2w * total_gib, T2W_MIN_GIB)
+    if gpus == 1:
+        rest = (thinker + talker + t2w) * total_gib - t2w_gib
+        split = [rest * thinker / (thinker + talker), rest * talker / (thinker + talker), t2w_gib]
+    else:
+        split = [thinker * total_gib, (talker + t2w) * total_gib - t2w_gib, t2w_gib]
+    return [round(b, 1) for b in split]
 
 
 def talker_suppressed(model: Path) -> list[int]:

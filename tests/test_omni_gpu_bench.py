@@ -67,3 +67,28 @@ def test_a_failed_phase_is_reported_with_its_stage_error(tmp_path: Path) -> None
     assert "streaming.first_chunk: must be a multiple of the model's block alignment (12 ids)" in error, error
     md = (tmp_path / "omni_gpu.md").read_text()
     assert "phase stream failed: exit code 1: StartupError" in md
+
+
+def test_token2wav_budget_has_a_floor_taken_from_its_neighbours() -> None:
+    """On a GPU whose share for token2wav is below T2W_MIN_GIB (an H100's 12%: 9.6 GiB, which
+    ran out of memory at 64 requests) token2wav gets the floor, the stages beside it give it up
+    in their shares' ratio, and the device's budgeted total stays the same; where the share is
+    enough (an H200) the split is the shares."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.omni_gpu import SHARES, T2W_MIN_GIB, split_budgets
+
+    for gpus in (1, 2):
+        shares = SHARES[gpus]
+        for total in (79.2, 140.5):
+            split = split_budgets(total, gpus)
+            assert split[2] >= T2W_MIN_GIB
+            if shares[2] * total >= T2W_MIN_GIB:  # the shares as they are
+                assert split == [round(f * total, 1) for f in shares]
+                continue
+            assert split[2] == T2W_MIN_GIB
+            on_its_gpu = (0, 1, 2) if gpus == 1 else (1, 2)  # with --gpus 2 the thinker has GPU 0
+            assert abs(sum(split[i] for i in on_its_gpu) - sum(shares[i] for i in on_its_gpu) * total) < 0.15
+            if gpus == 1:
+                assert abs(split[0] / split[1] - shares[0] / shares[1]) < 1e-2
+            else:
+                assert split[0] == round(shares[0] * total, 1)
