@@ -565,13 +565,19 @@ def device_name() -> str:
 
 
 def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
+    import msgspec
+
     from omni_mp.config import parse_config
     from omni_mp.control.embedded import embedded_pipeline
     from omni_mp.stage.timeline import PROFILE_DIR_ENV
+    from omni_mp.stage.torch_profile import TORCH_PROFILE_ENV, ProfileWindow
 
     cfg = parse_config(omni_pipeline(args, stream))
     profile_dir = Path(tempfile.mkdtemp(prefix="omni_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
+    if args.torch_profile:  # the reports land beside the timelines, in <out>/profile-<phase>
+        windows = [ProfileWindow(str(profile_dir), *w) for w in args.torch_profile]
+        os.environ[TORCH_PROFILE_ENV] = msgspec.json.encode(windows).decode()
     out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name()}
     out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
     t0 = time.perf_counter()
@@ -1394,6 +1400,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="per-phase",
         help="per-phase: an empty vLLM compile cache for every phase (all starts are cold, comparable); "
         "shared: the host's (starts after the first are warm)",
+    )
+    p.add_argument(
+        "--torch-profile",
+        type=lambda s: [tuple(int(x) for x in w.split(":")) for w in s.split(",")],
+        help="STAGE:FIRST_STEP:STEPS[,...]: a PyTorch profile of those engine steps of a stage (counted from its "
+        "start: the warm-up round, then the levels in order; the timelines give each round's step counts), "
+        "written to <out>/profile-<phase>/torch-stage<STAGE>-<FIRST_STEP>.txt and .trace.json.gz",
     )
     args = p.parse_args(argv)
     if args.smoke:

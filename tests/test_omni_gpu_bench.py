@@ -4,6 +4,7 @@ reported with the reason its stage gave. Real stage processes, real engines, rea
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -25,7 +26,12 @@ def test_one_request_path_through_the_stages(tmp_path: Path) -> None:
     """One request of 8 thinker tokens and 36 codes, streamed in two chunks (12 codes, then the
     rest): the timelines place each stage's part in the order the pipeline's data flow forces;
     then three at once (`burst_path`), in the same order."""
-    run = _bench(tmp_path, "--token2wav-first-chunk", "12", "--talker-priority", "below_normal", concurrency="1,3")
+    run = _bench(
+        tmp_path,
+        *("--token2wav-first-chunk", "12", "--talker-priority", "below_normal"),
+        *("--torch-profile", "1:30:12"),  # the talker's steps 30..41: inside the warm-up round or the next
+        concurrency="1,3",
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     stream = json.loads((tmp_path / "stream.json").read_text())
     assert stream["1"]["audio_s_per_request"] == 36 * 480 / 24000  # the fixed lengths held
@@ -55,6 +61,16 @@ def test_one_request_path_through_the_stages(tmp_path: Path) -> None:
     assert "one request's path through the stages" in md
     assert "- c=3: thinker first step ends" in md
     assert "(thinker: normal, talker: below_normal)" in md  # the priorities asked for are named
+    # the talker's profile window: its report, with our loop's and vLLM's runner scopes, and its trace
+    report = (tmp_path / "profile-stream" / "torch-stage1-30.txt").read_text()
+    assert report.startswith("stage 1, engine steps 30..41\n"), report[:200]
+    for scope in ("omni: engine step", "omni: step outputs", "gpu_model_runner: forward"):
+        assert scope in report, scope
+    with gzip.open(tmp_path / "profile-stream" / "torch-stage1-30.trace.json.gz") as f:
+        events = json.load(f)["traceEvents"]
+    steps = [e for e in events if e.get("name") == "omni: engine step"]
+    assert len(steps) == 12  # the window's steps, no more
+    assert not list((tmp_path / "profile-stream").glob("torch-stage0-*"))  # only the stage named
 
 
 def test_a_failed_phase_is_reported_with_its_stage_error(tmp_path: Path) -> None:

@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     beat = Heartbeater(heartbeats, stage.id, interval, math.inf, time.monotonic, starting)
     beat.start()
     from omni_mp.stage.loop import StageLoop
+    from omni_mp.stage.torch_profile import enable_vllm_scopes
 
+    enable_vllm_scopes(stage.id)  # before the engine is built: vLLM reads it once
     t0 = time.monotonic()
     log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
     import torch

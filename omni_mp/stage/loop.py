@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import msgspec
 import zmq
@@ -27,6 +28,7 @@ from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, 
 from omni_mp.stage.prepare import Prepared, PrepareJob, Preparer
 from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
 from omni_mp.stage.timeline import StageCounters, StepRecord, StepTimeline
+from omni_mp.stage.torch_profile import StepProfiler
 from omni_mp.wire.codec import Limits, PayloadError
 from omni_mp.wire.messages import (
     Abort,
@@ -76,6 +78,7 @@ class StageLoop:
         self.ended = EndedRequests()
         self.running = True
         self.timeline = StepTimeline(stage.id)
+        self.profiler = StepProfiler(stage.id)  # OMNI_MP_TORCH_PROFILE windows (diagnosis only)
         self.counters = StageCounters()  # reported with the heartbeats
         self._in_engine = 0  # requests of `requests` handed to the engine (started)
         self._alive_at = time.monotonic()
@@ -279,7 +282,8 @@ class StageLoop:
     def _drain_input(self, timeout_s: float) -> None:
         for msg in self.inbox.take(timeout_s):
             t0 = time.perf_counter()
-            self._handle(msg)
+            with self.profiler.scope("omni: handle input"):
+                self._handle(msg)
             self._handle_s += time.perf_counter() - t0
             if not self.running:
                 return
@@ -289,8 +293,17 @@ class StageLoop:
         """One engine step; queues every request's new tokens (and hidden rows, audio). Returns
         whether the step computed anything."""
         t0 = time.perf_counter()
-        outputs, executed = self.engine.step()
+        with self.profiler.scope("omni: engine step"):
+            outputs, executed = self.engine.step()
         t1, cpu1 = time.perf_counter(), time.thread_time()
+        with self.profiler.scope("omni: step outputs"):
+            self._step_outputs(outputs, executed, wait_s, t0, t1, cpu1)
+        return executed
+
+    def _step_outputs(
+        self, outputs: list[Any], executed: bool, wait_s: float, t0: float, t1: float, cpu1: float
+    ) -> None:
+        """Queue one step's outputs and record the step in the timeline."""
         now = time.time()
         self.counters.stepped(t1 - t0)
         for rid, reason in self.engine.take_failed().items():
@@ -362,7 +375,6 @@ class StageLoop:
                 )
             )
         self._rows_in, self._handle_s = 0, 0.0
-        return executed
 
     def _done(self, state: StageRequestState, finish_reason: str | None, now: float) -> StageDone:
         return StageDone(
@@ -391,6 +403,7 @@ class StageLoop:
             idle_step = False  # the last step computed nothing (every request waits on upstream)
             while self.running and not self._stop.is_set():
                 self._alive()
+                self.profiler.at(self.timeline.steps)
                 busy = self.engine.can_step() and not idle_step
                 t_wait = time.perf_counter()
                 self._drain_input(0 if busy else IDLE_WAIT_S)
@@ -410,6 +423,7 @@ class StageLoop:
             self.input.join(timeout=2)
             self.output.close_links()
             self.timeline.write()
+            self.profiler.close(self.timeline.steps)
         for thread in (self.input, self.output, self.preparer):
             if thread is not None and thread.error is not None:
                 raise RuntimeError(f"stage {self.stage.id}: {thread.name} failed") from thread.error
