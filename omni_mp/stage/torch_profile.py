@@ -5,11 +5,11 @@ the GPU (this process's kernels).
 `OMNI_MP_TORCH_PROFILE` is a JSON list of windows, `[{"dir": ..., "stage": 1, "first_step": 420,
 "steps": 60}]`; a stage profiles the windows that name it, counting steps as its timeline does
 (every engine step of the loop since the stage started). At a window's end it writes, in `dir`:
-  torch-stage{N}-{first}.txt       what the window took: wall time, this process's kernels (count,
+  torch-stage{N}-{first}.txt       what the window took: wall time, this process's kernels and copies (count,
                                    the time the GPU ran at least one of them, their sum), the
                                    host scopes (`omni:` ours, `gpu_model_runner:` vLLM's) and the
                                    top operators by host and by device time;
-  torch-stage{N}-{first}.json.gz   the Chrome trace (chrome://tracing, ui.perfetto.dev).
+  torch-stage{N}-{first}.trace.json.gz  the Chrome trace (chrome://tracing, ui.perfetto.dev).
 Only for diagnosis: profiling slows the host side of every step it records.
 """
 
@@ -142,9 +142,11 @@ class StepProfiler:
         kernels = [
             (e.start_ns(), e.start_ns() + e.duration_ns())
             for e in prof.profiler.kineto_results.events()
-            if e.device_type().name == "CUDA" and e.duration_ns() > 0
+            # kernels and copies; not the GPU-side spans of `record_function` scopes
+            if e.device_type().name == "CUDA" and e.duration_ns() > 0 and not e.is_user_annotation()
         ]
         covered, total = kernel_busy(kernels)
+        busy_ms = covered / 1e6
         averages = prof.key_averages()
         scopes = sorted(
             (a for a in averages if a.key.startswith(("omni:", "gpu_model_runner:"))),
@@ -155,9 +157,9 @@ class StepProfiler:
         lines = [
             f"stage {self.stage_id}, engine steps {window.first_step}..{window.first_step + n - 1}",
             f"wall {wall_ms:.1f} ms, {wall_ms / n:.3f} ms a step",
-            f"this process's kernels: {len(kernels)} ({len(kernels) / n:.0f} a step); the GPU ran at least one"
-            f" for {covered / 1e6:.1f} ms ({covered / 1e6 / n:.3f} ms a step, {100 * covered / 1e6 / wall_ms:.0f}% of"
-            f" the wall), their sum {total / 1e6:.1f} ms",
+            f"this process's kernels and copies: {len(kernels)} ({len(kernels) / n:.0f} a step); the GPU ran at least"
+            f" one for {busy_ms:.1f} ms ({busy_ms / n:.3f} ms a step, {100 * busy_ms / wall_ms:.0f}% of the wall),"
+            f" their sum {total / 1e6:.1f} ms",
             f"the engine thread in the loop's scopes: {ours / n:.3f} ms a step; the rest it waited for input",
             "",
             "host scopes (wall inside each, ms a step; nested scopes are inside their parents):",
