@@ -366,8 +366,9 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         if args.ar_quantization != "none":  # vLLM quantizes the bf16 weights as it loads them
             for s in (thinker, talker):
                 s["engine_args"]["quantization"] = args.ar_quantization  # type: ignore[index]
-    for s in (thinker, talker):  # checked against vLLM's EngineArgs with the rest of the config
-        s["engine_args"].update(args.ar_engine_args)  # type: ignore[union-attr]
+    # checked against vLLM's EngineArgs with the rest of the config
+    thinker["engine_args"].update(args.thinker_engine_args)  # type: ignore[union-attr]
+    talker["engine_args"].update(args.talker_engine_args)  # type: ignore[union-attr]
     return {
         "name": "qwen2_5_omni_bench",
         "timeouts": {"stage_startup_s": 900},
@@ -1061,7 +1062,11 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         f"{args.token2wav_first_chunk or 24}, then {args.token2wav_chunk or 48}"
         + (f" doubling up to {args.token2wav_max_chunk}" if args.token2wav_max_chunk else "")
         + f"; chunks of a request in flight: {args.token2wav_chunks_in_flight or 1}"
-        + (f"; thinker and talker engine args: {json.dumps(args.ar_engine_args)}" if args.ar_engine_args else ""),
+        + "".join(
+            f"; {name} engine args: {json.dumps(extra)}"
+            for name, extra in (("thinker", args.thinker_engine_args), ("talker", args.talker_engine_args))
+            if extra
+        ),
     ]
     t2w = results.get("t2w_tf32", {})
     if "rel_l2" in t2w:
@@ -1389,13 +1394,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fp8: vLLM's online FP8 quantization of the thinker's and talker's weights (half the bytes a decode "
         "step reads; tokens and codes change, so an opt-in like the bf16 DiT)",
     )
-    p.add_argument(
-        "--ar-engine-args",
-        type=json.loads,
-        default={},
-        help="a JSON object of vLLM engine args for the thinker and the talker, over the benchmark's own, e.g. "
-        '\'{"attention_backend": "TRITON_ATTN"}\' (an A/B of a vLLM setting)',
-    )
+    for stage in ("thinker", "talker"):
+        p.add_argument(
+            f"--{stage}-engine-args",
+            type=json.loads,
+            default={},
+            help=f"a JSON object of vLLM engine args for the {stage}, over the benchmark's own, e.g. "
+            '\'{"attention_backend": "TRITON_ATTN"}\' (an A/B of a vLLM setting)',
+        )
     p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
     p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")
     p.add_argument("--budgets-gib", help="thinker,talker,token2wav GPU budgets (default: SHARES of the device)")
