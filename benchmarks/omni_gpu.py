@@ -377,6 +377,18 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     }
 
 
+def profile_windows(text: str) -> list[tuple[int, int, int]]:
+    """--torch-profile "STAGE:FIRST:STEPS[,...]" -> (stage, first step, steps) per window."""
+    windows = []
+    for part in text.split(","):
+        fields = part.split(":")
+        if len(fields) != 3 or not all(f.strip().isdigit() for f in fields):
+            raise argparse.ArgumentTypeError(f"{part!r}: want STAGE:FIRST_STEP:STEPS, three whole numbers")
+        stage, first, steps = (int(f) for f in fields)
+        windows.append((stage, first, steps))
+    return windows
+
+
 def sm_percents(text: str) -> list[int | None]:
     """--sm-percent "T,K,W" -> each stage's MPS share of the SMs (None: all of them), checked as
     the arguments are parsed, not in the phase process that builds the pipeline."""
@@ -1419,7 +1431,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--torch-profile",
-        type=lambda s: [tuple(int(x) for x in w.split(":")) for w in s.split(",")],
+        type=profile_windows,
         help="STAGE:FIRST_STEP:STEPS[,...]: a PyTorch profile of those engine steps of a stage (counted from its "
         "start: the warm-up round, then the levels in order; the timelines give each round's step counts), "
         "written to <out>/profile-<phase>/torch-stage<STAGE>-<FIRST_STEP>.txt and .trace.json.gz",

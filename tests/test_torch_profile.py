@@ -3,7 +3,11 @@ pipeline in tests/test_omni_gpu_bench.py)."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -40,3 +44,17 @@ def test_windows_are_read_for_their_stage_and_checked(monkeypatch: pytest.Monkey
     monkeypatch.setenv(TORCH_PROFILE_ENV, '[{"dir": "/tmp/p", "stage": 1, "first": 3, "steps": 2}]')
     with pytest.raises(msgspec.ValidationError, match="first"):
         windows_from_env(1)
+
+
+def test_the_benchmark_refuses_a_malformed_window() -> None:
+    """`omni_gpu.py --torch-profile` names the part it cannot read, before anything starts."""
+    repo = Path(__file__).resolve().parent.parent
+    run = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "omni_gpu.py"), "--torch-profile", "1:30:12,1:30", "--phases", ""],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "'1:30': want STAGE:FIRST_STEP:STEPS" in run.stderr

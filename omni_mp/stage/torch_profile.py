@@ -85,10 +85,6 @@ class StepProfiler:
         self._window: ProfileWindow | None = None
         self._t0 = 0.0
 
-    @property
-    def active(self) -> bool:
-        return self._prof is not None
-
     def scope(self, name: str) -> contextlib.AbstractContextManager[Any]:
         if self._prof is None:
             return contextlib.nullcontext()
@@ -151,7 +147,8 @@ class StepProfiler:
         busy_ms = covered / 1e6
         averages = prof.key_averages()
         scopes = sorted(
-            (a for a in averages if a.key.startswith(("omni:", "gpu_model_runner:"))),
+            # the host side of each scope (its GPU-side span is listed under the same name, with no host time)
+            (a for a in averages if a.key.startswith(("omni:", "gpu_model_runner:")) and a.cpu_time_total > 0),
             key=lambda a: -a.cpu_time_total,
         )
         n = window.steps
