@@ -27,9 +27,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omni_mp.client import AsyncOmniClient  # noqa: E402
-from omni_mp.config import parse_config  # noqa: E402
+from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
+from omni_mp.config.validate import parse_config  # noqa: E402
 from omni_mp.control.coordinator import Coordinator  # noqa: E402
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import SamplingParamsMsg  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def configs(gpu: bool, model: str | None) -> dict[str, Any]:
     name = "tiny_thinker_talker_gpu.yaml" if gpu else "tiny_thinker_talker.yaml"
-    chain = yaml.safe_load((REPO / "stage_configs" / name).read_text())
+    chain = yaml.safe_load((CONFIG_DIR / name).read_text())
     if model is not None:  # both stages: the talker's width must equal the thinker's
         for stage in chain["stages"]:
             stage["model"] = model

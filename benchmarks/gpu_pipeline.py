@@ -137,7 +137,7 @@ def pipeline_config(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 
 async def pipeline_round(endpoint: str, batch: list[list[int]], tokens: int, stages: list[int]) -> dict[str, Any]:
-    from omni_mp.client import AsyncOmniClient
+    from omni_mp.client.omni_client import AsyncOmniClient
     from omni_mp.wire.messages import SamplingParamsMsg
 
     sampling = {s: SamplingParamsMsg(max_tokens=tokens, ignore_eos=True) for s in stages}
@@ -156,7 +156,7 @@ async def pipeline_round(endpoint: str, batch: list[list[int]], tokens: int, sta
 
 
 def run_pipeline(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    from omni_mp.config import parse_config
+    from omni_mp.config.validate import parse_config
     from omni_mp.control.embedded import embedded_pipeline
     from omni_mp.stage.timeline import PROFILE_DIR_ENV
 

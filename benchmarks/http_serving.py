@@ -6,7 +6,7 @@ voices and seeds), streamed. Prints, side by side, time to first audio (p50 and 
 every request of the rounds) and throughput (requests/s); the HTTP server's added latency
 to first audio (target <= 5 ms p50) and its throughput ratio (target >= 0.95x).
 
-    python benchmarks/http_serving.py [--config stage_configs/tiny_qwen2_5_omni.yaml]
+    python benchmarks/http_serving.py [--config omni_mp/stage_configs/tiny_qwen2_5_omni.yaml]
         [--concurrency 1,8,32] [--rounds 3] [--tokens 48]
 """
 
@@ -32,9 +32,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omni_mp.client import AsyncOmniClient  # noqa: E402
-from omni_mp.config import load_config  # noqa: E402
+from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
+from omni_mp.config.validate import load_config  # noqa: E402
 from omni_mp.http.pipeline import PipelineView, Sampling  # noqa: E402
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import StageOutputChunk  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,7 +147,7 @@ async def bench(args: argparse.Namespace, url: str, endpoint: str, view: Pipelin
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, default=REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml")
+    p.add_argument("--config", type=Path, default=CONFIG_DIR / "tiny_qwen2_5_omni.yaml")
     p.add_argument("--concurrency", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=48, help="thinker tokens per request")

@@ -65,6 +65,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omni_mp.stage_configs import CONFIG_DIR
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 REPO = Path(__file__).resolve().parent.parent
@@ -275,13 +277,13 @@ def build_real(args: argparse.Namespace, path: Path) -> dict[str, Any]:
 
 # ---- omni_mp --------------------------------------------------------------------------------------
 def omni_config(args: argparse.Namespace, ckpt: Path) -> dict[str, Any]:
-    """The family's pipeline on `ckpt` (stage_configs/qwen_image.yaml on the GPU, the tiny one on
+    """The family's pipeline on `ckpt` (omni_mp/stage_configs/qwen_image.yaml on the GPU, the tiny one on
     the CPU): the text encoder with random weights (`load_format: dummy`), batches as large as
     the concurrency."""
     import yaml
 
     template = "tiny_qwen_image.yaml" if args.tiny or args.shrink else "qwen_image.yaml"
-    cfg = yaml.safe_load((REPO / "stage_configs" / template).read_text())
+    cfg = yaml.safe_load((CONFIG_DIR / template).read_text())
     conc = max([*args.concurrency, 16])  # (Poisson loads may hold more in flight than the sweep)
     cfg["name"] = "qwen_image_bench"
     cfg.setdefault("timeouts", {})["stage_startup_s"] = 900
@@ -338,7 +340,7 @@ async def _one(client: Any, params: dict[str, Any], dit: int) -> dict[str, Any]:
 
 async def _closed_loop(endpoint: str, n: int, c: int, side: int, steps: int, dit: int, args: Any) -> dict[str, Any]:
     """n requests, c in flight at a time."""
-    from omni_mp.client import AsyncOmniClient
+    from omni_mp.client.omni_client import AsyncOmniClient
 
     seeds = iter(range(1_000_000 * c + side, 1_000_000 * c + side + n))
     reqs: list[dict[str, Any]] = []
@@ -365,7 +367,7 @@ async def _closed_loop(endpoint: str, n: int, c: int, side: int, steps: int, dit
 
 async def _poisson(endpoint: str, n: int, rate: float, side: int, steps: int, dit: int, args: Any) -> list[dict]:
     """n requests arriving as a Poisson process of `rate` per second (seeded)."""
-    from omni_mp.client import AsyncOmniClient
+    from omni_mp.client.omni_client import AsyncOmniClient
 
     rng = random.Random(int(rate * 1000) + side)
     gaps = [rng.expovariate(rate) for _ in range(n)]
@@ -434,7 +436,7 @@ def single_request_step_ms(windows: list[tuple[float, float]], steps: list[dict[
 
 
 def run_omni(args: argparse.Namespace) -> dict[str, Any]:
-    from omni_mp.config import parse_config
+    from omni_mp.config.validate import parse_config
     from omni_mp.control.embedded import embedded_pipeline
     from omni_mp.stage.timeline import PROFILE_DIR_ENV
 
@@ -779,8 +781,8 @@ def preflight(args: argparse.Namespace, phases: list[str]) -> list[str]:
         need.update({"vllm": "the text-encoder stage", "zmq": "omni_mp", "msgspec": "omni_mp"})
     missing = [f"python module {m!r} (for {why})" for m, why in need.items() if importlib.util.find_spec(m) is None]
     for name in ("tiny_qwen_image.yaml", "qwen_image.yaml"):
-        if not (REPO / "stage_configs" / name).is_file():
-            missing.append(f"stage_configs/{name} (the Qwen-Image family's pipeline)")
+        if not (CONFIG_DIR / name).is_file():
+            missing.append(f"omni_mp/stage_configs/{name} (the Qwen-Image family's pipeline)")
     return missing
 
 

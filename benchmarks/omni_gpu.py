@@ -1,7 +1,7 @@
 """Qwen2.5-Omni at 7B shapes (random weights): omni_mp's thinker -> talker -> token2wav against
 transformers (issue 12).
 
-The pipeline is stage_configs/qwen2_5_omni.yaml's, on a config-only checkpoint dir
+The pipeline is omni_mp/stage_configs/qwen2_5_omni.yaml's, on a config-only checkpoint dir
 (omni_mp/models/qwen2_5_omni/shapes.py) at the released Qwen2.5-Omni-7B sizes: transformers'
 default thinker and token2wav, and the released talker (hidden 896, 24 layers, 12 attention heads,
 4 KV heads, head_dim 128, intermediate 18944, vocab 8448, embedding 3584). `--talker default`
@@ -245,7 +245,7 @@ def preflight(args: argparse.Namespace) -> list[str]:
         need = {k: v for k, v in need.items() if k in ("transformers", "safetensors")}
     missing = [f"python module {m!r} (for {why})" for m, why in need.items() if importlib.util.find_spec(m) is None]
     if not missing and phases - {"hf"}:
-        from omni_mp.config import StageConfig
+        from omni_mp.config.schema import StageConfig
         from omni_mp.models import registry
         from omni_mp.wire.messages import SamplingParamsMsg
 
@@ -301,7 +301,7 @@ def talker_suppressed(model: Path) -> list[int]:
 
 
 def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
-    """The pipeline of stage_configs/qwen2_5_omni.yaml's shape at the benchmark's sizes:
+    """The pipeline of omni_mp/stage_configs/qwen2_5_omni.yaml's shape at the benchmark's sizes:
     thinker (hidden states) -> talker (model_part: talker) -> token2wav, random weights
     (`load_format: dummy`; token2wav's random tensors are in the dir), fixed lengths."""
     from omni_mp.models.qwen2_5_omni.shapes import thinker_engine_args
@@ -423,8 +423,8 @@ class Playback:
 
 
 async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:
-    from omni_mp.audio import chunk_audio
     from omni_mp.wire.messages import Finished
+    from omni_mp.wire.outputs import chunk_audio
 
     first, samples, rate, fin = None, 0, SAMPLE_RATE, None
     playback = Playback()
@@ -469,7 +469,7 @@ def check_round(batch: list[list[int]], reqs: list[dict[str, Any]], thinker_toke
 async def _round(endpoint: str, batch: list[list[int]], args: argparse.Namespace | None = None) -> dict[str, Any]:
     """One round of concurrent requests; with `args`, checked against Qwen2.5-Omni's fixed
     lengths (a sibling benchmark of another family checks its own)."""
-    from omni_mp.client import AsyncOmniClient
+    from omni_mp.client.omni_client import AsyncOmniClient
 
     async with AsyncOmniClient(endpoint) as client:
         t0 = time.perf_counter()
@@ -539,7 +539,7 @@ async def closed_loop_round(
     check: Callable[[list[list[int]], list[dict[str, Any]]], None] | None = None,
 ) -> dict[str, Any]:
     """`closed_loop` of omni_mp's client, the requests checked by `check` (lengths) if given."""
-    from omni_mp.client import AsyncOmniClient
+    from omni_mp.client.omni_client import AsyncOmniClient
 
     async with AsyncOmniClient(endpoint) as client:
         reqs, wall = await closed_loop(lambda p, t0: _request(client, p, t0), batch, concurrency)
@@ -582,7 +582,7 @@ def device_name() -> str:
 def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     import msgspec
 
-    from omni_mp.config import parse_config
+    from omni_mp.config.validate import parse_config
     from omni_mp.control.embedded import embedded_pipeline
     from omni_mp.stage.timeline import PROFILE_DIR_ENV
     from omni_mp.stage.torch_profile import TORCH_PROFILE_ENV, ProfileWindow
@@ -751,7 +751,7 @@ def use_precision(precision: str) -> None:
     matmuls AND cuDNN convolutions, so "highest" is exact fp32 throughout (PyTorch lets cuDNN
     convolutions use TF32 by default, whatever the matmul precision)."""
     from omni_mp.engines.diffusion.params import DiffusionStageConfig
-    from omni_mp.engines.vllm_hooks_diffusion import use_kernel_settings
+    from omni_mp.engines.diffusion.vllm_hooks import use_kernel_settings
 
     use_kernel_settings(DiffusionStageConfig(float32_matmul=precision))  # type: ignore[arg-type]
 
@@ -1005,7 +1005,7 @@ def transport_summary(timelines: Timelines, since: float) -> dict[str, Any]:
 def run_cold(args: argparse.Namespace, stage_id: int) -> dict[str, Any]:
     """One stage alone as its own pipeline (the same stage config, as an entry stage with final
     output): time until it is Ready."""
-    from omni_mp.config import parse_config
+    from omni_mp.config.validate import parse_config
     from omni_mp.control.embedded import embedded_pipeline
 
     data = omni_pipeline(args, True)

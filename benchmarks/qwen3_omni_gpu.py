@@ -1,7 +1,7 @@
 """Qwen3-Omni-30B-A3B at the released sizes (random weights): omni_mp's thinker -> talker (with its
 code predictor) -> streaming code2wav on one H200, against the published numbers (issue 22).
 
-The pipeline is stage_configs/qwen3_omni.yaml's, on a checkpoint dir written here:
+The pipeline is omni_mp/stage_configs/qwen3_omni.yaml's, on a checkpoint dir written here:
   config.json   `released_config()` (omni_mp.models.qwen3_omni.tiny): every size of the released
                 Qwen3-Omni-30B-A3B-Instruct written explicitly (thinker 48 layers x 128 experts,
                 hidden 2048; talker 20 layers x 128 experts, hidden 1024; code predictor 5 layers;
@@ -34,12 +34,12 @@ talker and code2wav: what streaming gains). Outputs in --out: qwen3_omni_gpu.jso
 One H200 (kind nvidia-h200), all three stages on GPU 0 with memory budgets 0.70 / 0.14 / 0.10
 of it (thinker ~57 GiB of bf16 weights without towers + KV; talker + code predictor ~6.2 GiB
 + KV; code2wav 0.8 GiB fp32 + its batch's activations), thinker and talker keeping
---ar-reserve-gib beside their KV caches; stage_configs/qwen3_omni.yaml's step budget (8192) and
+--ar-reserve-gib beside their KV caches; omni_mp/stage_configs/qwen3_omni.yaml's step budget (8192) and
 code2wav priority (below normal) by default, both flags to compare:
   ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
         VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
   $ENV && python3 benchmarks/qwen3_omni_gpu.py --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
-Two GPUs (kind nvidia-h200-x2; stage_configs/qwen3_omni.yaml's two-GPU layout): the thinker on GPU
+Two GPUs (kind nvidia-h200-x2; omni_mp/stage_configs/qwen3_omni.yaml's two-GPU layout): the thinker on GPU
 0 with 0.86 of it, talker + code2wav on GPU 1 with 0.72 / 0.17 of it: the same command with
 `--gpus 2`. Either way ENV needs omni_mp's own wheels beside vLLM's in /tmp/site
 (launch/gpu-wheels.txt: soundfile, soxr).
@@ -86,17 +86,17 @@ PHASES = ["stream", "nostream"]
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15
 # Memory budgets of thinker / talker / code2wav as fractions of a device, per layout (--gpus):
-# 1: all on GPU 0; 2: the thinker on GPU 0, talker + code2wav on GPU 1 (stage_configs/qwen3_omni.yaml's
+# 1: all on GPU 0; 2: the thinker on GPU 0, talker + code2wav on GPU 1 (omni_mp/stage_configs/qwen3_omni.yaml's
 # two-GPU comments: 120 / 100 / 24 GiB of an H200).
 SHARES = {1: (0.70, 0.14, 0.10), 2: (0.86, 0.72, 0.17)}
 DEVICES = {1: ([0], [0], [0]), 2: ([0], [1], [1])}
 LAYOUT = {1: "all three stages on GPU 0", 2: "thinker on GPU 0, talker + code2wav on GPU 1"}
 # Prefill and mixed steps (a prompt chunk, with or without decodes) replayed from vLLM's
 # piecewise CUDA graphs up to the step budget (vLLM's default list stops at 2 x max_num_seqs),
-# as stage_configs/qwen3_omni.yaml captures them: on an H200, a step outside the graphs costs
+# as omni_mp/stage_configs/qwen3_omni.yaml captures them: on an H200, a step outside the graphs costs
 # ~48 ms whatever its size (1024 tokens as 2048), one inside them what its tokens cost.
 PREFILL_GRAPH_SIZES = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 3072, 4096, 6144, 8192)
-# Thinker's and talker's tokens per step (--prefill-budget), as stage_configs/qwen3_omni.yaml: a
+# Thinker's and talker's tokens per step (--prefill-budget), as omni_mp/stage_configs/qwen3_omni.yaml: a
 # burst of 2500-token prompts prefills in fewer, fuller steps (one H200, 32 requests: RTF 0.317
 # at 2048 -> 0.292 at 8192, with code2wav below normal priority; docs/benchmarks.md). vLLM's
 # online default is 2048. Their budgets then keep AR_RESERVE_GIB beside the KV cache.
@@ -189,7 +189,7 @@ def capture_sizes(max_num_seqs: int, prefill: bool, budget: int) -> list[int]:
 
 
 def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
-    """stage_configs/qwen3_omni.yaml's three stages at the benchmark's lengths."""
+    """omni_mp/stage_configs/qwen3_omni.yaml's three stages at the benchmark's lengths."""
     model = str(model_dir(args))
     config = json.loads((Path(model) / "config.json").read_text())
     conc = max(args.concurrency)
@@ -266,7 +266,7 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
 def stage_memory_now(coord: Any) -> dict[str, str]:
     """What each GPU stage's process holds now, by the driver's count (PyTorch keeps what it
     once allocated cached, so after the rounds this is about each stage's peak)."""
-    from omni_mp.gpu_memory import GiB, process_gpu_bytes
+    from omni_mp.utils.gpu_memory import GiB, process_gpu_bytes
 
     out = {}
     for sid, h in coord.stages.items():
@@ -279,7 +279,7 @@ def stage_memory_now(coord: Any) -> dict[str, str]:
 
 
 def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
-    from omni_mp.config import parse_config
+    from omni_mp.config.validate import parse_config
     from omni_mp.control.embedded import embedded_pipeline
     from omni_mp.stage.timeline import PROFILE_DIR_ENV
 

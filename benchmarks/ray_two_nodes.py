@@ -23,12 +23,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # see omni_mp.control.ray_local
 
-from omni_mp.client import AsyncOmniClient  # noqa: E402
-from omni_mp.config import parse_config  # noqa: E402
+from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
+from omni_mp.config.validate import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
 from omni_mp.control.ray_local import local_cluster  # noqa: E402
-from omni_mp.keys import client_identity, generate  # noqa: E402
 from omni_mp.stage.timeline import PROFILE_DIR_ENV  # noqa: E402
+from omni_mp.wire.keys import client_identity, generate  # noqa: E402
 
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 16, "seed": 0}
 SAMPLING = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 32}

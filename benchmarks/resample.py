@@ -1,5 +1,5 @@
 """Resampling to 16 kHz (the Qwen2.5-Omni processor's rate): omni_mp's resampler (libsoxr,
-`omni_mp.audio_io.resample`) against the Kaiser-windowed sinc it replaced, on `--seconds` of
+`omni_mp.media.audio_io.resample`) against the Kaiser-windowed sinc it replaced, on `--seconds` of
 audio at 44.1, 48, 22.05 and 8 kHz and at 44,101 Hz (coprime to 16,000).
 
 Each run is its own subprocess: wall time of one call, and peak memory as the rise of the
@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omni_mp.audio_io import resample  # noqa: E402
+from omni_mp.media.audio_io import resample  # noqa: E402
 
 TARGET = 16_000
 RATES = (44_100, 48_000, 22_050, 8_000, 44_101)

@@ -1,7 +1,7 @@
 """GPU placement check: run a pipeline whose stages are pinned to GPUs, and show from inside
 each stage process which GPUs it sees, and from nvidia-smi which GPU each process uses.
 
-    python launch/gpu_check.py --config stage_configs/tiny_chain_gpu.yaml
+    python launch/gpu_check.py --config omni_mp/stage_configs/tiny_chain_gpu.yaml
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omni_mp.client import OmniClient  # noqa: E402
-from omni_mp.config import load_config  # noqa: E402
+from omni_mp.client.omni_client import OmniClient  # noqa: E402
+from omni_mp.config.validate import load_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
 
 

@@ -31,7 +31,7 @@ from omni_mp.models.qwen3_omni.code2wav import Code2WavModel, Code2WavWindow  # 
 from omni_mp.models.qwen3_omni.tiny_code2wav import write_released_code2wav  # noqa: E402
 
 GROUPS, FRAME = 16, 1920
-# stage_configs/qwen3_omni.yaml's streaming
+# omni_mp/stage_configs/qwen3_omni.yaml's streaming
 STREAMING = StreamingConfig(first_chunk=16, chunk=32, max_chunk=192, left_context=0, right_context=16, crossfade_ms=0.0)
 
 

@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omni_mp.client import AsyncOmniClient  # noqa: E402
-from omni_mp.config import parse_config  # noqa: E402
+from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
+from omni_mp.config.validate import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
 from omni_mp.models.registry import resolve_model  # noqa: E402
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk  # noqa: E402

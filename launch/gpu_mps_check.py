@@ -1,6 +1,6 @@
 """GPU sharing check (omni_mp.control.mps, `gpu_sharing` in the pipeline YAML) on one GPU:
 
-1. The tiny Qwen3-Omni pipeline (stage_configs/tiny_qwen3_omni.yaml, fp32, CUDA graphs, every
+1. The tiny Qwen3-Omni pipeline (omni_mp/stage_configs/tiny_qwen3_omni.yaml, fp32, CUDA graphs, every
    stage on GPU 0) serves the same 8 concurrent requests time-sliced and under MPS: thinker
    tokens, frames and audio must agree (gpu_qwen3_omni_check's criteria). Under MPS the private
    daemon must list every stage process as its client while it serves.
@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launch.gpu_qwen3_omni_check import AUDIO_RTOL, REQUESTS, config, outputs, run  # noqa: E402
-from omni_mp.config import GpuSharingConfig  # noqa: E402
+from omni_mp.config.validate import GpuSharingConfig  # noqa: E402
 from omni_mp.control.mps import PIPE_ENV, MpsDaemon, control_program  # noqa: E402
 
 MPS_PROCS = "nvidia-cuda-mps"  # the control daemon and its servers
@@ -96,7 +96,7 @@ def child_main() -> int:
     if sys.platform.startswith("linux"):
         import ctypes
 
-        def preexec() -> None:  # dies with this process, as stage processes do (omni_mp.procs)
+        def preexec() -> None:  # dies with this process, as stage processes do (omni_mp.utils.procs)
             ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL, 0, 0, 0)
 
     client = subprocess.Popen(

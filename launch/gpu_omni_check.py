@@ -1,5 +1,5 @@
 """CUDA graphs check for Qwen2.5-Omni: the tiny thinker -> talker -> token2wav pipeline
-(stage_configs/tiny_qwen2_5_omni.yaml, fp32) with `enforce_eager: true` and with vLLM's
+(omni_mp/stage_configs/tiny_qwen2_5_omni.yaml, fp32) with `enforce_eager: true` and with vLLM's
 default (torch.compile + CUDA graphs), side by side on the GPU: 8 concurrent requests (text,
 audio and image prompts, two speakers). Per request it prints whether the thinker tokens,
 the talker codes and the audio agree; with `--oracle`, also against transformers (CPU).
@@ -29,9 +29,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omni_mp.client import AsyncOmniClient  # noqa: E402
-from omni_mp.config import parse_config  # noqa: E402
+from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
+from omni_mp.config.validate import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg  # noqa: E402
 from tests.synthetic_media import pattern, tone  # noqa: E402
 
@@ -74,7 +75,7 @@ def compare_modes(p: argparse.ArgumentParser, value: str) -> list[str]:
 
 def config(mode: str, gpus: int) -> Any:
     """The YAML's pipeline with every stage on the GPU(s) (gpus 0: on the CPU, as in the YAML)."""
-    raw = yaml.safe_load((REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml").read_text())
+    raw = yaml.safe_load((CONFIG_DIR / "tiny_qwen2_5_omni.yaml").read_text())
     raw["name"] = f"tiny_qwen2_5_omni_{mode}"
     for stage in raw["stages"]:
         args = stage.setdefault("engine_args", {})

@@ -1,5 +1,5 @@
 """CUDA graphs check for Qwen3-Omni: the tiny thinker -> talker (code predictor inside its step)
--> code2wav pipeline (stage_configs/tiny_qwen3_omni.yaml, fp32) with `enforce_eager: true` and
+-> code2wav pipeline (omni_mp/stage_configs/tiny_qwen3_omni.yaml, fp32) with `enforce_eager: true` and
 with vLLM's default (torch.compile + CUDA graphs), side by side on the GPU: 8 concurrent
 requests (text, audio, image and audio + image prompts, three speakers). Per request it prints
 whether the thinker tokens, the talker's frames (group 0) and the audio agree; with
@@ -32,9 +32,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launch.gpu_omni_check import COMPARE_HELP, MODES, compare_modes  # noqa: E402
-from omni_mp.client import AsyncOmniClient  # noqa: E402
-from omni_mp.config import parse_config  # noqa: E402
+from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
+from omni_mp.config.validate import parse_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished  # noqa: E402
 from tests.synthetic_media import pattern, tone  # noqa: E402
 
@@ -55,7 +56,7 @@ REQUESTS: list[dict[str, Any]] = [
 
 def config(mode: str, gpus: int) -> Any:
     """The YAML's pipeline with every stage on the GPU(s) (gpus 0: on the CPU, as in the YAML)."""
-    raw = yaml.safe_load((REPO / "stage_configs" / "tiny_qwen3_omni.yaml").read_text())
+    raw = yaml.safe_load((CONFIG_DIR / "tiny_qwen3_omni.yaml").read_text())
     raw["name"] = f"tiny_qwen3_omni_{mode}"
     for stage in raw["stages"]:
         args = stage.setdefault("engine_args", {})

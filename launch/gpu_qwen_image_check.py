@@ -2,7 +2,7 @@
 different sizes, steps, seeds and CFG settings at once (they batch in the DiT stage), and
 compare each image with diffusers' `QwenImagePipeline` on the CPU (fp32, same seed).
 
-    python launch/gpu_qwen_image_check.py --config stage_configs/tiny_qwen_image_gpu.yaml
+    python launch/gpu_qwen_image_check.py --config omni_mp/stage_configs/tiny_qwen_image_gpu.yaml
 
 Prints per request the max pixel difference (in 1/255 steps) and the time to its image.
 """
@@ -20,9 +20,9 @@ import msgspec  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
-from omni_mp.config import load_config  # noqa: E402
+from omni_mp.config.validate import load_config  # noqa: E402
 from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
-from omni_mp.models.qwen_image import ImageParams  # noqa: E402
+from omni_mp.models.qwen_image.params import ImageParams  # noqa: E402
 from omni_mp.models.registry import resolve_model  # noqa: E402
 from omni_mp.wire.codec import decode, encode  # noqa: E402
 from omni_mp.wire.messages import IMAGE_KEY, ErrorEvent, Finished, StageOutputChunk, Submit  # noqa: E402

@@ -9,7 +9,7 @@ import threading
 import zmq
 import zmq.asyncio
 
-from omni_mp.client import OmniClient
+from omni_mp.client.omni_client import OmniClient
 from omni_mp.wire.codec import NUMPY_ARRAYS, decode, encode
 from omni_mp.wire.messages import Finished, StageOutputChunk, StageResult, Submit
 

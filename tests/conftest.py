@@ -20,7 +20,7 @@ from pathlib import Path  # noqa: E402
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
-from omni_mp.models.tiny import BUILTIN_SPECS, build_tiny_model  # noqa: E402
+from omni_mp.models.generic.tiny import BUILTIN_SPECS, build_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

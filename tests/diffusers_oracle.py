@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from omni_mp.models.qwen_image import ImageParams
+from omni_mp.models.qwen_image.params import ImageParams
 
 
 def diffusers_image(pipe: Any, prompt: str, p: ImageParams, on_step: Callable[..., Any] | None = None) -> torch.Tensor:

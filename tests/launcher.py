@@ -129,7 +129,7 @@ def gone(pid: int, timeout_s: float = 10.0) -> bool:
 @contextmanager
 def settled_client(endpoint: str, timeout_s: float = 5.0) -> Iterator[object]:
     """An OmniClient for a test; afterwards nothing may stay in flight, whatever the test did."""
-    from omni_mp.client import OmniClient
+    from omni_mp.client.omni_client import OmniClient
 
     with OmniClient(endpoint) as client:
         yield client

@@ -15,9 +15,9 @@ import torch
 
 from omni_mp.engines.base import Extension
 from omni_mp.engines.rows import RowStream
+from omni_mp.models.processor import RequestContext, UpstreamResult
 from omni_mp.models.qwen3_omni.codes import NO_CODE, codes_of_rows
 from omni_mp.models.registry import resolve_model
-from omni_mp.processors.base import RequestContext, UpstreamResult
 from omni_mp.wire.messages import SamplingParamsMsg
 from tests.launcher import start_request
 from tests.synthetic_media import pattern, tone

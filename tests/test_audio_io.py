@@ -19,8 +19,8 @@ import pytest
 import soundfile
 import torch
 
-from omni_mp.audio_io import AudioFileError, read_audio, resample, write_wav
-from omni_mp.media_files import multi_modal_input
+from omni_mp.client.media import multi_modal_input
+from omni_mp.media.audio_io import AudioFileError, read_audio, resample, write_wav
 
 REPO = Path(__file__).resolve().parent.parent
 RATES = (44_100, 48_000, 22_050, 8_000, 44_101)  # benchmarks/resample.py's inputs

@@ -14,7 +14,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from omni_mp.client import STREAM_QUEUE, AsyncOmniClient, RequestError
+from omni_mp.client.omni_client import STREAM_QUEUE, AsyncOmniClient, RequestError
 from omni_mp.wire.codec import decode, encode
 from omni_mp.wire.messages import Abort, StageOutputChunk, StatusReply, StatusRequest, Submit
 from tests.audio_server import audio_round_trip
@@ -82,7 +82,7 @@ def test_a_stream_not_read_ends_with_slow_consumer_and_status_is_matched() -> No
 # ---- a client without torch ---------------------------------------------------------------------
 TORCH_FREE_SCRIPT = """
 import sys
-import omni_mp.client
+import omni_mp.client.omni_client
 assert "torch" not in sys.modules and "vllm" not in sys.modules, "imported on import"
 import numpy as np
 from tests.audio_server import audio_round_trip

@@ -25,11 +25,11 @@ import pytest
 import torch
 import zmq
 
-from omni_mp.client import HandshakeError, InvalidRequest, OmniClient, RequestError
+from omni_mp.client.media import MAX_CHANNELS, audio_samples, multi_modal_input
+from omni_mp.client.omni_client import HandshakeError, InvalidRequest, OmniClient, RequestError
 from omni_mp.control.coordinator import Coordinator
-from omni_mp.keys import CurveIdentity, client_identity, generate
-from omni_mp.media_files import MAX_CHANNELS, audio_samples, multi_modal_input
 from omni_mp.wire.codec import decode, encode
+from omni_mp.wire.keys import CurveIdentity, client_identity, generate
 from omni_mp.wire.messages import ErrorEvent, SamplingParamsMsg
 from tests.test_audio_io import _broken_files, sine
 from tests.test_curve_pipeline import secured  # noqa: F401  (the keyed pipeline fixture)

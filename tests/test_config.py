@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from omni_mp.config import ConfigError, load_config, parse_config
+from omni_mp.config.schema import ConfigError
+from omni_mp.config.validate import load_config, parse_config
+from omni_mp.stage_configs import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parent.parent
-TINY_CHAIN = REPO / "stage_configs" / "tiny_chain.yaml"
+TINY_CHAIN = CONFIG_DIR / "tiny_chain.yaml"
 
 
 def base() -> dict[str, Any]:
@@ -22,7 +24,7 @@ def base() -> dict[str, Any]:
 
 
 def test_shipped_configs_load() -> None:
-    for path in sorted((REPO / "stage_configs").glob("*.yaml")):
+    for path in sorted((CONFIG_DIR).glob("*.yaml")):
         cfg = load_config(path)
         assert cfg.stages, path
 
@@ -126,7 +128,7 @@ def test_cli_reports_bad_config_and_exits_2(tmp_path: Path) -> None:
     assert str(bad) in proc.stderr
 
 
-TINY_TTS = REPO / "stage_configs" / "tiny_tts.yaml"
+TINY_TTS = CONFIG_DIR / "tiny_tts.yaml"
 
 
 @pytest.mark.parametrize(
@@ -162,6 +164,6 @@ def test_codec_processor_only_feeds_diffusion_stages() -> None:
 
 
 def test_every_shipped_stage_has_a_restart_budget() -> None:
-    for path in sorted((REPO / "stage_configs").glob("*.yaml")):
+    for path in sorted((CONFIG_DIR).glob("*.yaml")):
         for stage in load_config(path, check_engine_args=False).stages:
             assert stage.restart.max_restarts > 0, f"{path.name}: stage {stage.id}"

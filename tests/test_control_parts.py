@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import zmq
 
-from omni_mp.config import parse_config
+from omni_mp.config.validate import parse_config
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.requests import Rejected, RequestTable, check_submit

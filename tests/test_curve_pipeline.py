@@ -13,11 +13,11 @@ import psutil
 import pytest
 import zmq
 
-from omni_mp.client import OmniClient
-from omni_mp.config import parse_config
+from omni_mp.client.omni_client import OmniClient
+from omni_mp.config.validate import parse_config
 from omni_mp.control.coordinator import Coordinator
-from omni_mp.keys import client_identity, generate
 from omni_mp.wire.codec import encode
+from omni_mp.wire.keys import client_identity, generate
 from omni_mp.wire.messages import Abort, ErrorEvent, SamplingParamsMsg, Shutdown, Submit
 
 pytestmark = pytest.mark.engine

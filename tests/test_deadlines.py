@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from omni_mp.config import parse_config
+from omni_mp.config.validate import parse_config
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.control.links import StageLink
 from omni_mp.wire.codec import PayloadError, decode, encode

@@ -1,4 +1,4 @@
-"""Text to speech end to end (stage_configs/tiny_tts.yaml): a real launcher process, a tiny AR
+"""Text to speech end to end (omni_mp/stage_configs/tiny_tts.yaml): a real launcher process, a tiny AR
 stage whose generated ids are codec ids, streamed into a diffusion stage (token2wav on vLLM's
 EngineCore with omni_mp's diffusion scheduler and worker) that emits audio chunk by chunk.
 The oracle is transformers: greedy tiny-qwen2 gives the codes, its token2wav the waveform;
@@ -16,17 +16,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_mp.audio_io import read_audio
-from omni_mp.client import OmniClient
+from omni_mp.client.omni_client import OmniClient
 from omni_mp.engines.diffusion.params import DiffusionParams
+from omni_mp.media.audio_io import read_audio
 from omni_mp.models.registry import resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg
 from tests.hf_oracle import assert_close_audio, greedy, token2wav, tokenize
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 
 pytestmark = pytest.mark.engine
 
-CONFIG = REPO / "stage_configs" / "tiny_tts.yaml"
+CONFIG = CONFIG_DIR / "tiny_tts.yaml"
 N = 120  # stage 0's max_tokens in tiny_tts.yaml: the number of codes
 SPI = 480  # samples per code
 
@@ -106,7 +107,7 @@ def entry_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedP
 
 
 def test_entry_stage_bad_input_and_deadline_fail_only_that_request(entry_pipeline: ServedPipeline) -> None:
-    from omni_mp.client import RequestError
+    from omni_mp.client.omni_client import RequestError
 
     codes = torch.randint(0, 321, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     want = token2wav(resolve_model("tiny-token2wav"), codes, DiffusionParams(seed=5, speaker="Chelsie"))

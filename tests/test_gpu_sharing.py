@@ -14,7 +14,8 @@ from typing import Any
 import psutil
 import pytest
 
-from omni_mp.config import ConfigError, parse_config
+from omni_mp.config.schema import ConfigError
+from omni_mp.config.validate import parse_config
 from omni_mp.control.mps import (
     CONTROL,
     CONTROL_ENV,
@@ -27,7 +28,7 @@ from omni_mp.control.mps import (
     plan_sharing,
 )
 from omni_mp.control.stage_handle import stage_env
-from omni_mp.keys import generate
+from omni_mp.wire.keys import generate
 
 
 @pytest.fixture(scope="module")

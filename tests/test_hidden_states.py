@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from omni_mp.client import AsyncOmniClient, InvalidRequest, OmniClient, RequestError
+from omni_mp.client.omni_client import AsyncOmniClient, InvalidRequest, OmniClient, RequestError
 from omni_mp.models.registry import resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_same_tokens, embed_rows, greedy, greedy_hidden, talker_greedy, tokenize
 from tests.launcher import REPO, ServedPipeline, serve
@@ -134,7 +135,7 @@ def test_prompt_embeds_equal_to_token_embeddings_give_the_same_tokens(hidden_pip
 
 
 def test_bad_prompt_embeds_are_rejected_with_the_reason(hidden_pipeline: ServedPipeline) -> None:
-    from omni_mp.client import RequestError
+    from omni_mp.client.omni_client import RequestError
 
     with OmniClient(hidden_pipeline.endpoint) as client:
         with pytest.raises(RequestError) as err:
@@ -157,7 +158,7 @@ def thinker_talker_oracle(prompt: str, n0: int, n1: int) -> tuple[list[int], lis
 
 @pytest.fixture(scope="module")
 def thinker_talker() -> Iterator[ServedPipeline]:
-    with serve(REPO / "stage_configs" / "tiny_thinker_talker.yaml") as served:
+    with serve(CONFIG_DIR / "tiny_thinker_talker.yaml") as served:
         yield served
 
 

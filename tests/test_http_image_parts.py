@@ -7,14 +7,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from omni_mp.config import parse_config
+from omni_mp.config.validate import parse_config
 from omni_mp.http.chat import parse_chat
 from omni_mp.http.errors import ApiError, from_validation
 from omni_mp.http.images import parse_images
 from omni_mp.http.media import MediaSizes
 from omni_mp.http.pipeline import PipelineView
 from omni_mp.http.schemas import ChatCompletionRequest, ImageGenerationRequest
-from omni_mp.image_io import parse_size
+from omni_mp.media.image_io import parse_size
 
 CHAIN = parse_config(
     {

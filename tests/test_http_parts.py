@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 import soundfile
 
-from omni_mp.config import MediaLimits
+from omni_mp.config.schema import MediaLimits
 from omni_mp.http.__main__ import parse_listen
 from omni_mp.http.audio_out import pcm16, streaming_wav_header, wav_bytes
 from omni_mp.http.detok import Detokenizer, load_tokenizer
 from omni_mp.http.errors import ApiError, from_validation
 from omni_mp.http.media import MediaSizes, decode_audio, decode_image
 from omni_mp.http.schemas import ChatCompletionRequest
+from omni_mp.stage_configs import CONFIG_DIR
 from tests.synthetic_media import pattern, tone
 
 SIZES = MediaSizes(max_media_bytes=1 << 20)
@@ -141,12 +142,11 @@ def test_listen_spec() -> None:
 
 
 def test_a_request_runs_in_its_final_stages_and_their_upstream() -> None:
-    from omni_mp.config import load_config
+    from omni_mp.config.validate import load_config
     from omni_mp.control.requests import Rejected, check_submit, request_stages
     from omni_mp.wire.messages import Submit
-    from tests.launcher import REPO
 
-    cfg = load_config(REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml")  # 0 -> 1 -> 2, all final
+    cfg = load_config(CONFIG_DIR / "tiny_qwen2_5_omni.yaml")  # 0 -> 1 -> 2, all final
     assert request_stages(cfg, {0}) == {0}
     assert request_stages(cfg, {1}) == {0, 1}
     assert request_stages(cfg, {2}) == {0, 1, 2}

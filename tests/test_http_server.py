@@ -30,16 +30,17 @@ import yaml
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from omni_mp.client import OmniClient, RequestError
-from omni_mp.config import load_config
+from omni_mp.client.omni_client import OmniClient, RequestError
+from omni_mp.config.validate import load_config
 from omni_mp.http.app import SPEECH_PROMPT
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg
-from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, serve, settled_client
 from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
 
-BASE_CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
+BASE_CONFIG = CONFIG_DIR / "tiny_qwen2_5_omni.yaml"
 KEY = "test-key-123"
 MAX_INFLIGHT = 32
 PCM_LSB = 1 / 32768  # one step of 16-bit PCM as soundfile reads it

@@ -12,11 +12,12 @@ import pytest
 import torch
 from PIL import Image
 
-from omni_mp.client import ImageChunk, _chunk_image, final_image
-from omni_mp.image import FinalImage, image_info
-from omni_mp.image_io import png_bytes, write_png
+from omni_mp.media.image_io import png_bytes, write_png
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.codec import NUMPY_ARRAYS, Limits, PayloadError, decode, encode
 from omni_mp.wire.messages import IMAGE_KEY, IMAGE_STEP_KEY, Finished, StageOutputChunk, StageResult
+from omni_mp.wire.outputs import FinalImage, ImageChunk, final_image, image_info
+from omni_mp.wire.outputs import chunk_image as _chunk_image
 
 
 def _pixels(h: int = 24, w: int = 40, seed: int = 0) -> torch.Tensor:
@@ -116,7 +117,7 @@ def test_cli_image_flags_on_a_pipeline_without_images_exit_2_before_any_stage_st
 
     from tests.launcher import REPO
 
-    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(REPO / "stage_configs" / "tiny_chain.yaml"),
+    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(CONFIG_DIR / "tiny_chain.yaml"),
            "--prompt", "x", "--size", "64x48", "--seed", "3"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -124,7 +125,7 @@ def test_cli_image_flags_on_a_pipeline_without_images_exit_2_before_any_stage_st
 
 
 def test_request_params_are_checked_by_the_client_naming_the_entry() -> None:
-    from omni_mp.client_args import request_params
+    from omni_mp.client.args import request_params
 
     assert request_params(None) is None
     got = request_params({"seed": np.int64(3), "true_cfg_scale": np.float32(4.0), "negative_prompt": " ", "x": None})

@@ -1,5 +1,5 @@
 """Layering: a stage process imports nothing of the control plane (what both need lives in
-`omni_mp.procs`, `omni_mp.wire` and `omni_mp.gpu_memory`), and neither the control plane nor
+`omni_mp.utils.procs`, `omni_mp.wire` and `omni_mp.utils.gpu_memory`), and neither the control plane nor
 the stage loop names a `vllm_hooks*` module (vLLM internals are reached only through an engine
 or a model family)."""
 
@@ -90,11 +90,11 @@ def test_the_checks_see_imports_inside_functions_and_relative_ones() -> None:
     src = (
         "import omni_mp.engines.vllm_hooks_talker as t\n"
         "def f():\n    from omni_mp.control.endpoints import RunEndpoints\n"
-        "from .io_threads import Inbox\nfrom .. import procs\n"
+        "from .io_threads import Inbox\nfrom ..utils import procs\n"
     )
     names = named_imports(src, "omni_mp.stage")
     control = {"omni_mp.control.endpoints", "omni_mp.control.endpoints.RunEndpoints"}
     assert {n for n in names if is_control(n)} == control
     assert {n for n in names if is_vllm_hooks(n)} == {"omni_mp.engines.vllm_hooks_talker"}
-    assert {"omni_mp.stage.io_threads.Inbox", "omni_mp.procs"} <= names
+    assert {"omni_mp.stage.io_threads.Inbox", "omni_mp.utils.procs"} <= names
     assert len(STAGE) >= 5 and "omni_mp.control.coordinator" in CONTROL  # the walk found the packages

@@ -18,8 +18,9 @@ import numpy as np
 import psutil
 import pytest
 
-from omni_mp.audio_io import write_wav
-from omni_mp.client import OmniClient, RequestError
+from omni_mp.client.omni_client import OmniClient, RequestError
+from omni_mp.media.audio_io import write_wav
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import SamplingParamsMsg
 from tests.launcher import REPO, abstract_sockets_of, serve, sockets_left
 
@@ -54,25 +55,23 @@ def test_missing_or_unreadable_input_files_exit_2_before_any_stage_starts(tmp_pa
         (["--prompts-file", str(tmp_path / "missing.txt")], "missing.txt"),
     ]
     for extra, want in cases:
-        proc = _launch("--config", str(REPO / "stage_configs/tiny_qwen2_5_omni.yaml"), "--prompt", "x", *extra)
+        proc = _launch("--config", str(CONFIG_DIR / "tiny_qwen2_5_omni.yaml"), "--prompt", "x", *extra)
         assert proc.returncode == 2 and want in proc.stderr, (extra, proc.stderr[-2000:])
         assert "starting" not in proc.stderr
     # Audio longer than the model's processor takes whole is refused with both lengths.
     long = tmp_path / "long.wav"
     write_wav(long, np.zeros(16_000 * 40, dtype=np.float32), 16_000)
-    proc = _launch(
-        "--config", str(REPO / "stage_configs/tiny_qwen2_5_omni.yaml"), "--prompt", "x", "--audio", str(long)
-    )
+    proc = _launch("--config", str(CONFIG_DIR / "tiny_qwen2_5_omni.yaml"), "--prompt", "x", "--audio", str(long))
     assert proc.returncode == 2 and "40.00 s of audio; stage 0 takes at most 30 s" in proc.stderr
     # Media for a pipeline whose entry stage takes none (no prompt_format) are refused as well.
     audio = tmp_path / "a.wav"
     write_wav(audio, np.zeros(1600, dtype=np.float32), 16_000)
-    proc = _launch("--config", str(REPO / "stage_configs/tiny_chain.yaml"), "--prompt", "x", "--audio", str(audio))
+    proc = _launch("--config", str(CONFIG_DIR / "tiny_chain.yaml"), "--prompt", "x", "--audio", str(audio))
     assert proc.returncode == 2 and "stage 0 takes no media (it has no `prompt_format`)" in proc.stderr
 
 
 def test_tcp_without_keys_says_how_to_make_them() -> None:
-    proc = _launch("--config", str(REPO / "stage_configs/tiny_chain.yaml"), "--bind", "tcp://127.0.0.1:0")
+    proc = _launch("--config", str(CONFIG_DIR / "tiny_chain.yaml"), "--bind", "tcp://127.0.0.1:0")
     assert proc.returncode == 2
     assert "`omni-mp keys DIR --client NAME`" in proc.stderr and "`security: {keys: DIR}`" in proc.stderr
     assert "starting" not in proc.stderr
@@ -100,7 +99,7 @@ def test_cli_runs_prompts_through_tiny_chain(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable, "-m", "omni_mp.launch",
-            "--config", str(REPO / "stage_configs/tiny_chain.yaml"),
+            "--config", str(CONFIG_DIR / "tiny_chain.yaml"),
             "--prompt", "Hello world, how are you?",
             "--prompt", "The quick brown fox",
             "--output-dir", str(out),
@@ -146,7 +145,7 @@ def test_sigterm_fails_inflight_requests_and_exits_clean() -> None:
             assert served.proc.wait(60) == 0
             stop_s = time.monotonic() - t_signal
         # Stages close their sockets and exit without vLLM's teardown or the interpreter's
-        # finalization (9.6 s before, here, for the three-stage demo; see omni_mp.procs.exit_now).
+        # finalization (9.6 s before, here, for the three-stage demo; see omni_mp.utils.procs.exit_now).
         assert stop_s <= 2.0, f"the served pipeline took {stop_s:.1f}s to stop on SIGTERM"
         assert any("shutting down the pipeline" in line for line in served.lines)
         assert len(errors) == 1 and isinstance(errors[0], RequestError), errors

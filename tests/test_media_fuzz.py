@@ -27,17 +27,18 @@ import psutil
 import pytest
 import yaml
 
-from omni_mp.client import OmniClient, RequestError
-from omni_mp.media_files import multi_modal_input
+from omni_mp.client.media import multi_modal_input
+from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.models.registry import prompt_format, resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import SamplingParamsMsg
 from tests.fuzz_media import Case, array_cases, audio_file_cases, image_file_cases
-from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, serve, settled_client
 from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
 
-CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
+CONFIG = CONFIG_DIR / "tiny_qwen2_5_omni.yaml"
 # The stage's peak resident set may grow this much while it takes the fuzz: the largest media
 # it accepts (30 s at 384 kHz: 46 MB of samples; a 4096x4096 image: 50 MB) each held a few
 # times over (message, copy, the processor's float copies), plus vLLM's per-request buffers.

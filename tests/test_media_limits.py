@@ -9,12 +9,14 @@ import msgspec
 import pytest
 from transformers import WhisperFeatureExtractor
 
-from omni_mp.config import MediaLimits, PipelineConfig, load_config
-from omni_mp.media_limits import MediaError, check_media_sizes, resolve_media_limits, stage_media_limits
+from omni_mp.config.schema import MediaLimits, PipelineConfig
+from omni_mp.config.validate import load_config
+from omni_mp.media.limits import MediaError, check_media_sizes, resolve_media_limits, stage_media_limits
 from omni_mp.models.registry import prompt_format, resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
+CONFIG = CONFIG_DIR / "tiny_qwen2_5_omni.yaml"
 
 
 def window_s(model_dir: str | Path) -> float:

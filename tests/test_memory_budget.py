@@ -1,6 +1,6 @@
 """GPU memory budgets (omni_mp.control.memory_budget): weight estimates against real tiny
 checkpoints, the per-stage and per-device checks with explicit device totals, the engine args
-a budget becomes, and a bad budget failing `omni_mp.launch` before any stage starts."""
+a budget becomes, and a bad budget failing `omni_mp.cli` before any stage starts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 
-from omni_mp.config import ConfigError, load_config, parse_config
+from omni_mp.config.schema import ConfigError
+from omni_mp.config.validate import load_config, parse_config
 from omni_mp.control.memory_budget import (
     DeviceMemory,
     GiB,
@@ -30,6 +31,7 @@ from omni_mp.control.memory_budget import (
     safetensors_params,
 )
 from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
+from omni_mp.stage_configs import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -214,7 +216,7 @@ def test_talker_part_with_dummy_weights_on_a_config_only_dir(tmp_path: Path, mon
 
 
 def test_shipped_qwen3_omni_budgets_cover_the_estimate(tmp_path: Path) -> None:
-    """Every memory budget of stage_configs/qwen3_omni.yaml holds the planner's own estimate
+    """Every memory budget of omni_mp/stage_configs/qwen3_omni.yaml holds the planner's own estimate
     of its stage on one H200, so the launcher would not refuse the shipped config. The
     checkpoint is a config-only dir at the released sizes: with no safetensors, each part's
     weights are its parameter count on the meta device (the planner's fallback). Not vacuous:
@@ -223,7 +225,7 @@ def test_shipped_qwen3_omni_budgets_cover_the_estimate(tmp_path: Path) -> None:
     from omni_mp.models.qwen3_omni.tiny import released_config
 
     released_config().save_pretrained(tmp_path)
-    shipped = load_config(REPO / "stage_configs" / "qwen3_omni.yaml")
+    shipped = load_config(CONFIG_DIR / "qwen3_omni.yaml")
     cfg = msgspec.structs.replace(
         shipped, stages=[msgspec.structs.replace(s, model=str(tmp_path)) for s in shipped.stages]
     )

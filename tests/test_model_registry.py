@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from omni_mp.config import ConfigError, parse_config
-from omni_mp.models import registry
-from omni_mp.processors import StageProcessor
+from omni_mp.config.schema import ConfigError
+from omni_mp.config.validate import parse_config
+from omni_mp.models import generic, registry
+from omni_mp.models.processor import StageProcessor
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "omni_mp"
@@ -79,7 +80,7 @@ def test_every_reference_resolves() -> None:
 
 
 def test_builtin_names_match_the_builders() -> None:
-    from omni_mp.models import tiny
+    from omni_mp.models.generic import tiny
     from omni_mp.models.qwen2_5_omni import tiny as omni_tiny
     from omni_mp.models.qwen3_omni import tiny as q3_tiny
     from omni_mp.models.qwen3_omni import tiny_code2wav as q3_c2w
@@ -91,7 +92,7 @@ def test_builtin_names_match_the_builders() -> None:
 
 
 def test_resolve_builtin_and_unknown_names(tmp_path: Path) -> None:
-    from omni_mp.models.tiny import BUILTIN_SPECS, build_tiny_model
+    from omni_mp.models.generic.tiny import BUILTIN_SPECS, build_tiny_model
 
     built = registry.resolve_model("tiny-qwen2")
     assert built == str(build_tiny_model(BUILTIN_SPECS["tiny-qwen2"]))
@@ -127,16 +128,16 @@ def test_diffusion_model_type_checked_against_registry() -> None:
     assert str(registry.names("diffusion_models")) in str(err.value)
 
 
-@pytest.mark.parametrize("module", ["omni_mp.stage.loop", "omni_mp.config", "omni_mp.stage.media"])
+@pytest.mark.parametrize("module", ["omni_mp.stage.loop", "omni_mp.config.validate", "omni_mp.stage.media"])
 def test_runtime_imports_no_builder(module: str) -> None:
     """Importing the runtime imports no checkpoint builder, and config imports no family code."""
     proc = _run(f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))")
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = set(json.loads(proc.stdout.splitlines()[-1]))
     assert module in loaded and not loaded & _builder_modules()
-    if module == "omni_mp.config":
+    if module == "omni_mp.config.validate":
         family_code = {m for m in loaded if m.startswith("omni_mp.models.qwen2_5_omni.")}
-        assert not family_code and "omni_mp.processors" not in loaded
+        assert not family_code and "omni_mp.models.processor" not in loaded
 
 
 def _import_edges(module: str) -> set[str]:
@@ -216,3 +217,33 @@ def test_each_module_imports_alone() -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == {}
+
+
+def test_declared_processor_traits_are_the_classes_own() -> None:
+    """Config validation reads each processor's traits from its family's declaration (data); they
+    must say what the class itself says."""
+    for name in registry.names("processors"):
+        declared, cls = registry.processor_traits(name), type(registry.stage_processor(name))
+        for trait in ("needs_hidden_states", "feeds_diffusion"):
+            assert getattr(declared, trait) == getattr(cls, trait), (name, trait)
+
+
+def test_validating_every_shipped_config_imports_no_family_code_and_no_torch() -> None:
+    """The registry's promise: validation (engine args aside, which import vLLM) reads the
+    families' declarations only."""
+    code = (
+        "import json, sys\n"
+        "from omni_mp.config.validate import load_config\n"
+        "from omni_mp.stage_configs import shipped, shipped_config\n"
+        "for name in shipped():\n"
+        "    load_config(shipped_config(name), check_engine_args=False)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = set(json.loads(proc.stdout.splitlines()[-1]))
+    families = {p.__name__ for p in (*registry.FAMILY_PACKAGES, generic)}
+    family_code = {m for m in loaded if m.rsplit(".", 1)[0] in families}
+    assert not family_code, sorted(family_code)
+    assert "omni_mp.models.generic.processors" not in loaded and "omni_mp.models.processor" not in loaded
+    assert "torch" not in loaded and "transformers" not in loaded and "vllm" not in loaded

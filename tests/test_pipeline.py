@@ -13,15 +13,16 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
-from omni_mp.client import AsyncOmniClient, OmniClient, RequestError
+from omni_mp.client.omni_client import AsyncOmniClient, OmniClient, RequestError
 from omni_mp.models.registry import resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk, StageStats
 from tests.hf_oracle import assert_same_tokens, greedy, tokenize
-from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, serve, settled_client
 
 pytestmark = pytest.mark.engine
 
-CONFIG = REPO / "stage_configs" / "tiny_chain.yaml"
+CONFIG = CONFIG_DIR / "tiny_chain.yaml"
 N0 = N1 = 16  # max_tokens of stage 0 and stage 1 in tiny_chain.yaml
 
 

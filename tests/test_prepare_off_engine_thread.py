@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_mp.client import OmniClient
+from omni_mp.client.omni_client import OmniClient
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.launcher import serve, settled_client
 from tests.synthetic_media import tone

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from omni_mp.models.processor import ProcessorError, RequestContext, UpstreamResult
 from omni_mp.models.registry import stage_processor
-from omni_mp.processors import ProcessorError, RequestContext, UpstreamResult
 
 CTX = RequestContext()
 
@@ -79,7 +79,7 @@ def _omni_upstream(prompt: list[int], reply: list[int], hidden: torch.Tensor, fi
 def test_qwen2_5_omni_talker_inputs_stream_like_the_whole_reply() -> None:
     """Fed chunk by chunk as the thinker writes, the talker's prompt and per-step rows are the
     same as when the whole reply is there; after the reply come the text-end and text-pad rows."""
-    from omni_mp.config import StageConfig
+    from omni_mp.config.schema import StageConfig
     from omni_mp.models.checkpoint import load_tensors
     from omni_mp.models.registry import resolve_model
 
@@ -125,7 +125,7 @@ def test_qwen2_5_omni_talker_inputs_stream_like_the_whole_reply() -> None:
 
 
 def test_qwen2_5_omni_talker_inputs_refuse_what_the_reference_cannot_do() -> None:
-    from omni_mp.config import StageConfig
+    from omni_mp.config.schema import StageConfig
     from omni_mp.models.registry import resolve_model
 
     model_dir = resolve_model("tiny-token2wav")

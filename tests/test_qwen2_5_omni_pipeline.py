@@ -1,4 +1,4 @@
-"""Qwen2.5-Omni end to end (stage_configs/tiny_qwen2_5_omni.yaml): a real launcher process
+"""Qwen2.5-Omni end to end (omni_mp/stage_configs/tiny_qwen2_5_omni.yaml): a real launcher process
 with three stages (vLLM's thinker, our vLLM talker, the token2wav diffusion stage) on the
 tiny checkpoint, against transformers' `Qwen2_5OmniForConditionalGeneration.generate` on
 the same checkpoint, speaker and noise seed (greedy thinker and talker).
@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from omni_mp.audio_io import read_audio
-from omni_mp.client import OmniClient, RequestError
+from omni_mp.client.omni_client import OmniClient, RequestError
+from omni_mp.media.audio_io import read_audio
 from omni_mp.models.registry import resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_close_audio, assert_same_tokens, omni_generate
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
@@ -34,7 +35,7 @@ from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
 
-CONFIG = REPO / "stage_configs" / "tiny_qwen2_5_omni.yaml"
+CONFIG = CONFIG_DIR / "tiny_qwen2_5_omni.yaml"
 THINKER_TOKENS = 48  # stage 0's max_tokens in the YAML
 MIN_MARGIN = 1e-5  # below this a top-2 tie may flip on rounding alone: pick other prompts
 
@@ -148,7 +149,7 @@ def test_bad_media_fail_only_that_request(client: OmniClient) -> None:
 def test_cli_takes_audio_and_image_files_and_writes_wav(tmp_path: Path) -> None:
     from PIL import Image
 
-    from omni_mp.audio_io import write_wav
+    from omni_mp.media.audio_io import write_wav
 
     write_wav(tmp_path / "in.wav", tone(), 16_000, float32=True)  # the oracle gets the same samples
     Image.fromarray(pattern()).save(tmp_path / "in.png")

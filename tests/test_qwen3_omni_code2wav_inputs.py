@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from omni_mp.models import registry
+from omni_mp.models.processor import ProcessorError, RequestContext, UpstreamResult
 from omni_mp.models.qwen3_omni.codes import NO_CODE, NUM_CODE_GROUPS, row_width
-from omni_mp.processors.base import ProcessorError, RequestContext, UpstreamResult
 
 HIDDEN = 8
 PROMPT = 5

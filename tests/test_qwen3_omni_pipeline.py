@@ -1,4 +1,4 @@
-"""Qwen3-Omni end to end (stage_configs/tiny_qwen3_omni.yaml): a real launcher process with three
+"""Qwen3-Omni end to end (omni_mp/stage_configs/tiny_qwen3_omni.yaml): a real launcher process with three
 stages (vLLM's thinker, our vLLM talker with its code predictor, the streaming code2wav) on the
 tiny checkpoint, against transformers' `Qwen3OmniMoeForConditionalGeneration.generate` on the
 same checkpoint and speaker (fp32; greedy thinker, talker and code predictor; the talker's
@@ -25,18 +25,19 @@ from typing import Any
 import pytest
 import torch
 
-from omni_mp.client import OmniClient, RequestError
+from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.models.qwen3_omni.codes import NO_CODE, codes_of_rows
 from omni_mp.models.registry import resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_same_tokens
 from tests.hf_oracle_qwen3_omni import OmniResult, omni_generate
-from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, serve, settled_client
 from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
 
-CONFIG = REPO / "stage_configs" / "tiny_qwen3_omni.yaml"
+CONFIG = CONFIG_DIR / "tiny_qwen3_omni.yaml"
 THINKER_TOKENS = 48  # stage 0's max_tokens in the YAML
 TALKER_FRAMES = 512  # stage 1's
 MIN_MARGIN = 1e-5

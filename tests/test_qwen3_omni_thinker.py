@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from omni_mp.client import OmniClient, RequestError
+from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.models.qwen3_omni.exports import ThinkerTurns, TurnIds, accept_hidden_layer
 from omni_mp.models.registry import resolve_model
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk

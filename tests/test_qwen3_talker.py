@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import torch
 
+from omni_mp.models.processor import RequestContext
 from omni_mp.models.qwen3_omni.codes import codes_of_rows
 from omni_mp.models.qwen3_omni.exports import ThinkerTurns
 from omni_mp.models.qwen3_omni.prompt import omni_prompt_text
-from omni_mp.processors.base import RequestContext
 from tests.launcher import engine_is_empty, in_process_engine
 from tests.qwen3_talker_oracle import (
     CASES,
@@ -191,7 +191,7 @@ def test_sampled_request_beside_a_greedy_one(engine: Any) -> None:
 
 def test_processor_refuses_bad_thinker_output() -> None:
     """Bad upstream data fails the request with a message naming what is wrong."""
-    from omni_mp.processors.base import ProcessorError
+    from omni_mp.models.processor import ProcessorError
 
     run = oracle("text")
     proc = processor()

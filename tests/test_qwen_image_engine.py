@@ -24,7 +24,7 @@ import torch
 from omni_mp.engines.base import EngineInputError, StageInput
 from omni_mp.engines.diffusion.engine import DiffusionEngine
 from omni_mp.engines.diffusion.params import DiffusionStageConfig
-from omni_mp.models.qwen_image import ImageParams
+from omni_mp.models.qwen_image.params import ImageParams
 from omni_mp.models.registry import resolve_model
 from omni_mp.wire.messages import SamplingParamsMsg
 from tests.diffusers_oracle import diffusers_image

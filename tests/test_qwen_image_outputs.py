@@ -1,4 +1,4 @@
-"""Images out of the tiny Qwen-Image pipeline (stage_configs/tiny_qwen_image.yaml, CPU) through
+"""Images out of the tiny Qwen-Image pipeline (omni_mp/stage_configs/tiny_qwen_image.yaml, CPU) through
 every front end: one real launcher serving ZMQ and `--http`, the ZMQ client
 (`generate_image`, `stream_images`), the HTTP server driven by the official `openai` client
 (`client.images.generate`: b64_json PNGs, n, size, seed and the diffusion extras, SSE), and the
@@ -26,8 +26,9 @@ import openai
 import pytest
 from PIL import Image
 
-from omni_mp.client import OmniClient, RequestError
+from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.models.registry import makes_images
+from omni_mp.stage_configs import CONFIG_DIR
 from tests.launcher import REPO, ServedPipeline, serve, settled_client
 
 pytestmark = pytest.mark.engine
@@ -39,7 +40,7 @@ needs_declared = pytest.mark.skipif(
     "(omni_mp/models/qwen_image/__init__.py: FAMILY(..., image_models=frozenset({'qwen_image'})))",
 )
 
-CONFIG = REPO / "stage_configs" / "tiny_qwen_image.yaml"
+CONFIG = CONFIG_DIR / "tiny_qwen_image.yaml"
 KEY = "image-key"
 W, H, STEPS = 64, 48, 3  # not square: width and height must not be swapped anywhere
 PROMPT = "a red fox in the snow"

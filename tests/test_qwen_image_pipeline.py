@@ -1,4 +1,4 @@
-"""Qwen-Image text to image end to end (stage_configs/tiny_qwen_image.yaml, with stage 0 also a
+"""Qwen-Image text to image end to end (omni_mp/stage_configs/tiny_qwen_image.yaml, with stage 0 also a
 final stage so that its hidden rows reach the client): a real launcher process, the text
 encoder on vLLM (stage 0, prefill-only, the negative prompt as a companion sequence) and the
 DiT on the diffusion kind (stage 1), a raw ZMQ client sending `Submit.params`. The oracle is
@@ -19,17 +19,18 @@ import pytest
 import torch
 import yaml
 
-from omni_mp.models.qwen_image import ImageParams
+from omni_mp.models.qwen_image.params import ImageParams
 from omni_mp.models.qwen_image.prompt import TEMPLATE_DROP
 from omni_mp.models.registry import resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import IMAGE_KEY, ErrorEvent, Finished, StageOutputChunk, Submit
 from tests.diffusers_oracle import diffusers_image
-from tests.launcher import REPO, ServedPipeline, serve
+from tests.launcher import ServedPipeline, serve
 from tests.rawclient import RawClient
 
 pytestmark = pytest.mark.engine
 
-CONFIG = REPO / "stage_configs" / "tiny_qwen_image.yaml"
+CONFIG = CONFIG_DIR / "tiny_qwen_image.yaml"
 EMBED_ATOL = 1e-5
 PIXEL_ATOL = 1 / 255 + 1e-6
 

@@ -15,10 +15,10 @@ from typing import Any
 import psutil
 import pytest
 
-from omni_mp.client import OmniClient, RequestError
-from omni_mp.config import parse_config
+from omni_mp.client.omni_client import OmniClient, RequestError
+from omni_mp.config.validate import parse_config
 from omni_mp.control.embedded import embedded_pipeline
-from omni_mp.keys import client_identity, generate
+from omni_mp.wire.keys import client_identity, generate
 from omni_mp.wire.messages import SamplingParamsMsg
 from tests.hf_oracle import assert_same_tokens
 from tests.test_pipeline import N0, N1, chain_oracle

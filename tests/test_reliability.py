@@ -26,8 +26,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from omni_mp.client import OmniClient, RequestError
-from omni_mp.config import load_config
+from omni_mp.client.omni_client import OmniClient, RequestError
+from omni_mp.config.validate import load_config
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.wire.codec import decode, encode
 from omni_mp.wire.messages import (

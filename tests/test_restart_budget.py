@@ -14,10 +14,10 @@ import psutil
 import pytest
 import yaml
 
-from omni_mp.client import OmniClient, RequestError
-from omni_mp.config import parse_config
+from omni_mp.cli import EXIT_STAGE_DOWN
+from omni_mp.client.omni_client import OmniClient, RequestError
+from omni_mp.config.validate import parse_config
 from omni_mp.control.coordinator import Coordinator
-from omni_mp.launch import EXIT_STAGE_DOWN
 from omni_mp.wire.messages import StatusReply
 from tests.launcher import REPO, gone, serve
 

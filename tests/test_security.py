@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from omni_mp.config import IMPORT_CAPABLE_ENGINE_ARGS, ConfigError, parse_config
-from omni_mp.keys import INTERNAL, STAGE_DOMAIN, SecureContext, client_identity, generate, pipeline_identity
+from omni_mp.config.schema import ConfigError
+from omni_mp.config.validate import IMPORT_CAPABLE_ENGINE_ARGS, parse_config
 from omni_mp.wire.codec import encode
+from omni_mp.wire.keys import INTERNAL, STAGE_DOMAIN, SecureContext, client_identity, generate, pipeline_identity
 from omni_mp.wire.messages import Shutdown, StageRequest
 from omni_mp.wire.transport import MessageReceiver, MessageSender
 from tests.launcher import REPO
@@ -64,7 +65,7 @@ def test_import_capable_engine_args_need_the_opt_in(arg: str) -> None:
 
 
 def test_graph_sizes_need_no_opt_in_but_other_compilation_keys_do() -> None:
-    """CUDA graph sizes (what stage_configs/qwen3_omni.yaml sets for its prefill steps) name
+    """CUDA graph sizes (what omni_mp/stage_configs/qwen3_omni.yaml sets for its prefill steps) name
     no code; a compilation backend or pass does, and still needs the opt-in."""
     graphs = {"cudagraph_capture_sizes": [1, 2, 4, 8, 512, 2048], "cudagraph_mode": "FULL_AND_PIECEWISE"}
     cfg = parse_config({"name": "p", "stages": [{**STAGES[0], "engine_args": {"compilation_config": graphs}}]})
@@ -129,9 +130,9 @@ FORBIDDEN_BUILTINS = {"eval", "exec", "compile", "__import__"}  # as bare names 
 FORBIDDEN_CALLS = {"import_module", "import_string", "locate", "resolve_obj_by_qualname", "import_from_path"}
 FORBIDDEN_ATTRS = {("yaml", "load"), ("yaml", "unsafe_load"), ("torch", "load"), ("yaml", "full_load")}
 # Where bytes and YAML enter: every omni_mp module they import, transitively, is checked.
-ENTRY_MODULES = ["omni_mp.wire.messages", "omni_mp.wire.codec", "omni_mp.wire.transport", "omni_mp.config",
-                 "omni_mp.client", "omni_mp.control.coordinator", "omni_mp.stage.loop", "omni_mp.processors",
-                 "omni_mp.launch", "omni_mp.keys"]  # fmt: skip
+ENTRY_MODULES = ["omni_mp.wire.messages", "omni_mp.wire.codec", "omni_mp.wire.transport", "omni_mp.config.validate",
+                 "omni_mp.client.omni_client", "omni_mp.control.coordinator", "omni_mp.stage.loop",
+                 "omni_mp.models.processor", "omni_mp.cli", "omni_mp.wire.keys", "omni_mp"]  # fmt: skip
 
 
 def _module_file(name: str) -> Path | None:
@@ -205,7 +206,7 @@ def test_the_scan_catches_what_it_looks_for() -> None:
 def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
     evil = tmp_path / "evil.yaml"
     evil.write_text("name: !!python/object/apply:os.system ['touch " + str(tmp_path / "pwned") + "']\nstages: []\n")
-    from omni_mp.config import load_config
+    from omni_mp.config.validate import load_config
 
     with pytest.raises(ConfigError):
         load_config(evil)

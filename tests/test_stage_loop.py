@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import zmq
 
-from omni_mp.config import PipelineConfig, parse_config
+from omni_mp.config.schema import PipelineConfig
+from omni_mp.config.validate import parse_config
 from omni_mp.control.endpoints import new_run_id
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage.loop import StageLoop

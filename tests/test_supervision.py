@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from omni_mp import launch
-from omni_mp.config import parse_config
+from omni_mp import cli as launch
+from omni_mp.config.validate import parse_config
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
-from omni_mp.procs import popen
+from omni_mp.utils.procs import popen
 from tests.launcher import REPO, gone
 
 
@@ -116,7 +116,10 @@ def test_a_spent_restart_budget_stops_the_stage_or_keeps_retrying(tmp_path: Path
         h.kill()
 
 
-CHILD = "import sys, time; from omni_mp.procs import die_with_parent; die_with_parent(int(sys.argv[1])); time.sleep(60)"
+CHILD = (
+    "import sys, time; from omni_mp.utils.procs import die_with_parent; die_with_parent(int(sys.argv[1])); "
+    "time.sleep(60)"
+)
 
 
 def test_children_forked_from_a_short_lived_thread_outlive_it() -> None:

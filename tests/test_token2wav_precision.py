@@ -20,7 +20,7 @@ import torch
 
 from omni_mp.engines.diffusion.model import Window
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
-from omni_mp.engines.vllm_hooks_diffusion import use_kernel_settings
+from omni_mp.engines.diffusion.vllm_hooks import use_kernel_settings
 from omni_mp.models.qwen2_5_omni.speakers import load_speakers
 from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
 from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel

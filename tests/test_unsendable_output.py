@@ -11,8 +11,8 @@ import msgspec
 import pytest
 import torch
 
-from omni_mp.client import AsyncOmniClient, OmniClient, RequestError
-from omni_mp.config import load_config
+from omni_mp.client.omni_client import AsyncOmniClient, OmniClient, RequestError
+from omni_mp.config.validate import load_config
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.control.embedded import embedded_pipeline
 from omni_mp.wire.codec import Limits, PayloadError, decode, encode, split_unsendable

@@ -30,8 +30,8 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from omni_mp.audio import AUDIO_KEY, AudioParts
-from omni_mp.config import PipelineConfig, check_models
+from omni_mp.config.schema import PipelineConfig
+from omni_mp.config.validate import check_models
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.memory_budget import resolve_memory_budgets
@@ -41,10 +41,9 @@ from omni_mp.control.requests import Inflight, Rejected, RequestTable, check_sub
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.control.wiring import Wiring
-from omni_mp.image import IMAGE_KEY, FinalImage
-from omni_mp.keys import CLIENT_DOMAIN, STAGE_DOMAIN, SecureContext, pipeline_identity
-from omni_mp.media_limits import resolve_media_limits
+from omni_mp.media.limits import resolve_media_limits
 from omni_mp.wire.codec import PayloadError
+from omni_mp.wire.keys import CLIENT_DOMAIN, STAGE_DOMAIN, SecureContext, pipeline_identity
 from omni_mp.wire.messages import (
     Abort,
     Connected,
@@ -65,6 +64,7 @@ from omni_mp.wire.messages import (
     StatusRequest,
     Submit,
 )
+from omni_mp.wire.outputs import AUDIO_KEY, IMAGE_KEY, AudioParts, FinalImage
 from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
 log = logging.getLogger("omni_mp.control.coordinator")
@@ -492,7 +492,7 @@ class Coordinator:
 
     def down_for_good(self) -> dict[int, str]:
         """Stages that died with their restart budget spent, and why: while there is one, no
-        request can be served (a served pipeline then exits; omni_mp.launch)."""
+        request can be served (a served pipeline then exits; omni_mp.cli)."""
         return self.supervisor.down_for_good()
 
     def _on_submit(self, client: bytes, msg: Submit) -> None:

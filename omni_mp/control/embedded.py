@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from omni_mp.config import PipelineConfig
+from omni_mp.config.schema import PipelineConfig
 from omni_mp.control.coordinator import Coordinator
 
 

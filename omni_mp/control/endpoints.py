@@ -11,7 +11,7 @@ import os
 import secrets
 import sys
 
-from omni_mp.config import EndpointsConfig
+from omni_mp.config.schema import EndpointsConfig
 
 
 def new_run_id() -> str:

@@ -27,8 +27,8 @@ from collections import OrderedDict, deque
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from omni_mp.keys import CLIENT_DOMAIN, HANDSHAKE_FAILED, CurveIdentity
 from omni_mp.wire.codec import Buffer, Limits, PayloadError, decode, encode
+from omni_mp.wire.keys import CLIENT_DOMAIN, HANDSHAKE_FAILED, CurveIdentity
 from omni_mp.wire.messages import Message, StageRequest
 from omni_mp.wire.transport import CONTROL_HWM, MessageSender, make_socket
 

@@ -29,10 +29,10 @@ from typing import Any
 
 import msgspec
 
-from omni_mp.config import PipelineConfig, StageConfig
-from omni_mp.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml
+from omni_mp.config.schema import PipelineConfig, StageConfig
 from omni_mp.models.family import CheckpointSizing
 from omni_mp.models.registry import checkpoint_sizing
+from omni_mp.utils.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml
 
 log = logging.getLogger("omni_mp.control.memory_budget")
 

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from omni_mp.config import PipelineConfig
-from omni_mp.procs import popen
+from omni_mp.config.schema import PipelineConfig
+from omni_mp.utils.procs import popen
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from omni_mp.config import PipelineConfig, StageConfig
+from omni_mp.config.schema import PipelineConfig, StageConfig
 
 log = logging.getLogger("omni_mp.control.ray")
 
@@ -47,7 +47,7 @@ class StageProcessActor:
     """Runs one stage process on the actor's node (wrapped by `ray.remote` at first use)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], log_name: str) -> None:
-        from omni_mp.procs import popen
+        from omni_mp.utils.procs import popen
 
         ray = _ray()
         self.node_ip = ray.util.get_node_ip_address()

@@ -10,11 +10,10 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from omni_mp.audio import AudioParts
-from omni_mp.config import PipelineConfig
-from omni_mp.image import FinalImage
-from omni_mp.media_limits import MediaError, check_media_sizes
+from omni_mp.config.schema import PipelineConfig
+from omni_mp.media.limits import MediaError, check_media_sizes
 from omni_mp.wire.messages import MultiModalInput, SamplingParamsMsg, StageDone, StageResult, Submit
+from omni_mp.wire.outputs import AudioParts, FinalImage
 
 
 @dataclass

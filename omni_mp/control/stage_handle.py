@@ -10,11 +10,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omni_mp.config import PipelineConfig, StageConfig, config_to_json, parse_core_list
+from omni_mp.config.schema import PipelineConfig, StageConfig, config_to_json, parse_core_list
 from omni_mp.control.endpoints import RunEndpoints
 from omni_mp.control.mps import PIPE_ENV, PRIORITY_ENV, PRIORITY_LEVELS, SM_PERCENT_ENV
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
-from omni_mp.procs import popen
+from omni_mp.utils.procs import popen
 from omni_mp.wire.messages import StageStats
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from omni_mp.config import PipelineConfig
+from omni_mp.config.schema import PipelineConfig
 from omni_mp.control.stage_handle import Incarnation, StageHandle
 from omni_mp.wire.messages import StageStats
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from omni_mp.config import PipelineConfig
+from omni_mp.config.schema import PipelineConfig
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.wire.messages import Connect, StageEndpoint
 

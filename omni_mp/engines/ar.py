@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +25,7 @@ from omni_mp.engines.vllm_hooks import (
     CapturedRows,
     CoreDriver,
     HookedRequest,
+    RequestInputs,
     StepIO,
     build_engine_core,
     engine_core_cls,
@@ -80,7 +80,6 @@ class _Group:
 class AREngine:
     def __init__(self, model: str, engine_args: dict[str, Any], features: EngineFeatures = EngineFeatures()) -> None:
         from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.input_processor import InputProcessor
 
         self.features = features
         self._executed = False  # whether the last step computed anything (`step_progress`)
@@ -145,8 +144,7 @@ class AREngine:
             )  # fmt: skip
             self.warmup_note = f"fused-MoE kernels warmed at {len(w.sizes)} token counts in {w.seconds:.1f}s"
         self.vllm_config = vllm_config
-        self._inputs = InputProcessor(vllm_config)
-        self._tasks = core.get_supported_tasks()
+        self._inputs = RequestInputs(core)
         # The engine thread decodes with its own copy: a fast tokenizer must not be used by
         # two threads at once, and `tokenize`/`prepare` run on the preparing thread.
         self._decoder = None if self._inputs.tokenizer is None else copy.deepcopy(self._inputs.tokenizer)
@@ -266,7 +264,7 @@ class AREngine:
             )
         try:
             params = self.to_vllm_sampling(sampling)
-            req = self._inputs.process_inputs(request_id, prompt, params, self._tasks, arrival_time=time.time())
+            req = self._inputs.process(request_id, prompt, params)
         except (ValueError, TypeError, KeyError) as err:  # vLLM's processors raise all three on bad media
             raise EngineInputError(str(err)) from err
         prompt_len = req.prompt_embeds.shape[0] if req.prompt_embeds is not None else len(req.prompt_token_ids or [])

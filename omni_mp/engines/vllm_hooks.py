@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -467,6 +468,25 @@ def install_gated_scheduler(io: StepIO) -> Callable[[Any], None]:
         sched.scheduler_cls = gated_scheduler_cls(io, sched.get_scheduler_cls())
 
     return configure
+
+
+class RequestInputs:
+    """vLLM 0.25.0's `InputProcessor` for an engine core: prompts (token ids, embeddings, media)
+    and sampling params -> the `EngineCoreRequest` that `CoreDriver.add` hands to the scheduler,
+    validated and processed by vLLM's own code (its multimodal processors included)."""
+
+    def __init__(self, core: Any) -> None:
+        from vllm.v1.engine.input_processor import InputProcessor
+
+        self._processor = InputProcessor(core.vllm_config)
+        self._tasks = core.get_supported_tasks()
+
+    @property
+    def tokenizer(self) -> Any | None:
+        return self._processor.tokenizer
+
+    def process(self, request_id: str, prompt: Any, params: Any) -> Any:
+        return self._processor.process_inputs(request_id, prompt, params, self._tasks, arrival_time=time.time())
 
 
 class CoreDriver:

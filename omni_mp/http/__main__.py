@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 
 API_KEY_ENV = "OMNI_MP_API_KEY"
 
@@ -23,7 +22,7 @@ def parse_listen(spec: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="omni_mp.http", description=__doc__)
-    p.add_argument("--config", type=Path, required=True, help="the pipeline's YAML")
+    p.add_argument("--config", required=True, help="the pipeline's YAML: a path or a shipped config's name")
     p.add_argument("--endpoint", required=True, help="the coordinator's client endpoint")
     p.add_argument("--listen", required=True, help="HOST:PORT")
     p.add_argument("--max-body-mb", type=float, default=64.0)
@@ -33,20 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s http %(levelname)s %(name)s: %(message)s")
 
     if args.parent_pid is not None:
-        from omni_mp.procs import die_with_parent
+        from omni_mp.utils.procs import die_with_parent
 
         die_with_parent(args.parent_pid)
     import uvicorn
 
-    from omni_mp.client import AsyncOmniClient
-    from omni_mp.config import load_config
+    from omni_mp.client.omni_client import AsyncOmniClient
+    from omni_mp.config.validate import load_config
     from omni_mp.http.app import ServerSettings, create_app
     from omni_mp.http.detok import load_tokenizer
     from omni_mp.http.pipeline import PipelineView
-    from omni_mp.keys import INTERNAL, client_identity
+    from omni_mp.stage_configs import resolve_config
+    from omni_mp.wire.keys import INTERNAL, client_identity
 
     host, port = parse_listen(args.listen)
-    cfg = load_config(args.config)
+    cfg = load_config(resolve_config(args.config))
     view = PipelineView.of(cfg)
     body = int(args.max_body_mb * (1 << 20))
     settings = ServerSettings(
@@ -64,6 +64,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from omni_mp.procs import exit_now
+    from omni_mp.utils.procs import exit_now
 
     exit_now(main())  # uvicorn has closed its sockets and the client its own: skip the finalization

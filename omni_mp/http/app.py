@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omni_mp.client import AsyncOmniClient, RequestError
+from omni_mp.client.omni_client import AsyncOmniClient, RequestError
 from omni_mp.http.audio_out import SAMPLE_RATE, b64, streaming_wav_header, wav_bytes
 from omni_mp.http.chat import AudioDelta, ChatEnd, ChatJob, TextDelta, check_voice, parse_chat, run_chat
 from omni_mp.http.errors import ApiError, bad_request, from_request_error, from_validation, too_large

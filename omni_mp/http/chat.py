@@ -10,14 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from omni_mp.client import AsyncOmniClient
+from omni_mp.client.omni_client import AsyncOmniClient
 from omni_mp.http.audio_out import pcm16
 from omni_mp.http.detok import Detokenizer
 from omni_mp.http.errors import bad_request
 from omni_mp.http.media import MediaSizes, decode_audio, decode_image
 from omni_mp.http.pipeline import PipelineView, Sampling
 from omni_mp.http.schemas import ChatCompletionRequest, ImageUrlPart, InputAudioPart, TextPart, Usage
-from omni_mp.wire.messages import AUDIO_KEY, SAMPLE_RATE_KEY, Finished, SamplingParamsMsg, StageDone, StageOutputChunk
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageDone, StageOutputChunk
+from omni_mp.wire.outputs import audio_of
 
 AUDIO_OUT_FORMATS = ("wav", "pcm16")
 
@@ -134,10 +135,8 @@ def parse_chat(req: ChatCompletionRequest, view: PipelineView, sizes: MediaSizes
 
 
 def _chunk_pcm(info: Any) -> tuple[bytes, int] | None:
-    if not info or AUDIO_KEY not in info:
-        return None
-    samples = np.asarray(info[AUDIO_KEY], dtype=np.float32)
-    return (pcm16(samples), int(info[SAMPLE_RATE_KEY])) if samples.size else None
+    got = audio_of(info)
+    return (pcm16(np.asarray(got[0], dtype=np.float32)), got[1]) if got is not None else None
 
 
 def _finish_reason(reason: str | None) -> str:

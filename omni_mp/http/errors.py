@@ -6,7 +6,7 @@ import re
 
 import msgspec
 
-from omni_mp.client import RequestError
+from omni_mp.client.omni_client import RequestError
 
 
 class ErrorBody(msgspec.Struct):
@@ -66,7 +66,7 @@ def from_validation(err: msgspec.MsgspecError) -> ApiError:
     return bad_request(f"{what}" + (f" (at `{param}`)" if param else ""), param, code)
 
 
-# The pipeline's error codes (omni_mp.client.RequestError.code) -> HTTP status.
+# The pipeline's error codes (omni_mp.client.omni_client.RequestError.code) -> HTTP status.
 _STATUS = {
     "invalid_input": 400,
     "invalid_message": 400,

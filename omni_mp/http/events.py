@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from omni_mp.client import RequestError
+from omni_mp.client.omni_client import RequestError
 from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta
 from omni_mp.http.errors import ApiError, from_request_error
 from omni_mp.http.metrics import Metrics

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from omni_mp.client import AsyncOmniClient, ImageChunk, RequestError
+from omni_mp.client.omni_client import AsyncOmniClient, ImageChunk, RequestError
 from omni_mp.http.audio_out import b64
 from omni_mp.http.errors import bad_request, from_request_error
 from omni_mp.http.pipeline import PipelineView
 from omni_mp.http.schemas import ImageGenerationRequest, ImageStreamEvent, to_json
-from omni_mp.image_io import draw_seed, parse_size, png_bytes
+from omni_mp.media.image_io import draw_seed, parse_size, png_bytes
 
 # OpenAI fields taken only at their default (or "auto"): anything else is refused, not ignored.
 _DEFAULT_ONLY = {

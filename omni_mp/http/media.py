@@ -14,9 +14,9 @@ import msgspec
 import numpy as np
 import soundfile
 
-from omni_mp.audio_io import MAX_RATE, MIN_RATE, downmix
-from omni_mp.config import MediaLimits
+from omni_mp.config.schema import MediaLimits
 from omni_mp.http.errors import bad_request, too_large
+from omni_mp.media.audio_io import MAX_RATE, MIN_RATE, downmix
 
 AUDIO_FORMATS = frozenset({"wav", "mp3", "flac", "ogg"})
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[\w.+-]+=[\w.+-]+)*;base64,", re.IGNORECASE)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from omni_mp.config import MediaLimits, PipelineConfig, StageConfig
+from omni_mp.config.schema import MediaLimits, PipelineConfig, StageConfig
 from omni_mp.models.registry import makes_images
 from omni_mp.wire.messages import SamplingParamsMsg, StatusReply
 
@@ -62,7 +62,7 @@ class PipelineView:
     def media_limits(self) -> MediaLimits:
         """What the entry stages take (each limit the smallest of theirs, `max_audio_s` resolved
         from their checkpoints as the coordinator does), checked before decoding."""
-        from omni_mp.media_limits import stage_media_limits
+        from omni_mp.media.limits import stage_media_limits
 
         entries = [stage_media_limits(s) for s in self.cfg.entry_stages] or [MediaLimits()]
         return MediaLimits(**{f: min(getattr(m, f) for m in entries) for f in MediaLimits.__struct_fields__})

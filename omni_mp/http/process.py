@@ -17,7 +17,7 @@ STOP_TIMEOUT_S = 15.0
 def start_http(config: Path, endpoint: str, listen: str, api_key: str | None) -> subprocess.Popen[bytes]:
     """`python -m omni_mp.http` for the pipeline serving on `endpoint`; ValueError if `listen`
     is not HOST:PORT. Its output goes to the launcher's."""
-    from omni_mp.procs import popen
+    from omni_mp.utils.procs import popen
 
     parse_listen(listen)
     env = dict(os.environ)

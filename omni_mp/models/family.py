@@ -2,7 +2,8 @@
 
 A family is one package under omni_mp/models/ whose `__init__` holds a `FAMILY`: the names
 it serves (processors, prompt formats, model parts, diffusion model types, built-in
-checkpoints), each mapped to a loader: a small function that imports the code behind the name
+checkpoints), each mapped to a loader (a processor: a loader and the traits validation
+checks): a small function that imports the code behind the name
 when a stage asks for it, so reading the names (config validation, the registry's listings)
 imports no torch, transformers or vLLM code of the family.
 """
@@ -20,10 +21,24 @@ import msgspec
 Loader = Callable[[], Any]
 
 
+class Processor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A processor's entry: the loader of its StageProcessor class (no-argument constructor) and
+    the traits config validation checks, as data, so that validating a YAML imports no family
+    code (tests/test_model_registry.py holds them equal to the class's own attributes)."""
+
+    load: Loader
+    needs_hidden_states: bool = False  # upstream stages must emit hidden states
+    feeds_diffusion: bool = False  # made for a diffusion stage (codec ids in); False: for AR stages
+
+    def __call__(self) -> Any:
+        """The processor class (a Processor is a Loader too)."""
+        return self.load()
+
+
 class Family(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
-    # processor name -> a loader of a StageProcessor class (no-argument constructor)
-    processors: dict[str, Loader] = {}
+    # processor name -> its loader and traits
+    processors: dict[str, Processor] = {}
     # prompt_format name -> a loader of a PromptFormat
     prompt_formats: dict[str, Loader] = {}
     # model_part name -> a loader of a ModelPart function
@@ -34,7 +49,7 @@ class Family(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     builtin_models: dict[str, Loader] = {}
     # a checkpoint's config.json `model_type` -> a loader of its CheckpointSizing (GPU memory planning)
     checkpoint_types: dict[str, Loader] = {}
-    # the diffusion model types (of `diffusion_models`) whose stages make images (omni_mp.image)
+    # the diffusion model types (of `diffusion_models`) whose stages make images (omni_mp.wire.outputs)
     # rather than audio: the HTTP server answers /v1/images/generations with them
     image_models: frozenset[str] = frozenset()
 

@@ -4,7 +4,8 @@ a diffusion `model_type`, a built-in checkpoint.
 
 Adding a family is a package of its own under omni_mp/models/ (its `__init__` declares a
 `FAMILY`, see omni_mp.models.family) plus one line in FAMILY_PACKAGES. Nothing here imports a
-family's code until a stage asks for one of its names: config validation reads the names only.
+family's code until a stage asks for one of its names: config validation reads the names and
+the processors' declared traits only.
 """
 
 from __future__ import annotations
@@ -14,45 +15,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from omni_mp.models import qwen2_5_omni, qwen3_omni, qwen_image
-from omni_mp.models.family import CheckpointSizing, EngineModel, Family, Loader, PromptFormat
+from omni_mp.models import generic, qwen2_5_omni, qwen3_omni, qwen_image
+from omni_mp.models.family import CheckpointSizing, EngineModel, Family, Loader, Processor, PromptFormat
 
 if TYPE_CHECKING:
     import torch
 
     from omni_mp.engines.diffusion.model import DiffusionModel
-    from omni_mp.processors.base import StageProcessor
+    from omni_mp.models.processor import StageProcessor
 
 
-def _generic_processor(name: str) -> Any:
-    def load() -> Any:
-        from omni_mp.processors import generic
-
-        return getattr(generic, name)
-
-    return load
-
-
-def _tiny_qwen2() -> Any:
-    from omni_mp.models.tiny import build_named
-
-    return build_named
-
-
-# Processors of no particular model, and the plain Qwen2 test checkpoints (vLLM runs Qwen2
-# itself: no engine code of ours).
-GENERIC = Family(
-    name="generic",
-    processors={
-        "codec_tokens": _generic_processor("CodecTokens"),
-        "continue_tokens": _generic_processor("ContinueTokens"),
-        "generated_tokens": _generic_processor("GeneratedTokens"),
-        "thinker_to_talker": _generic_processor("ThinkerToTalker"),
-    },
-    builtin_models={name: _tiny_qwen2 for name in ("tiny-qwen2", "tiny-qwen2-b", "small-qwen2")},
-)
-
-# One line per model family: its package (whose `__init__` declares its FAMILY: names only).
+# The generic processors and test checkpoints (omni_mp.models.generic) come first, then one line
+# per model family: its package (whose `__init__` declares its FAMILY: names only).
 FAMILY_PACKAGES: tuple[ModuleType, ...] = (
     qwen2_5_omni,
     qwen_image,
@@ -79,7 +53,7 @@ class RegistryError(ValueError):
 
 @functools.cache
 def families() -> tuple[Family, ...]:
-    found = (GENERIC, *(package.FAMILY for package in FAMILY_PACKAGES))
+    found = (generic.FAMILY, *(package.FAMILY for package in FAMILY_PACKAGES))
     for kind in KINDS:
         owner: dict[str, str] = {}
         for family in found:
@@ -117,6 +91,14 @@ def _load(kind: Kind, name: str) -> Any:
         if loader is not None:
             return loader()
     raise RegistryError(f"unknown {_WHAT[kind]} {name!r}; known: {names(kind)}")
+
+
+def processor_traits(name: str) -> Processor:
+    """The declared traits of processor `name` (data: nothing is imported)."""
+    for family in families():
+        if name in family.processors:
+            return family.processors[name]
+    raise RegistryError(f"unknown processor {name!r}; known: {names('processors')}")
 
 
 @functools.cache

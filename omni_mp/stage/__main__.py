@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from omni_mp.config import StageConfig
+    from omni_mp.config.schema import StageConfig
     from omni_mp.engines.base import StageEngine
 
 
@@ -70,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
 
-    from omni_mp.procs import die_with_parent
+    from omni_mp.utils.procs import die_with_parent
 
     die_with_parent(args.parent_pid)
     cores = os.environ.get("OMNI_MP_CPU_CORES")
     if cores and hasattr(os, "sched_setaffinity"):
-        from omni_mp.config import parse_core_list
+        from omni_mp.config.schema import parse_core_list
 
         os.sched_setaffinity(0, parse_core_list(cores))
     logging.basicConfig(
@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import zmq
 
-    from omni_mp.config import config_from_json
-    from omni_mp.keys import STAGE_DOMAIN, SecureContext, pipeline_identity
+    from omni_mp.config.schema import config_from_json
     from omni_mp.stage.io_threads import Heartbeater
+    from omni_mp.wire.keys import STAGE_DOMAIN, SecureContext, pipeline_identity
     from omni_mp.wire.messages import Ready
     from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
@@ -172,6 +172,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from omni_mp.procs import exit_now
+    from omni_mp.utils.procs import exit_now
 
     exit_now(main())

@@ -20,10 +20,10 @@ from typing import Any
 import msgspec
 import zmq
 
-from omni_mp.config import PipelineConfig, StageConfig
+from omni_mp.config.schema import PipelineConfig, StageConfig
 from omni_mp.engines.base import EngineInputError, Extension, PreparedRequest, StageEngine
+from omni_mp.models.processor import ProcessorError, RequestContext
 from omni_mp.models.registry import resolve_model, stage_processor
-from omni_mp.processors import ProcessorError, RequestContext
 from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
 from omni_mp.stage.prepare import Prepared, PrepareJob, Preparer
 from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState

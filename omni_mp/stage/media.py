@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from omni_mp.audio_io import resample
-from omni_mp.config import StageConfig
-from omni_mp.media_limits import MediaError, check_media_sizes, stage_media_limits
+from omni_mp.config.schema import StageConfig
+from omni_mp.media.audio_io import resample
+from omni_mp.media.limits import MediaError, check_media_sizes, stage_media_limits
+from omni_mp.models.processor import StageInput
 from omni_mp.models.registry import prompt_format
-from omni_mp.processors import StageInput
 from omni_mp.wire.messages import MultiModalInput
 
 __all__ = ["MediaError", "build_entry_input", "check_media"]

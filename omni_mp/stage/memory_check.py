@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 
-from omni_mp.config import StageConfig
-from omni_mp.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, process_gpu_bytes
+from omni_mp.config.schema import StageConfig
+from omni_mp.utils.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, process_gpu_bytes
 
 
 def cap_gpu_memory(stage: StageConfig) -> str | None:

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omni_mp.config import StageConfig
+from omni_mp.config.schema import StageConfig
 from omni_mp.engines.base import EngineInputError, PreparedRequest, StageEngine, StageInput
 from omni_mp.stage.io_threads import Stopped
 from omni_mp.stage.media import MediaError, build_entry_input

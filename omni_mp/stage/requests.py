@@ -9,7 +9,7 @@ import msgspec
 import torch
 
 from omni_mp.engines.rows import RowGap, RowStream
-from omni_mp.processors import ProcessorError, RequestContext, UpstreamResult
+from omni_mp.models.processor import ProcessorError, RequestContext, UpstreamResult
 from omni_mp.wire.messages import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg, StageOutputChunk
 
 

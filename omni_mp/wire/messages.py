@@ -590,9 +590,9 @@ class StageResult(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     text: str | None = None
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
-    audio: Tensor | None = None  # float32 [samples] of an audio-producing stage (omni_mp.audio)
+    audio: Tensor | None = None  # float32 [samples] of an audio-producing stage (omni_mp.wire.outputs)
     sample_rate: int | None = None
-    image: Tensor | None = None  # uint8 [height, width, 3] RGB of an image-producing stage (omni_mp.image)
+    image: Tensor | None = None  # uint8 [height, width, 3] RGB of an image-producing stage (omni_mp.wire.outputs)
 
 
 class Finished(MessageBase):

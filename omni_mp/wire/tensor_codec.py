@@ -4,7 +4,7 @@ error type, and numpy arrays as the codec's core array type.
 A tensor on the wire is (dtype name, shape, nbytes) plus its raw bytes. The codec (codec.py)
 sends numpy arrays and torch tensors alike and builds received tensors through an
 `ArrayCodec`: `NUMPY_ARRAYS` here, or `torch_tensors.TORCH_TENSORS` (imported only by
-processes that use torch, so `omni_mp.client` never imports torch). numpy has no bfloat16:
+processes that use torch, so `omni_mp.client.omni_client` never imports torch). numpy has no bfloat16:
 a bfloat16 tensor is sent from torch and decoded into torch, whichever codec is asked.
 """
 

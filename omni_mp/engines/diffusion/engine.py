@@ -1,11 +1,11 @@
 """A diffusion stage engine: vLLM 0.25.0's `EngineCore`, in the stage process, running omni_mp's
-diffusion scheduler and worker (`omni_mp.engines.vllm_hooks_diffusion`).
+diffusion scheduler and worker (`omni_mp.engines.diffusion.vllm_hooks`).
 
 The stage loop drives it like the AR engine (`omni_mp.engines.base.StageEngine`): prepare
 and add requests (with `open_inputs`, their input ids keep arriving through `extend` until
 closed), `step()` while `can_step()`, abort. Each step advances every running trajectory by
 one solver step; a step's outputs are audio chunks (`StepOutput.info`: float32 samples and
-their sample rate, see omni_mp.audio), the last one of a request marked finished.
+their sample rate, see omni_mp.wire.outputs), the last one of a request marked finished.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import msgspec
 
-from omni_mp.audio import audio_info
 from omni_mp.engines.base import EngineInputError, Extension, PromptIds, StageInput, StepOutput
 from omni_mp.engines.diffusion.model import DiffusionInputError, RequestModel
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
 from omni_mp.wire.messages import SamplingParamsMsg
+from omni_mp.wire.outputs import audio_info
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +45,8 @@ class DiffusionEngine:
         until closed; set for stages fed by a processor that streams its inputs."""
         from vllm.engine.arg_utils import EngineArgs
 
+        from omni_mp.engines.diffusion.vllm_hooks import CONFIG_KEY, WORKER_CLS, DiffusionCoreDriver, DiffusionScheduler
         from omni_mp.engines.vllm_hooks import build_engine_core
-        from omni_mp.engines.vllm_hooks_diffusion import CONFIG_KEY, WORKER_CLS, DiffusionCoreDriver, DiffusionScheduler
 
         self.cfg = cfg
         self.open_inputs = open_inputs

@@ -16,7 +16,7 @@ vLLM runs the thinker with its own Qwen2.5-Omni model. This module only declares
 
 from typing import Any
 
-from omni_mp.models.family import Family
+from omni_mp.models.family import Family, Processor
 
 
 def _processor() -> Any:
@@ -57,7 +57,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen2_5_omni",
-    processors={"qwen2_5_omni_talker": _processor},
+    processors={"qwen2_5_omni_talker": Processor(_processor, needs_hidden_states=True)},
     prompt_formats={"qwen2_5_omni": _prompt_format},
     model_parts={"talker": _talker},
     diffusion_models={"qwen2_5_omni_token2wav": _token2wav},

@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from omni_mp.models.checkpoint import load_tensors
-from omni_mp.models.qwen2_5_omni.speakers import load_speakers
-from omni_mp.processors.base import (
+from omni_mp.models.processor import (
     ProcessorError,
     RequestContext,
     StageInput,
@@ -35,9 +34,10 @@ from omni_mp.processors.base import (
     UpstreamResult,
     single_upstream,
 )
+from omni_mp.models.qwen2_5_omni.speakers import load_speakers
 
 if TYPE_CHECKING:
-    from omni_mp.config import StageConfig
+    from omni_mp.config.schema import StageConfig
 
 DEFAULT_SPEAKER = "Chelsie"  # transformers' generate() default
 THINKER_EMBED = "thinker.model.embed_tokens.weight"

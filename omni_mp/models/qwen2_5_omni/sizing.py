@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from omni_mp.models.family import unbuilt_omni_towers
 
 if TYPE_CHECKING:
-    from omni_mp.config import StageConfig
+    from omni_mp.config.schema import StageConfig
 
 
 class Qwen25OmniSizing:

@@ -319,7 +319,7 @@ def _train_tokenizer(spec: OmniSpec, out_dir: Path) -> Any:
     reloaded with the named tokens the processor reads."""
     from transformers import Qwen2Tokenizer
 
-    from omni_mp.models.tiny import _corpus
+    from omni_mp.models.generic.tiny import _corpus
 
     specials = SPECIAL_TOKENS + [speaker_token(name) for name, _ in spec.token2wav.speakers]
     tok = Qwen2Tokenizer().train_new_from_iterator(

@@ -22,7 +22,7 @@ vLLM runs the thinker with its own Qwen3-Omni thinker model. This module only de
 
 from typing import Any
 
-from omni_mp.models.family import Family
+from omni_mp.models.family import Family, Processor
 
 
 def _prompt_format() -> Any:
@@ -81,7 +81,10 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_omni",
-    processors={"qwen3_omni_talker": _talker_inputs, "qwen3_omni_code2wav": _code2wav_inputs},
+    processors={
+        "qwen3_omni_talker": Processor(_talker_inputs, needs_hidden_states=True),
+        "qwen3_omni_code2wav": Processor(_code2wav_inputs, needs_hidden_states=True, feeds_diffusion=True),
+    },
     prompt_formats={"qwen3_omni": _prompt_format},
     model_parts={"qwen3_omni_thinker": _thinker, "qwen3_omni_talker": _talker},
     checkpoint_types={"qwen3_omni_moe": _sizing},

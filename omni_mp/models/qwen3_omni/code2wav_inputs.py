@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from omni_mp.engines.base import StageInput
-from omni_mp.models.qwen3_omni.codes import NO_CODE, NUM_CODE_GROUPS, codes_of_rows
-from omni_mp.processors.base import (
+from omni_mp.models.processor import (
     ProcessorError,
     RequestContext,
     StageProcessor,
     UpstreamResult,
     single_upstream,
 )
+from omni_mp.models.qwen3_omni.codes import NO_CODE, NUM_CODE_GROUPS, codes_of_rows
 
 NAME = "qwen3_omni_code2wav"
 

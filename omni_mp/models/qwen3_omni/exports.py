@@ -16,7 +16,7 @@ The talker's prompt reads `thinker_hidden` only at media placeholders of the use
 
 How the thinker stage streams it (stage YAML: `hidden_states: {layers: [<accept_hidden_layer>]}`,
 the generic hidden-state path of omni_mp.engines.vllm_hooks, CUDA-graph safe), per request,
-in `UpstreamResult` (omni_mp.processors.base) of the talker stage:
+in `UpstreamResult` (omni_mp.models.processor) of the talker stage:
 - `prompt_token_ids`: x, the thinker's prompt with media placeholders expanded (one id per
   medium token), on the first chunk;
 - `output_token_ids`: y as it is generated (one or more ids per thinker step);

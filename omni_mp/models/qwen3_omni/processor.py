@@ -39,8 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from omni_mp.models.checkpoint import load_prefixed, load_tensors
-from omni_mp.models.qwen3_omni.exports import THINKER_EMBED, ThinkerTurns, TurnIds, accept_hidden_layer
-from omni_mp.processors.base import (
+from omni_mp.models.processor import (
     ProcessorError,
     RequestContext,
     StageInput,
@@ -48,9 +47,10 @@ from omni_mp.processors.base import (
     UpstreamResult,
     single_upstream,
 )
+from omni_mp.models.qwen3_omni.exports import THINKER_EMBED, ThinkerTurns, TurnIds, accept_hidden_layer
 
 if TYPE_CHECKING:
-    from omni_mp.config import StageConfig
+    from omni_mp.config.schema import StageConfig
 
 DEFAULT_SPEAKER = "ethan"  # transformers' generate() default ("Ethan", matched lower-cased)
 CODEC_EMBED = "talker.model.codec_embedding.weight"

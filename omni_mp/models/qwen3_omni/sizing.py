@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from omni_mp.models.family import unbuilt_omni_towers
 
 if TYPE_CHECKING:
-    from omni_mp.config import StageConfig
+    from omni_mp.config.schema import StageConfig
 
 # model_part -> the checkpoint part it runs (a stage with no model_part runs the thinker).
 PARTS = {"qwen3_omni_thinker": "thinker", "qwen3_omni_talker": "talker"}
@@ -67,7 +67,7 @@ class Qwen3OmniSizing:
         keys and values (`sliding_window - 1` frames) and new ones; per row bucket and streamed
         convolution shape, the kept inputs in and out and the samples. Their temporaries share one
         pool, as large as the largest call's (the eager activations above). 2.2 GB for
-        stage_configs/qwen3_omni.yaml (64 windows a step, ten row buckets)."""
+        omni_mp/stage_configs/qwen3_omni.yaml (64 windows a step, ten row buckets)."""
         import torch
         from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav

@@ -250,7 +250,7 @@ def _train_tokenizer(spec: TinySpec, out_dir: Path) -> Any:
     and reloaded with the named tokens the processor reads."""
     from transformers import Qwen2Tokenizer
 
-    from omni_mp.models.tiny import _corpus
+    from omni_mp.models.generic.tiny import _corpus
 
     def corpus() -> Any:
         yield from _corpus()

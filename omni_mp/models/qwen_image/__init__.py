@@ -17,10 +17,7 @@ stage asks for it.
 
 from typing import Any
 
-from omni_mp.models.family import Family
-from omni_mp.models.qwen_image.params import ImageParams, parse_params
-
-__all__ = ["FAMILY", "ImageParams", "parse_params"]
+from omni_mp.models.family import Family, Processor
 
 
 def _prompt_format() -> Any:
@@ -55,7 +52,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen_image",
-    processors={"qwen_image_dit": _processor},
+    processors={"qwen_image_dit": Processor(_processor, needs_hidden_states=True, feeds_diffusion=True)},
     prompt_formats={"qwen_image": _prompt_format},
     model_parts={"qwen_image_text": _text},
     diffusion_models={"qwen_image": _dit},

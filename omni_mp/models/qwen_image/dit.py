@@ -34,15 +34,18 @@ from msgspec import Meta
 
 from omni_mp.engines.base import StageInput
 from omni_mp.engines.diffusion.model import DiffusionInputError, Preview, TrajectoryStart, Window, run_parts
-from omni_mp.image import image_info
 from omni_mp.models.qwen_image.calls import GPU_COST, CallCost, plan_calls
 from omni_mp.models.qwen_image.dit_parts import forward_in_parts, parts_per_call
-from omni_mp.models.qwen_image.params import ImageParams, parse_params
+from omni_mp.models.qwen_image.params import SIZE_MULTIPLE, ImageParams, parse_params
 from omni_mp.models.qwen_image.schedule import FlowSchedule
+from omni_mp.wire.outputs import image_info
 
 LATENT_CHANNELS = 16
 VAE_SCALE = 8  # pixels per latent cell
 PATCH = 2  # latent cells per packed token side
+
+
+_DEFAULTS = ImageParams()
 
 
 class QwenImageOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -157,11 +160,18 @@ class QwenImageModel:
 
     # ---- requests ------------------------------------------------------------------------------
     def check_params(self, raw: dict[str, Any] | None) -> ImageParams:
+        o = self.options
+        if raw is None or isinstance(raw, dict):
+            # A side the request leaves out is the released default (1024), capped at this
+            # stage's maximum: a default must fit the stage it is sent to (the tiny configs cap 512).
+            raw = dict(raw or {})
+            for side, cap in (("height", o.max_height), ("width", o.max_width)):
+                if side not in raw and getattr(_DEFAULTS, side) > cap:
+                    raw[side] = cap - cap % SIZE_MULTIPLE
         try:
             p = parse_params(raw)
         except ValueError as err:
             raise DiffusionInputError(str(err)) from None
-        o = self.options
         if p.height > o.max_height or p.width > o.max_width:
             raise DiffusionInputError(
                 f"image params: {p.height}x{p.width} is larger than this stage's maximum {o.max_height}x{o.max_width}"

@@ -5,7 +5,8 @@ A client passes them in `Submit.params` as a plain map, e.g.
 `Submit.prompt`; every stage of the request receives the same map (`StageRequest.params`).
 The text-encoder stage reads `negative_prompt` and `true_cfg_scale` (whether to encode the
 negative prompt), the DiT stage reads them all. Unknown keys and out-of-range values fail the
-request before any model work. Defaults are diffusers' `QwenImagePipeline` defaults.
+request before any model work. Defaults are diffusers' `QwenImagePipeline` defaults; a size the request
+leaves out is 1024, capped at the DiT stage's `max_height`/`max_width`.
 """
 
 from __future__ import annotations

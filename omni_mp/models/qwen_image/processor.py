@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from omni_mp.engines.base import StageInput
+from omni_mp.models.processor import ProcessorError, RequestContext, StageProcessor, UpstreamResult, single_upstream
 from omni_mp.models.qwen_image.prompt import TEMPLATE_DROP
-from omni_mp.processors.base import ProcessorError, RequestContext, StageProcessor, UpstreamResult, single_upstream
 
 
 class QwenImageDiTInputs(StageProcessor):

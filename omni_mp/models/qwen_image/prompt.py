@@ -24,7 +24,7 @@ MAX_PROMPT_TOKENS = 1024
 
 class QwenImagePromptFormat:
     """`prompt_format: qwen_image` (omni_mp.models.family.PromptFormat). The encoder reads text
-    only: its stage's `media` limits are 0 (stage_configs/*qwen_image.yaml), so media are
+    only: its stage's `media` limits are 0 (omni_mp/stage_configs/*qwen_image.yaml), so media are
     refused before anything is rendered; the template has no media placeholders."""
 
     audio_rate = 16_000  # unused: no audio reaches this format

@@ -81,7 +81,7 @@ BUILD = 1
 
 
 def _corpus() -> Any:
-    from omni_mp.models.tiny import _corpus as base
+    from omni_mp.models.generic.tiny import _corpus as base
 
     template = TEMPLATE.format("a red cube on a blue table, a cat beside it")
     for line in base():

@@ -2,8 +2,8 @@
 # Run the test suite (sets the environment up first when needed). Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash launch/setup.sh
-.venv/bin/ruff check omni_mp tests launch benchmarks
+bash scripts/setup.sh
+.venv/bin/ruff check omni_mp tests scripts benchmarks
 t0=$(date +%s)
 set +e
 .venv/bin/python -m pytest -ra --durations=15 --timeout=900 "$@"

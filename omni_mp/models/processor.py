@@ -1,4 +1,4 @@
-"""What a stage processor sees and returns (see omni_mp.processors for the contract). A
+"""What a stage processor sees and returns (see omni_mp.models.processor for the contract). A
 processor returns the stage's input as a `StageInput`, the engine boundary's type."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from omni_mp.engines.base import StageInput
 from omni_mp.engines.rows import RowStream
 
 if TYPE_CHECKING:
-    from omni_mp.config import StageConfig
+    from omni_mp.config.schema import StageConfig
 
 
 class UpstreamResult(msgspec.Struct):

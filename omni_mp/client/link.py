@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from omni_mp.keys import HANDSHAKE_FAILED
+from omni_mp.wire.keys import HANDSHAKE_FAILED
 
 # How long a request waits for a connection to the endpoint before it fails.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0

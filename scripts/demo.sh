@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Run the demo on the embedded default config (stage_configs/tiny_qwen2_5_omni.yaml: Qwen2.5-Omni's
+# Run the demo on the embedded default config (omni_mp/stage_configs/tiny_qwen2_5_omni.yaml: Qwen2.5-Omni's
 # thinker -> talker -> token2wav on a tiny random checkpoint, CPU), after set-up when needed.
 # Text in; text, a one-line summary per request and a .wav per request out (outputs/demo).
 # Extra args go to `python -m omni_mp.launch` (e.g. --config, --prompt, --audio FILE,
 # --image FILE, --speaker Ethan, --output-dir); without --prompt, two demo prompts run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash launch/setup.sh
+bash scripts/setup.sh
 export HF_HUB_OFFLINE=1
 args=("$@")
 if [[ ! " ${args[*]-} " =~ " --prompt" ]]; then

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from omni_mp.config import MediaLimits, PipelineConfig, StageConfig
+from omni_mp.config.schema import MediaLimits, PipelineConfig, StageConfig
 
 # A prompt format whose checkpoint declares no audio limit: what an entry stage takes then.
 FALLBACK_MAX_AUDIO_S = 300.0

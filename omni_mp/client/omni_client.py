@@ -37,17 +37,12 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import zmq
 import zmq.asyncio
 
-from omni_mp.client_args import check_names, check_prompt, check_seconds, request_params, stage_sampling
-from omni_mp.client_link import DEFAULT_CONNECT_TIMEOUT_S, HandshakeError, LinkWatch
-from omni_mp.image_io import rgb_array
-from omni_mp.keys import CurveIdentity
-from omni_mp.media_files import AudioLike, ImageLike, multi_modal_input
+from omni_mp.client.args import check_names, check_prompt, check_seconds, request_params, stage_sampling
+from omni_mp.client.link import DEFAULT_CONNECT_TIMEOUT_S, HandshakeError, LinkWatch
+from omni_mp.client.media import AudioLike, ImageLike, multi_modal_input
 from omni_mp.wire.codec import NUMPY_ARRAYS, ArrayCodec, Limits, PayloadError, decode, encode, torch_arrays
+from omni_mp.wire.keys import CurveIdentity
 from omni_mp.wire.messages import (
-    AUDIO_KEY,
-    IMAGE_KEY,
-    IMAGE_STEP_KEY,
-    SAMPLE_RATE_KEY,
     Abort,
     ErrorEvent,
     Finished,
@@ -58,7 +53,7 @@ from omni_mp.wire.messages import (
     StatusRequest,
     Submit,
 )
-from omni_mp.wire.tensor_codec import array_codec
+from omni_mp.wire.outputs import ImageChunk, chunk_audio, chunk_image, final_image
 
 if TYPE_CHECKING:
     import numpy as np
@@ -81,52 +76,6 @@ def _array_codec(kind: ArrayKind | None) -> ArrayCodec:
     if kind is None:
         kind = "torch" if "torch" in sys.modules else "numpy"
     return torch_arrays() if kind == "torch" else NUMPY_ARRAYS
-
-
-def _chunk_audio(ev: StageOutputChunk | Finished) -> tuple[Any, int] | None:
-    """(samples, sample_rate) of a chunk carrying audio samples, None otherwise; ValueError
-    if its audio entries are malformed."""
-    info = getattr(ev, "additional_information", None)
-    if not info or AUDIO_KEY not in info:
-        return None
-    samples, rate = info[AUDIO_KEY], info.get(SAMPLE_RATE_KEY)
-    codec = array_codec(samples)
-    dtype, shape, _ = codec.header(samples, AUDIO_KEY) if codec else (type(samples).__name__, [], 0)
-    if dtype != "float32" or len(shape) != 1:
-        raise ValueError(f"{AUDIO_KEY}: expected a 1-D float32 array, got {dtype} of shape {shape}")
-    if not isinstance(rate, int) or rate <= 0:
-        raise ValueError(f"{SAMPLE_RATE_KEY}: expected a positive int, got {rate!r}")
-    return (samples, rate) if shape[0] else None
-
-
-class ImageChunk(NamedTuple):
-    """An image of an image stage: a preview decoded after `step` denoising steps, or the
-    final image (`step` None). `pixels`: numpy uint8 [height, width, 3], RGB."""
-
-    pixels: np.ndarray
-    step: int | None
-
-
-def _chunk_image(ev: StageOutputChunk) -> ImageChunk | None:
-    """The image a chunk carries (a preview or the final one), None if it has none;
-    ValueError if its image entries are malformed."""
-    info = ev.additional_information
-    if not info or IMAGE_KEY not in info:
-        return None
-    step = info.get(IMAGE_STEP_KEY)
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-        raise ValueError(f"{IMAGE_STEP_KEY}: expected a non-negative int, got {step!r}")
-    return ImageChunk(rgb_array(info[IMAGE_KEY], IMAGE_KEY), step)
-
-
-def final_image(done: Finished) -> np.ndarray:
-    """The image of a finished request: numpy uint8 [height, width, 3] from the first final
-    stage that made one; ValueError if none did (a pipeline whose final stages make no images)."""
-    for out in done.outputs:
-        if out.image is not None:
-            return rgb_array(out.image, f"outputs[stage {out.stage_id}].image")
-    stages = [o.stage_id for o in done.outputs]
-    raise ValueError(f"request {done.request_id!r}: no final stage returned an image (final stages {stages})")
 
 
 class RequestError(RuntimeError):
@@ -282,7 +231,7 @@ class AsyncOmniClient:
         [H, W, 3]) go with a text `prompt` to an entry stage that takes media; `speaker` picks
         the voice of stages that speak; `params` are model parameters that every stage of the
         request gets (an image's `height`, `width`, `num_inference_steps`, `seed`, ...: names
-        and values as the model family takes them, e.g. omni_mp.models.qwen_image.ImageParams).
+        and values as the model family takes them, e.g. omni_mp.models.qwen_image.params.ImageParams).
 
         `timeout_s` bounds each wait for the next event on the client side (abort +
         TimeoutError), for a coordinator that is gone; `deadline_s` is enforced by the
@@ -367,7 +316,7 @@ class AsyncOmniClient:
             if isinstance(ev, Finished):
                 yield ImageChunk(final_image(ev), None)
                 return
-            got = _chunk_image(ev)
+            got = chunk_image(ev)
             if got is not None and got.step is not None:
                 yield got
 
@@ -469,7 +418,7 @@ class OmniClient:
         events = self.stream(prompt, **kwargs)
         try:
             for ev in events:
-                got = _chunk_audio(ev)
+                got = chunk_audio(ev)
                 if got is not None:
                     yield got
         finally:
@@ -488,7 +437,7 @@ class OmniClient:
                 if isinstance(ev, Finished):
                     yield ImageChunk(final_image(ev), None)
                     return
-                got = _chunk_image(ev)
+                got = chunk_image(ev)
                 if got is not None and got.step is not None:
                     yield got
         finally:

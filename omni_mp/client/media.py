@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
-from omni_mp.audio_io import MAX_RATE, MIN_RATE, AudioFileError, downmix, read_audio
+from omni_mp.media.audio_io import MAX_RATE, MIN_RATE, AudioFileError, downmix, read_audio
 from omni_mp.wire.messages import AudioInput, ImageInput, MultiModalInput
 from omni_mp.wire.tensor_codec import array_codec
 

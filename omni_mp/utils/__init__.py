@@ -1,0 +1,2 @@
+"""What both planes use: `procs` (child processes that die with their parent, prompt exits) and
+`gpu_memory` (what a GPU holds, from NVML)."""
