@@ -300,39 +300,79 @@ def _run_prompts(
     return 1 if failed else 0
 
 
+def _checked(args: argparse.Namespace) -> tuple[PipelineConfig, list[str], dict[str, object] | None]:
+    """The config, the prompts and the image params, every check that needs no stage done
+    (ConfigError, OSError or ValueError naming what is wrong)."""
+    from omni_mp.config.validate import check_models, load_config, validate  # (after `keys`: no torch
+
+    # The quick checks first: a mistyped model or file is reported before vLLM is imported.
+    args.config = stage_configs.resolve_config(args.config)
+    cfg = load_config(args.config, check_engine_args=False)
+    check_models(cfg)
+    prompts = _prompts(args)
+    _check_media(cfg, args.audio, args.image)
+    image_params = _image_params(cfg, args)
+    cfg = validate(cfg)  # engine_args against vLLM's EngineArgs
+    if args.http:
+        from omni_mp.http.__main__ import parse_listen
+
+        parse_listen(args.http)
+    return cfg, prompts, image_params
+
+
+def _work(
+    coord: Coordinator,
+    cfg: PipelineConfig,
+    args: argparse.Namespace,
+    prompts: list[str],
+    image_params: dict[str, object] | None,
+    server: threading.Thread,
+    stop: threading.Event,
+) -> int | None:
+    """Serve (with the HTTP server if asked) or run the prompts; the pipeline is shut down after,
+    whatever failed. None: the coordinator stopped."""
+    from omni_mp.client.omni_client import OmniClient
+    from omni_mp.wire.keys import INTERNAL, client_identity
+
+    http = None
+    try:
+        if not prompts:
+            if args.http:
+                from omni_mp.http.process import start_http
+
+                http = start_http(args.config, coord.client_endpoint, args.http, args.api_key)
+            print(f"omni_mp serving pipeline {cfg.name!r} on {coord.client_endpoint}", flush=True)
+            return _serve(coord, stop)
+        keys = None if cfg.security.keys is None else client_identity(cfg.security.keys, INTERNAL)
+        with OmniClient(coord.client_endpoint, limits=cfg.limits, keys=keys) as client:
+            return _run_prompts(client, prompts, args, server, image_params)
+    finally:
+        _say("shutting down the pipeline")
+        try:
+            if http is not None:
+                from omni_mp.http.process import stop_http
+
+                stop_http(http)
+        finally:  # whatever failed above, the stages and the coordinator thread must end
+            coord.stop()
+            server.join()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["keys"]:
         return _keys_main(argv[1:])
     args = _parse(argv)
     from omni_mp.config.schema import ConfigError
-    from omni_mp.config.validate import check_models, load_config, validate  # (after `keys`: no torch
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        # The quick checks first: a mistyped model or file is reported before vLLM is imported.
-        args.config = stage_configs.resolve_config(args.config)
-        cfg = load_config(args.config, check_engine_args=False)
-        check_models(cfg)
-        prompts = _prompts(args)
-        _check_media(cfg, args.audio, args.image)
-        image_params = _image_params(cfg, args)
-        cfg = validate(cfg)  # engine_args against vLLM's EngineArgs
+        cfg, prompts, image_params = _checked(args)
     except (ConfigError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.http:
-        from omni_mp.http.__main__ import parse_listen
 
-        try:
-            parse_listen(args.http)
-        except ValueError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-
-    from omni_mp.client.omni_client import OmniClient
     from omni_mp.control.coordinator import Coordinator, StartupError
-    from omni_mp.wire.keys import INTERNAL, client_identity
 
     try:
         coord = Coordinator(cfg, client_bind=args.bind, log_dir=args.log_dir, progress=_say)
@@ -367,29 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     server = threading.Thread(target=serve, name="coordinator")
     server.start()
     _say_what_the_demo_is(cfg, args.output_dir if prompts else None)
-    http = None
-    try:
-        if not prompts:
-            if args.http:
-                from omni_mp.http.process import start_http
-
-                http = start_http(args.config, coord.client_endpoint, args.http, args.api_key)
-            print(f"omni_mp serving pipeline {cfg.name!r} on {coord.client_endpoint}", flush=True)
-            code: int | None = _serve(coord, stop)
-        else:
-            keys = None if cfg.security.keys is None else client_identity(cfg.security.keys, INTERNAL)
-            with OmniClient(coord.client_endpoint, limits=cfg.limits, keys=keys) as client:
-                code = _run_prompts(client, prompts, args, server, image_params)
-    finally:
-        _say("shutting down the pipeline")
-        try:
-            if http is not None:
-                from omni_mp.http.process import stop_http
-
-                stop_http(http)
-        finally:  # whatever failed above, the stages and the coordinator thread must end
-            coord.stop()
-            server.join()
+    code = _work(coord, cfg, args, prompts, image_params, server, stop)
     if crashed or code is None:
         print(f"error: the coordinator failed: {crashed[0] if crashed else 'it stopped'!r}", file=sys.stderr)
         return 4

@@ -27,6 +27,7 @@ the requests in flight with a `ConnectionError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sys
 import threading
@@ -272,6 +273,13 @@ class AsyncOmniClient:
             )
         except ValueError as err:  # (AudioFileError and PayloadError are ValueErrors too)
             raise InvalidRequest.refused(rid, err) from None
+        async with contextlib.aclosing(self._answer(rid, submit, timeout_s)) as events:
+            async for ev in events:
+                yield ev
+
+    async def _answer(self, rid: str, submit: Submit, timeout_s: float | None) -> AsyncIterator[_Event]:
+        """Send `submit` and yield its events up to `Finished`; a request left before its end
+        (an error, a consumer that stops) is aborted in the pipeline."""
         self._ensure_reader()
         await self._link.ready()
         q: asyncio.Queue[_Event | _Lost] = asyncio.Queue(STREAM_QUEUE + 1)

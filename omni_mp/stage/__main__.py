@@ -7,17 +7,21 @@ interpreter starts, and passes the pipeline config as JSON in OMNI_MP_PIPELINE_C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from omni_mp.config.schema import StageConfig
     from omni_mp.engines.base import StageEngine
+    from omni_mp.stage.loop import StageLoop
 
 
 def device_info() -> dict[str, str]:
@@ -62,14 +66,17 @@ def build_engine(stage: StageConfig) -> StageEngine:
     return AREngine(built.model, built.engine_args, features)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="omni_mp.stage")
     parser.add_argument("--stage-id", type=int, required=True)
     parser.add_argument("--events", required=True, help="coordinator endpoint for events")
     parser.add_argument("--input", required=True, help="endpoint this stage binds for its input")
     parser.add_argument("--parent-pid", type=int, required=True)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def _settle_process(args: argparse.Namespace) -> None:
+    """Die with the parent, pin the cores the coordinator chose, log with the stage's id."""
     from omni_mp.utils.procs import die_with_parent
 
     die_with_parent(args.parent_pid)
@@ -82,9 +89,53 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("OMNI_MP_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s stage{args.stage_id} %(levelname)s %(name)s: %(message)s",
     )
-    log = logging.getLogger("omni_mp.stage")
 
-    import threading
+
+def _start_engine(stage: StageConfig, t0: float) -> tuple[StageEngine, str | None]:
+    """The stage's engine and the note on its GPU memory (MemoryBudgetError over its budget)."""
+    import torch
+
+    from omni_mp.stage.memory_check import cap_gpu_memory, check_gpu_memory, out_of_budget
+    from omni_mp.stage.torch_profile import enable_vllm_scopes
+
+    log = logging.getLogger("omni_mp.stage")
+    enable_vllm_scopes(stage.id)  # before the engine is built: vLLM reads it once
+    log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
+    cap = cap_gpu_memory(stage)  # before the engine allocates anything
+    try:
+        engine = build_engine(stage)
+    except torch.OutOfMemoryError as err:
+        if cap is None:
+            raise
+        raise out_of_budget(stage, err) from err
+    log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
+    memory = check_gpu_memory(stage)  # over its budget: refuse to serve (MemoryBudgetError)
+    if memory and cap:
+        memory = f"{memory}, {cap}"
+    return engine, memory
+
+
+def _ready_info(
+    stage: StageConfig, loop: StageLoop, engine: StageEngine, endpoint: str, t0: float, memory: str | None
+) -> dict:
+    """What the Ready event tells the coordinator (it prints it with the stage's Ready line)."""
+    info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
+    if stage.mps_sm_percent is not None:
+        info["mps_share"] = f"MPS share {stage.mps_sm_percent}%: {info.get('torch_cuda_sms', '?')} SMs usable"
+    if loop.speakers:  # the voices a request may pick here (the HTTP server lists them)
+        info["speakers"] = ",".join(sorted(loop.speakers))
+    warmup = getattr(engine, "warmup_note", None)
+    if warmup:
+        info["warmup"] = warmup
+    if memory:
+        info["gpu_memory"] = memory
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    _settle_process(args)
+    log = logging.getLogger("omni_mp.stage")
 
     import zmq
 
@@ -116,46 +167,26 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
 
-    # Beat while the engine loads: a stage that hangs or is stopped during start-up is noticed
-    # within heartbeat_timeout_s (the loop's own heartbeater takes over the socket after).
-    starting = threading.Event()
-    interval = cfg.timeouts.heartbeat_interval_s
-    beat = Heartbeater(heartbeats, stage.id, interval, math.inf, time.monotonic, starting)
-    beat.start()
-    from omni_mp.stage.loop import StageLoop
-    from omni_mp.stage.torch_profile import enable_vllm_scopes
+    @contextlib.contextmanager
+    def beating() -> Iterator[None]:
+        # Beat while the engine loads: a stage that hangs or is stopped during start-up is noticed
+        # within heartbeat_timeout_s (the loop's own heartbeater takes over the socket after).
+        starting = threading.Event()
+        beat = Heartbeater(heartbeats, stage.id, cfg.timeouts.heartbeat_interval_s, math.inf, time.monotonic, starting)
+        beat.start()
+        try:
+            yield
+        finally:
+            starting.set()
+            beat.join()
 
-    enable_vllm_scopes(stage.id)  # before the engine is built: vLLM reads it once
-    t0 = time.monotonic()
-    log.info("stage %d: starting %s engine for %s", stage.id, stage.kind, stage.model)
-    import torch
+    with beating():
+        from omni_mp.stage.loop import StageLoop
 
-    from omni_mp.stage.memory_check import cap_gpu_memory, check_gpu_memory, out_of_budget
-
-    cap = cap_gpu_memory(stage)  # before the engine allocates anything
-    try:
-        engine = build_engine(stage)
-    except torch.OutOfMemoryError as err:
-        if cap is None:
-            raise
-        raise out_of_budget(stage, err) from err
-    log.info("stage %d: engine ready in %.1fs", stage.id, time.monotonic() - t0)
-    memory = check_gpu_memory(stage)  # over its budget: refuse to serve (MemoryBudgetError)
-    if memory and cap:
-        memory = f"{memory}, {cap}"
-    starting.set()
-    beat.join()
+        t0 = time.monotonic()
+        engine, memory = _start_engine(stage, t0)
     loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
-    info = {"input": endpoint, "init_s": f"{time.monotonic() - t0:.2f}", **device_info()}
-    if stage.mps_sm_percent is not None:  # the coordinator prints it with the stage's Ready
-        info["mps_share"] = f"MPS share {stage.mps_sm_percent}%: {info.get('torch_cuda_sms', '?')} SMs usable"
-    if loop.speakers:  # the voices a request may pick here (the HTTP server lists them)
-        info["speakers"] = ",".join(sorted(loop.speakers))
-    warmup = getattr(engine, "warmup_note", None)
-    if warmup:  # the coordinator prints it with the stage's Ready
-        info["warmup"] = warmup
-    if memory:
-        info["gpu_memory"] = memory
+    info = _ready_info(stage, loop, engine, endpoint, t0, memory)
     events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
     try:
         loop.run()

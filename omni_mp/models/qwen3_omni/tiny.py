@@ -113,6 +113,68 @@ def _codec_ids(codebook: int) -> dict[str, Any]:
     return ids
 
 
+def _tiny_talker(spec: TinySpec, token_ids: dict[str, int], media_ids: dict[str, int]) -> dict[str, Any]:
+    """The tiny talker's config (its code predictor inside)."""
+    return {
+        "text_config": {
+            "vocab_size": spec.codebook + CODEC_SPECIAL_RANGE,
+            "hidden_size": spec.talker_hidden,
+            "intermediate_size": 128,  # also the text/hidden projections' inner size
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+            "num_hidden_layers": spec.talker_layers,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "num_experts": spec.num_experts,
+            "num_experts_per_tok": spec.experts_per_tok,
+            "norm_topk_prob": True,
+            "rope_parameters": _mrope(32),
+            "max_position_embeddings": 8192,
+        },
+        "code_predictor_config": {
+            "vocab_size": spec.codebook,
+            "hidden_size": spec.talker_hidden,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "num_code_groups": NUM_CODE_GROUPS,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+            "max_position_embeddings": 8192,
+        },
+        "num_code_groups": NUM_CODE_GROUPS,
+        "thinker_hidden_size": spec.thinker_hidden,
+        "accept_hidden_layer": spec.accept_hidden_layer,
+        "position_id_per_seconds": 13,
+        "spatial_merge_size": 2,
+        "audio_start_token_id": token_ids["audio_start_token_id"],
+        "vision_start_token_id": token_ids["vision_start_token_id"],
+        **media_ids,
+        **_codec_ids(spec.codebook),
+    }
+
+
+def _tiny_code2wav(spec: TinySpec) -> dict[str, Any]:
+    """The tiny code2wav's config."""
+    return {
+        "codebook_size": spec.codebook,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "sliding_window": 72,
+        "max_position_embeddings": 8000,
+        "num_quantizers": NUM_CODE_GROUPS,
+        "upsample_rates": [8, 5, 4, 3],  # released: 1920 samples per frame at 24 kHz
+        "upsampling_ratios": [2, 2],
+        "decoder_dim": 64,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+
+
 def tiny_config(spec: TinySpec, token_ids: dict[str, int]) -> Any:
     """The tiny Qwen3OmniMoeConfig; `token_ids` maps config field names to tokenizer ids."""
     from transformers import Qwen3OmniMoeConfig
@@ -173,60 +235,8 @@ def tiny_config(spec: TinySpec, token_ids: dict[str, int]) -> Any:
         "user_token_id": token_ids["user_token_id"],
         **media_ids,
     }
-    talker = {
-        "text_config": {
-            "vocab_size": spec.codebook + CODEC_SPECIAL_RANGE,
-            "hidden_size": spec.talker_hidden,
-            "intermediate_size": 128,  # also the text/hidden projections' inner size
-            "moe_intermediate_size": 32,
-            "shared_expert_intermediate_size": 64,
-            "num_hidden_layers": spec.talker_layers,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 32,
-            "num_experts": spec.num_experts,
-            "num_experts_per_tok": spec.experts_per_tok,
-            "norm_topk_prob": True,
-            "rope_parameters": _mrope(32),
-            "max_position_embeddings": 8192,
-        },
-        "code_predictor_config": {
-            "vocab_size": spec.codebook,
-            "hidden_size": spec.talker_hidden,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 32,
-            "num_code_groups": NUM_CODE_GROUPS,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
-            "max_position_embeddings": 8192,
-        },
-        "num_code_groups": NUM_CODE_GROUPS,
-        "thinker_hidden_size": th,
-        "accept_hidden_layer": spec.accept_hidden_layer,
-        "position_id_per_seconds": 13,
-        "spatial_merge_size": 2,
-        "audio_start_token_id": token_ids["audio_start_token_id"],
-        "vision_start_token_id": token_ids["vision_start_token_id"],
-        **media_ids,
-        **_codec_ids(spec.codebook),
-    }
-    code2wav = {
-        "codebook_size": spec.codebook,
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "intermediate_size": 128,
-        "sliding_window": 72,
-        "max_position_embeddings": 8000,
-        "num_quantizers": NUM_CODE_GROUPS,
-        "upsample_rates": [8, 5, 4, 3],  # released: 1920 samples per frame at 24 kHz
-        "upsampling_ratios": [2, 2],
-        "decoder_dim": 64,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-    }
+    talker = _tiny_talker(spec, token_ids, media_ids)
+    code2wav = _tiny_code2wav(spec)
     top = {k: token_ids[k] for k in _TOP_IDS}
     return Qwen3OmniMoeConfig(
         thinker_config=thinker, talker_config=talker, code2wav_config=code2wav, enable_audio_output=True, **top
@@ -367,6 +377,71 @@ RELEASED_TOKEN_IDS = {
 }
 
 
+# The released code2wav's config (it names no token ids).
+_RELEASED_CODE2WAV: dict[str, Any] = {
+    "codebook_size": 2048,
+    "hidden_size": 1024,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "intermediate_size": 3072,
+    "sliding_window": 72,
+    "max_position_embeddings": 8000,
+    "num_quantizers": NUM_CODE_GROUPS,
+    "upsample_rates": [8, 5, 4, 3],
+    "upsampling_ratios": [2, 2],
+    "decoder_dim": 1536,
+    "layer_scale_initial_scale": 0.01,
+    "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+
+
+def _released_talker(ids: dict[str, int], media_ids: dict[str, int], mrope: dict[str, Any]) -> dict[str, Any]:
+    """The released talker's config (its code predictor inside)."""
+    return {
+        "text_config": {
+            "vocab_size": 3072,
+            "hidden_size": 1024,
+            "intermediate_size": 2048,
+            "moe_intermediate_size": 384,
+            "shared_expert_intermediate_size": 768,
+            "num_hidden_layers": 20,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 128,
+            "num_experts": 128,
+            "num_experts_per_tok": 6,
+            "norm_topk_prob": True,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": mrope,
+            "max_position_embeddings": 65536,
+        },
+        "code_predictor_config": {
+            "vocab_size": 2048,
+            "hidden_size": 1024,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 5,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "num_code_groups": NUM_CODE_GROUPS,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+            "max_position_embeddings": 32768,
+        },
+        "num_code_groups": NUM_CODE_GROUPS,
+        "thinker_hidden_size": 2048,
+        "accept_hidden_layer": 24,
+        "position_id_per_seconds": 13,
+        "spatial_merge_size": 2,
+        "audio_start_token_id": ids["audio_start_token_id"],
+        "vision_start_token_id": ids["vision_start_token_id"],
+        **media_ids,
+        **_codec_ids(2048),
+    }
+
+
 def released_config() -> Any:
     """Qwen3OmniMoeConfig at the released Qwen3-Omni-30B-A3B-Instruct shapes, every size explicit."""
     from transformers import Qwen3OmniMoeConfig
@@ -433,64 +508,8 @@ def released_config() -> Any:
         "user_token_id": ids["user_token_id"],
         **media_ids,
     }
-    talker = {
-        "text_config": {
-            "vocab_size": 3072,
-            "hidden_size": 1024,
-            "intermediate_size": 2048,
-            "moe_intermediate_size": 384,
-            "shared_expert_intermediate_size": 768,
-            "num_hidden_layers": 20,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 2,
-            "head_dim": 128,
-            "num_experts": 128,
-            "num_experts_per_tok": 6,
-            "norm_topk_prob": True,
-            "rms_norm_eps": 1e-6,
-            "rope_parameters": mrope,
-            "max_position_embeddings": 65536,
-        },
-        "code_predictor_config": {
-            "vocab_size": 2048,
-            "hidden_size": 1024,
-            "intermediate_size": 3072,
-            "num_hidden_layers": 5,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "num_code_groups": NUM_CODE_GROUPS,
-            "rms_norm_eps": 1e-6,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
-            "max_position_embeddings": 32768,
-        },
-        "num_code_groups": NUM_CODE_GROUPS,
-        "thinker_hidden_size": 2048,
-        "accept_hidden_layer": 24,
-        "position_id_per_seconds": 13,
-        "spatial_merge_size": 2,
-        "audio_start_token_id": ids["audio_start_token_id"],
-        "vision_start_token_id": ids["vision_start_token_id"],
-        **media_ids,
-        **_codec_ids(2048),
-    }
-    code2wav = {
-        "codebook_size": 2048,
-        "hidden_size": 1024,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
-        "intermediate_size": 3072,
-        "sliding_window": 72,
-        "max_position_embeddings": 8000,
-        "num_quantizers": NUM_CODE_GROUPS,
-        "upsample_rates": [8, 5, 4, 3],
-        "upsampling_ratios": [2, 2],
-        "decoder_dim": 1536,
-        "layer_scale_initial_scale": 0.01,
-        "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-    }
+    talker = _released_talker(ids, media_ids, mrope)
+    code2wav = dict(_RELEASED_CODE2WAV)
     top = {k: ids[k] for k in _TOP_IDS}
     return Qwen3OmniMoeConfig(
         thinker_config=thinker, talker_config=talker, code2wav_config=code2wav, enable_audio_output=True, **top
