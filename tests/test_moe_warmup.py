@@ -60,7 +60,7 @@ def test_every_step_size_reuses_a_planned_variant(layer: tuple[int, int, int, in
 
 
 def test_the_recorded_stalls_are_planned() -> None:
-    """The H200 record (docs/results/qwen3_omni_gpu_h200.md): the talker stalled 1.2 s on a
+    """The H200 record (docs/results/qwen3_omni/qwen3_omni_gpu_h200.md): the talker stalled 1.2 s on a
     492-token chunk, the thinker 1.1 s on a 728-token step, while 2048-token chunks (the
     memory profile's size) did not. Their variants are warmed now, and differ from 2048's."""
     for (e, k, n, top_k), m in [(TALKER, 492), (THINKER, 728)]:

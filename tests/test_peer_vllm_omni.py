@@ -3,7 +3,7 @@ driver (benchmarks/peer_vllm_omni.py) on this CPU host.
 
 vllm-omni itself is never installed in the project's environment; the tests that run it need it
 in a directory of its own, named by PEER_SITE (e.g. `pip install --no-deps --target
-/work/peer-site vllm_omni==0.25.0rc1` + benchmarks/peer/wheels.txt), and skip without it.
+/tmp/peer-site vllm_omni==0.25.0rc1` + benchmarks/peer/wheels.txt), and skip without it.
 vllm-omni 0.25.0rc1 has no CPU platform: here its run fails at its first stage, and what is
 checked is that the driver writes that failure, with its error, into the result file and that
 omni_gpu.py's report shows it.
@@ -22,7 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-PEER_SITE = Path(os.environ.get("PEER_SITE", "/work/peer-site"))
+PEER_SITE = Path(os.environ.get("PEER_SITE", "/tmp/peer-site"))
 needs_peer = pytest.mark.skipif(
     not (PEER_SITE / "vllm_omni").is_dir(), reason=f"vllm-omni not installed in PEER_SITE={PEER_SITE}"
 )

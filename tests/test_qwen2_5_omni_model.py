@@ -1,7 +1,7 @@
 """The tiny Qwen2.5-Omni checkpoint (omni_mp.models.qwen2_5_omni.tiny) and the oracle built on it
 (tests.hf_oracle.omni_generate): a deterministic build, an offline reload, the processor's
 placeholder counts, and the oracle's talker codes against an independent hand-written talker
-loop (../shared/models/qwen2_5_omni.md §2). No vLLM."""
+loop (docs/qwen2_5_omni.md). No vLLM."""
 
 from __future__ import annotations
 

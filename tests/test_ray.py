@@ -32,7 +32,7 @@ PROMPT = "Hello world, how are you?"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from omni_mp.control.ray_local import local_cluster  # ray: the `ray` extra, installed by launch/setup.sh
+    from omni_mp.control.ray_local import local_cluster  # ray: the `ray` extra, installed by scripts/setup.sh
 
     # The stage processes the actors start must import this checkout (as CI's editable install does).
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent))

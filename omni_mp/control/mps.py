@@ -3,7 +3,7 @@ pipeline YAML, config.GpuSharingConfig): which stages, whose MPS daemon, and the
 daemon omni_mp starts for them.
 
 Why: processes on one GPU time-slice it, so each stage's step also waits out the other stages'
-steps, even when no stage fills the GPU. Measured on one H200 (docs/benchmarks.md), time-sliced
+steps, even when no stage fills the GPU. Measured on one H200 (docs/benchmarks/journal.md), time-sliced
 -> MPS: Qwen3-Omni's three stages, code2wav's step at 32 requests 36 -> 15 ms p50 and the
 pipeline's real-time factor 0.400 -> 0.329; Qwen2.5-Omni's at one request 0.450 -> 0.347.
 

@@ -1,6 +1,6 @@
 """A local multi-node Ray cluster on this machine (several raylets, all on loopback), to try
 `placement: ray` without other hosts: the tests, `benchmarks/ray_two_nodes.py` and the
-README's one-machine recipe use it. Node i gets the custom resource `node_<letter>` (node_a
+docs/multinode.md's one-machine recipe use it. Node i gets the custom resource `node_<letter>` (node_a
 is the head), so a stage can be pinned with `ray_resources: {node_b: 0.01}`."""
 
 from __future__ import annotations

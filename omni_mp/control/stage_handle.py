@@ -44,7 +44,7 @@ def stage_env(
         # on a host their host-side work (prefills, input handling) fights for the cores. Each
         # gets an equal share, one share kept for the coordinator and its client; a value the
         # user set is kept. Measured: three Qwen3-Omni stages on one H200 host of 16 cores,
-        # first audio 336 -> 275 ms at 1 request and 1469 -> 745 ms at 8 (docs/benchmarks.md).
+        # first audio 336 -> 275 ms at 1 request and 1469 -> 745 ms at 8 (docs/benchmarks/journal.md).
         env.setdefault("OMP_NUM_THREADS", str(gpu_stage_threads(len(cfg.stages))))
     else:
         # CPU stage: its own KV cache budget and its own cores (by default one core per stage,

@@ -1,5 +1,5 @@
 """Qwen2.5-Omni's thinker -> talker link, exactly as transformers' `generate()` builds it
-(../shared/models/qwen2_5_omni.md §2; verified against transformers 5.17.0).
+(docs/qwen2_5_omni.md; verified against transformers 5.17.0).
 
 Notation: prompt ids x (length L), thinker reply y_0..y_{N-1}, last-layer thinker hidden
 states h (one row per token the thinker computed: the prompt and y_0..y_{N-2}; the last reply

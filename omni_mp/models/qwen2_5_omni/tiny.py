@@ -3,7 +3,7 @@
 A checkpoint is a full `Qwen2_5OmniForConditionalGeneration` saved with `save_pretrained`
 (`thinker.*` with audio and vision encoders, `talker.*`, `token2wav.*`, `config.json`) plus
 `spk_dict.pt` (`{name: {"bos_token", "cond" [1, enc_emb_dim], "ref_mel" [1, T_ref, mel_dim]}}`),
-at toy sizes (`../shared/models/qwen2_5_omni.md` §4). Cached like the other tiny models
+at toy sizes (docs/qwen2_5_omni.md). Cached like the other tiny models
 (omni_mp.models.cache). Nothing at run time imports this module: omni_mp.models.registry
 imports it when a stage names one of its built-in checkpoints. Two kinds:
 
