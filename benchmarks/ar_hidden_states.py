@@ -8,7 +8,7 @@ Each round sends `--requests` concurrent requests of `--tokens` tokens to one pi
 Prints generated tokens/s per pipeline, the on/off ratio (the hidden-state overhead; target
 <= 10%) and the chain's end-to-end time against stage 0 alone.
 
-    python benchmarks/ar_hidden_states.py [--gpu] [--rounds 3] [--requests 8] [--tokens 128]
+    python -m benchmarks.ar_hidden_states [--gpu] [--rounds 3] [--requests 8] [--tokens 128]
 """
 
 from __future__ import annotations
@@ -20,20 +20,15 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
-from omni_mp.config.validate import parse_config  # noqa: E402
-from omni_mp.control.coordinator import Coordinator  # noqa: E402
+from omni_mp.client.omni_client import AsyncOmniClient
+from omni_mp.config.validate import parse_config
+from omni_mp.control.coordinator import Coordinator
 from omni_mp.stage_configs import CONFIG_DIR
-from omni_mp.wire.messages import SamplingParamsMsg  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
+from omni_mp.wire.messages import SamplingParamsMsg
 
 
 def configs(gpu: bool, model: str | None) -> dict[str, Any]:

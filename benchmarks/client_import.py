@@ -1,7 +1,7 @@
 """What `import omni_mp.client.omni_client` costs a process: wall time and peak RSS, median of fresh
 interpreters (each run is a new process, so nothing is cached in-process).
 
-    python benchmarks/client_import.py [--runs 5]
+    python -m benchmarks.client_import [--runs 5]
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ batched across requests, streamed with cached keys/values) vs transformers'
 The "streamed / one shot" column is what streaming costs on top of one window per request: the
 chunks' recomputed work (the first chunk of each request runs apart from later ones).
 
-CPU (tiny checkpoint):  python benchmarks/code2wav.py
-CPU, released sizes:    python benchmarks/code2wav.py --released --frames 25 --batches 1,4 --concurrency 1
+CPU (tiny checkpoint):  python -m benchmarks.code2wav
+CPU, released sizes:    python -m benchmarks.code2wav --released --frames 25 --batches 1,4 --concurrency 1
 One GPU (the released code2wav sizes, random weights; written once, about 0.8 GB):
-                        python benchmarks/code2wav.py --gpu [--dir /tmp/code2wav-released]
+                        python -m benchmarks.code2wav --gpu [--dir /tmp/code2wav-released]
 """
 
 from __future__ import annotations
@@ -24,13 +24,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -177,19 +175,31 @@ def main() -> None:
     )
 
     print(f"# {check_stream(eng, hf, _frames(frames, codebook, 98), device)}")
-    warm = [_frames(frames, codebook, 99)]
-    run_engine(eng, warm, stream=True)
-    run_engine(eng, warm, stream=False)
-    run_hf(hf, warm, device, batched=False)
+    print("# warm-up: every batch size and every level runs once unmeasured (each way) before it is measured")
+    throughput(eng, hf, device, batches, frames, codebook, args.rounds)
+    latency(eng, concurrency, frames, codebook, args.rounds)
+    eng.shutdown()
 
+
+def throughput(
+    eng: DiffusionEngine, hf: torch.nn.Module, device: torch.device, batches: list[int], frames: int, codebook: int,
+    rounds: int,
+) -> None:  # fmt: skip
+    """The RTF table: per batch, every way after an unmeasured run of that batch, best of `rounds`."""
+    audio_s = frames * FRAME_S
     print("\n| requests | engine streamed RTF | engine one-shot RTF | transformers one by one RTF "
           "| transformers batched RTF | streamed vs one by one | one-shot vs one by one "
           "| streamed / one shot |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for b in batches:
         reqs = [_frames(frames, codebook, i) for i in range(b)]
+        warm = [_frames(frames, codebook, 500 + i) for i in range(b)]  # the batch's shapes, first runs
+        run_engine(eng, warm, stream=True)
+        run_engine(eng, warm, stream=False)
+        run_hf(hf, warm, device, batched=False)
+        run_hf(hf, warm, device, batched=True)
         best = dict.fromkeys(("stream", "once", "hf", "hf_b"), float("inf"))
-        for _ in range(args.rounds):  # alternating, best of: other load on the host shows as noise
+        for _ in range(rounds):  # alternating, best of: other load on the host shows as noise
             best["stream"] = min(best["stream"], run_engine(eng, reqs, stream=True))
             best["once"] = min(best["once"], run_engine(eng, reqs, stream=False))
             best["hf"] = min(best["hf"], run_hf(hf, reqs, device, batched=False))
@@ -201,17 +211,20 @@ def main() -> None:
             f"| {best['stream'] / best['once']:.2f} |"
         )
 
+
+def latency(eng: DiffusionEngine, concurrency: list[int], frames: int, codebook: int, rounds: int) -> None:
+    """The first-audio table: per level, after an unmeasured run of that level, best of `rounds`."""
     print("\n| concurrent streams | first audio after its 2nd frame, median (ms) | max (ms) |")
     print("|---|---|---|")
     for c in concurrency:
         reqs = [_frames(frames, codebook, 100 + i) for i in range(c)]
+        first_audio(eng, [_frames(frames, codebook, 700 + i) for i in range(c)])  # the level's warm-up
         got: list[float] = []
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             t = first_audio(eng, reqs)
             if not got or statistics.median(t) < statistics.median(got):
                 got = t
         print(f"| {c} | {1000 * statistics.median(got):.1f} | {1000 * max(got):.1f} |")
-    eng.shutdown()
 
 
 if __name__ == "__main__":

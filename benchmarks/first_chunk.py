@@ -8,8 +8,8 @@ same noise): max abs difference and SNR (dB) over the first chunk's samples and 
 whole waveform, and the upstream codes the first audio waits for (first chunk + right
 context). The other windows keep their defaults.
 
-    python benchmarks/first_chunk.py                 # CPU, tiny token2wav
-    python benchmarks/first_chunk.py --gpu           # token2wav at transformers' default size
+    python -m benchmarks.first_chunk                 # CPU, tiny token2wav
+    python -m benchmarks.first_chunk --gpu           # token2wav at transformers' default size
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
-from pathlib import Path
 
 import msgspec
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from omni_mp.engines.diffusion.batcher import Batcher, DiffusionRequest  # noqa: E402

@@ -1,9 +1,9 @@
 """One AR stage against vLLM alone, and the thinker -> talker chain against its first stage,
 at concurrency 1/8/32/64 (Qwen2-7B shapes, random weights, bf16, on the GPU).
 
-    python benchmarks/gpu_pipeline.py                       # builds the 7B-shaped config dir
-    python benchmarks/gpu_pipeline.py --gpus 2              # the talker on GPU 1
-    python benchmarks/gpu_pipeline.py --cpu --model tiny    # a quick dry run on the CPU
+    python -m benchmarks.gpu_pipeline                       # builds the 7B-shaped config dir
+    python -m benchmarks.gpu_pipeline --gpus 2              # the talker on GPU 1
+    python -m benchmarks.gpu_pipeline --cpu --model tiny    # a quick dry run on the CPU
 
 Phases run one at a time, each in a fresh process (GPU memory is returned between them):
   vllm       vLLM's `LLM.generate` on the same engine args (its default model runner)
@@ -11,7 +11,9 @@ Phases run one at a time, each in a fresh process (GPU memory is returned betwee
   stage_off  one omni_mp stage, hidden-state output off
   stage_on   the same stage streaming the last-layer hidden states of every token
   chain      stage_on feeding a talker (same model shape) step by step
-Each phase: one warm-up round, then `--rounds` measured rounds per concurrency (median).
+Each phase, per concurrency level: one unmeasured warm-up round at that level (its batch
+shapes' first runs: benchmarks.common.warmup), then `--rounds` measured rounds (median); the
+report and the JSON say so.
 Every request has a distinct random prompt of `--prompt-len` tokens and generates exactly
 `--tokens` tokens (ignore_eos). The chain at the highest concurrency also records the
 per-step timeline of both stages (`OMNI_MP_PROFILE_DIR`), summarized in the output.
@@ -33,9 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common.phases import REPO, module_cmd
+from benchmarks.common.warmup import Warmups, warmup_line
 
-REPO = Path(__file__).resolve().parent.parent
+WARMUP = "each level's first round (its prompts' own seeds) unmeasured, before its --rounds measured rounds"
 PHASES = ["vllm", "vllm_v1", "stage_off", "stage_on", "chain"]
 QWEN2_7B = {  # Qwen2-7B's shapes (config.json of the released checkpoint)
     "hidden_size": 3584,
@@ -94,16 +97,23 @@ def run_vllm(args: argparse.Namespace, model: str, v1: bool) -> dict[str, Any]:
     llm = LLM(model=model, **engine_args(args, model))
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=0.0, detokenize=False)
     out: dict[str, Any] = {}
+    warmups = Warmups(WARMUP)
     for c in args.concurrency:
         walls = []
-        for r in range(args.rounds + 1):
+        for r in range(args.rounds + 1):  # round 0: the level's warm-up
             batch = [TokensPrompt(prompt_token_ids=p) for p in prompts(c, args.prompt_len, args.vocab, 1000 * c + r)]
+            t_round = time.time()
             t0 = time.perf_counter()
             res = llm.generate(batch, params, use_tqdm=False)
             walls.append(time.perf_counter() - t0)
             assert all(len(x.outputs[0].token_ids) == args.tokens for x in res)
+            if r == 0:
+                warmups.warmed(c, t_round, c)
+            else:
+                warmups.measured(c, t_round)
         out[str(c)] = {"wall_s": statistics.median(walls[1:]), "rounds": walls}
         print(f"[bench] {args.phase} c={c}: {out[str(c)]['wall_s']:.3f}s", flush=True)
+    out["warmup"] = warmups.to_json()
     return out
 
 
@@ -167,14 +177,19 @@ def run_pipeline(args: argparse.Namespace, model: str) -> dict[str, Any]:
     if args.phase == "chain":
         os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
     t0 = time.perf_counter()
+    warmups = Warmups(WARMUP)
     with embedded_pipeline(cfg, progress=lambda m: print(f"[omni_mp] {m}", flush=True)) as coord:
         out["startup_s"] = time.perf_counter() - t0
         for c in args.concurrency:
             rounds = []
-            for r in range(args.rounds + 1):
+            for r in range(args.rounds + 1):  # round 0: the level's warm-up
                 batch = prompts(c, args.prompt_len, args.vocab, 1000 * c + r)
                 t_round = time.time()
                 rounds.append(asyncio.run(pipeline_round(coord.client_endpoint, batch, args.tokens, stages)))
+                if r == 0:
+                    warmups.warmed(c, t_round, c)
+                else:
+                    warmups.measured(c, t_round)
             measured = rounds[1:]
             firsts = [x["first_chunk_p50_s"] for x in measured if x["first_chunk_p50_s"] is not None]
             out[str(c)] = {
@@ -183,6 +198,7 @@ def run_pipeline(args: argparse.Namespace, model: str) -> dict[str, Any]:
                 "rounds": [x["wall_s"] for x in rounds],
             }
             print(f"[bench] {args.phase} c={c}: {out[str(c)]['wall_s']:.3f}s", flush=True)
+    out["warmup"] = warmups.to_json()
     if args.phase == "chain":
         out["profile"] = summarize_profile(profile_dir, t_round)  # the last round (highest concurrency)
     return out
@@ -223,7 +239,7 @@ def summarize_profile(profile_dir: Path, since: float) -> dict[str, Any]:
 # ---- orchestration ---------------------------------------------------------------------------
 def run_phase_process(args: argparse.Namespace, phase: str, out_dir: Path) -> dict[str, Any]:
     result = out_dir / f"{phase}.json"
-    cmd = [sys.executable, __file__, "--phase", phase, "--result", str(result), *sys.argv[1:]]
+    cmd = module_cmd("benchmarks.gpu_pipeline", "--phase", phase, "--result", str(result), *sys.argv[1:])
     print(f"[bench] phase {phase} ...", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, timeout=args.phase_timeout_s)
@@ -242,6 +258,7 @@ def table(results: dict[str, Any], args: argparse.Namespace, device: str) -> str
     lines = [
         f"{device}; {args.model}; {args.prompt_len}-token prompts, {args.tokens} generated tokens per request, "
         f"greedy, ignore_eos; median of {args.rounds} rounds",
+        *[line for phase in PHASES if (line := warmup_line(results.get(phase, {}).get("warmup"), phase))],
         "",
         "| concurrency | vLLM `LLM.generate` | vLLM, V1 runner | one stage, hidden off | one stage, hidden on "
         "| chain (stage 0 -> talker) | talker first chunk p50 |",

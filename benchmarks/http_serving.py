@@ -4,10 +4,12 @@ One launcher with `--http` serves both. For each concurrency (1, 8, 32 by defaul
 alternate between the two ways in: `c` concurrent spoken chat requests (the same prompts,
 voices and seeds), streamed. Prints, side by side, time to first audio (p50 and p90 over
 every request of the rounds) and throughput (requests/s); the HTTP server's added latency
-to first audio (target <= 5 ms p50) and its throughput ratio (target >= 0.95x).
+to first audio (target <= 5 ms p50) and its throughput ratio (target >= 0.95x). Each level is
+warmed up first (one unmeasured round each way at that level: benchmarks.common.warmup), which
+the last line says; --out writes the numbers and the warm-up record as JSON.
 
-    python benchmarks/http_serving.py [--config omni_mp/stage_configs/tiny_qwen2_5_omni.yaml]
-        [--concurrency 1,8,32] [--rounds 3] [--tokens 48]
+    python -m benchmarks.http_serving [--config omni_mp/stage_configs/tiny_qwen2_5_omni.yaml]
+        [--concurrency 1,8,32] [--rounds 3] [--tokens 48] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -27,18 +29,19 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
-from omni_mp.config.validate import load_config  # noqa: E402
-from omni_mp.http.pipeline import PipelineView, Sampling  # noqa: E402
+from benchmarks.common.phases import REPO
+from benchmarks.common.stats import percentile_inclusive as _pct
+from benchmarks.common.warmup import Warmups, warmup_line
+from omni_mp.client.omni_client import AsyncOmniClient
+from omni_mp.config.validate import load_config
+from omni_mp.http.pipeline import PipelineView, Sampling
 from omni_mp.stage_configs import CONFIG_DIR
-from omni_mp.wire.messages import StageOutputChunk  # noqa: E402
+from omni_mp.wire.messages import StageOutputChunk
 
-REPO = Path(__file__).resolve().parent.parent
 VOICES = ("Chelsie", "Ethan")
 Request = tuple[str, str, int]  # prompt, voice, seed
 
@@ -112,37 +115,61 @@ async def one_round(run: Callable[[Request], Awaitable[float]], reqs: list[Reque
     return list(firsts), time.perf_counter() - t0
 
 
-def _pct(xs: list[float], q: float) -> float:
-    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
+WARMUP = "one unmeasured round each way (ZMQ, then HTTP) at each level's concurrency, just before its measured rounds"
 
 
-async def bench(args: argparse.Namespace, url: str, endpoint: str, view: PipelineView) -> None:
+async def bench(args: argparse.Namespace, url: str, endpoint: str, view: PipelineView) -> dict[str, Any]:
+    """Per level: its warm-up rounds, then --rounds measured rounds alternating who goes first;
+    prints a row per level and returns the levels and the warm-up record."""
+    warmups = Warmups(WARMUP)
+    levels: dict[str, Any] = {}
     print(f"{'conc':>4} | {'TTFA p50 zmq':>12} {'http':>8} {'added':>8} | {'p90 zmq':>8} {'http':>8} | "
           f"{'req/s zmq':>9} {'http':>8} {'ratio':>6}")  # fmt: skip
     async with (
         AsyncOmniClient(endpoint) as client,
         httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as http,
     ):
+        ways: dict[str, Callable[[Request], Awaitable[float]]] = {
+            "zmq": lambda r: via_zmq(client, view, r, args.tokens),
+            "http": lambda r: via_http(http, url, r, args.tokens),
+        }
         for c in args.concurrency:
-            stats: dict[str, tuple[list[float], float, int]] = {"zmq": ([], 0.0, 0), "http": ([], 0.0, 0)}
-            for rnd in range(args.rounds):
-                reqs = [(f"Tell me about the number {i}.", VOICES[i % 2], 1000 * rnd + i) for i in range(c)]
-                order = ("zmq", "http") if rnd % 2 == 0 else ("http", "zmq")  # alternate who goes first
-                for way in order:
-                    if way == "zmq":
-                        firsts, wall = await one_round(lambda r: via_zmq(client, view, r, args.tokens), reqs)
-                    else:
-                        firsts, wall = await one_round(lambda r: via_http(http, url, r, args.tokens), reqs)
-                    f, w, n = stats[way]
-                    stats[way] = (f + firsts, w + wall, n + len(reqs))
-            (fz, wz, nz), (fh, wh, nh) = stats["zmq"], stats["http"]
-            p50z, p50h = 1000 * statistics.median(fz), 1000 * statistics.median(fh)
-            tz, th = nz / wz, nh / wh
-            print(
-                f"{c:>4} | {p50z:>10.1f}ms {p50h:>6.1f}ms {p50h - p50z:>+6.1f}ms | "
-                f"{1000 * _pct(fz, 90):>6.1f}ms {1000 * _pct(fh, 90):>6.1f}ms | {tz:>9.2f} {th:>8.2f} {th / tz:>5.2f}x",
-                flush=True,
-            )
+            t0 = time.time()
+            warm = [(f"Warm up number {i}.", VOICES[i % 2], 1_000_000 + i) for i in range(c)]
+            for way in ("zmq", "http"):
+                await one_round(ways[way], warm)
+            warmups.warmed(c, t0, 2 * c)
+            levels[str(c)] = await measured_level(ways, c, args.rounds, warmups)
+    return {"levels": levels, "warmup": warmups.to_json()}
+
+
+async def measured_level(
+    ways: dict[str, Callable[[Request], Awaitable[float]]], c: int, rounds: int, warmups: Warmups
+) -> dict[str, Any]:
+    """One level's measured rounds (alternating who goes first), its printed row and its numbers."""
+    stats: dict[str, tuple[list[float], float, int]] = {"zmq": ([], 0.0, 0), "http": ([], 0.0, 0)}
+    for rnd in range(rounds):
+        t_round = time.time()
+        reqs = [(f"Tell me about the number {i}.", VOICES[i % 2], 1000 * rnd + i) for i in range(c)]
+        order = ("zmq", "http") if rnd % 2 == 0 else ("http", "zmq")  # alternate who goes first
+        for way in order:
+            firsts, wall = await one_round(ways[way], reqs)
+            f, w, n = stats[way]
+            stats[way] = (f + firsts, w + wall, n + len(reqs))
+        warmups.measured(c, t_round)
+    (fz, wz, nz), (fh, wh, nh) = stats["zmq"], stats["http"]
+    p50z, p50h = 1000 * statistics.median(fz), 1000 * statistics.median(fh)
+    tz, th = nz / wz, nh / wh
+    print(
+        f"{c:>4} | {p50z:>10.1f}ms {p50h:>6.1f}ms {p50h - p50z:>+6.1f}ms | "
+        f"{1000 * _pct(fz, 90):>6.1f}ms {1000 * _pct(fh, 90):>6.1f}ms | {tz:>9.2f} {th:>8.2f} {th / tz:>5.2f}x",
+        flush=True,
+    )
+    return {
+        "first_audio_p50_ms": {"zmq": p50z, "http": p50h},
+        "first_audio_p90_ms": {"zmq": 1000 * _pct(fz, 90), "http": 1000 * _pct(fh, 90)},
+        "requests_per_s": {"zmq": tz, "http": th},
+    }
 
 
 def main() -> int:
@@ -151,15 +178,19 @@ def main() -> int:
     p.add_argument("--concurrency", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=48, help="thinker tokens per request")
+    p.add_argument("--out", type=Path, help="also write the levels and the warm-up record to this JSON file")
     args = p.parse_args()
     view = PipelineView.of(load_config(args.config))
     url = f"http://127.0.0.1:{_free_port()}"
     proc, endpoint = start(args.config, url)
     try:
-        asyncio.run(bench(args, url, endpoint, view))
+        result = asyncio.run(bench(args, url, endpoint, view))
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
+    print(warmup_line(result["warmup"]), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"config": str(args.config), "tokens": args.tokens, **result}, indent=1))
     return 0
 
 

@@ -2,8 +2,8 @@
 encoder on vLLM -> the DiT + VAE on our diffusion engine) against diffusers' QwenImagePipeline
 on the same GPU, in one run (issue 21, deliverable 6).
 
-Sizes, written here and never taken from library defaults (the issue's; the text encoder is
-Qwen2.5-VL-7B's language model): text encoder hidden 3584, 28 layers, 28 heads, 4 KV heads,
+Sizes, written in benchmarks.common.qwen_image_dir and never taken from library defaults (the
+issue's; the text encoder is Qwen2.5-VL-7B's language model): text encoder hidden 3584, 28 layers, 28 heads, 4 KV heads,
 intermediate 18944, vocab 152064 (vision tower: Qwen2.5-VL-7B's, built by diffusers' side
 only: vLLM's text-only stage skips it); DiT 60 MMDiT blocks, 24 heads x 128, joint attention
 3584, RoPE axes (16, 56, 56), 64 -> 16 channels; VAE base 96, z 16, dim_mult (1, 2, 4, 4), 2 res
@@ -18,34 +18,36 @@ Phases, each in a fresh subprocess (GPU memory returned between them), each writ
 `<out>/<phase>.json`; the report is made from every phase file in `--out`, so phases (and
 sizes, concurrency levels) can be split across invocations:
   build      write the checkpoint dir (skipped when it is there)
-  omni       omni_mp: start (time to ready), one warm-up request per size, then per size and
-             concurrency c: c requests in flight, `--rounds` x c requests in all (images/s,
-             latency mean / p50 / max); Poisson arrivals at `--poisson` fractions of the
+  omni       omni_mp: start (time to ready), then per size and concurrency c: a warm-up of
+             `--warmup` x c unmeasured requests with c in flight (the DiT's batches of that
+             level: benchmarks.common.warmup), then c requests in flight, `--rounds` x c
+             requests in all (images/s, latency mean / p50 / max); Poisson arrivals at `--poisson` fractions of the
              capacity just measured (the best images/s of that size): mean / p99 latency, and
              the wait from arrival to the request's first denoising step (the first DiT step
              starting after the request entered the DiT engine, from the stage's step
              timeline); the DiT's step time with one request in flight.
-  diffusers  QwenImagePipeline: per size, c=1 one request at a time; c > 1 one call with c
-             prompts (diffusers' own batching); the transformer's time per denoising step
+  diffusers  QwenImagePipeline: per size and level, `--warmup` unmeasured calls of c prompts,
+             then c=1 one request at a time; c > 1 one call with c prompts (diffusers' own
+             batching); the transformer's time per denoising step
              (its calls of one step, CUDA-synchronized, with one request).
 Outputs in --out: image_gpu.json, image_gpu.md (the table, ratios and targets), image_gpu.png
 (matplotlib) or image_gpu.svg (written by hand when matplotlib is missing).
 
 On the lent GPU machines (no network; the image has python 3.12, torch 2.11.0 cu130,
-transformers, matplotlib; no diffusers and no vLLM): carry the wheels of
-/work/shared/gpu/README.md plus diffusers==0.42.1 (pure python; its requirements importlib_metadata,
+transformers, matplotlib; no diffusers and no vLLM): carry the wheels of the GPU host recipe
+(scripts/gpu/) plus diffusers==0.42.1 (pure python; its requirements importlib_metadata,
 filelock, huggingface-hub, numpy, regex, requests, safetensors, Pillow are in the image:
 the preflight lists anything missing), then, one device call each (ENV: the export line
 `export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
 HF_HUB_OFFLINE=1`, written out), e.g.
-  ENV && python3 benchmarks/image_gpu.py --phases build,omni --sizes 512:20 --out /tmp/image_gpu --deadline-s 560
-  ENV && python3 benchmarks/image_gpu.py --phases diffusers --sizes 512:20 --out /tmp/image_gpu
+  ENV && python3 -m benchmarks.image_gpu --phases build,omni --sizes 512:20 --out /tmp/image_gpu --deadline-s 560
+  ENV && python3 -m benchmarks.image_gpu --phases diffusers --sizes 512:20 --out /tmp/image_gpu
 (docs/benchmarks.md#qwen-image: the whole split over device calls and the time of each).
-Locally, to re-render from fetched phase files: python benchmarks/image_gpu.py --phases '' --out DIR
+Locally, to re-render from fetched phase files: python -m benchmarks.image_gpu --phases '' --out DIR
 CPU checks of every phase (~3-4 min each on 2 cores): the tiny checkpoint (fp32, 64x64, 3 steps),
 and the real-size path (build, dummy-loaded encoder, diffusers' side built in memory) at toy widths:
-  .venv/bin/python benchmarks/image_gpu.py --tiny --out /tmp/image_gpu_tiny
-  .venv/bin/python benchmarks/image_gpu.py --shrink --out /tmp/image_gpu_shrink
+  .venv/bin/python -m benchmarks.image_gpu --tiny --out /tmp/image_gpu_tiny
+  .venv/bin/python -m benchmarks.image_gpu --shrink --out /tmp/image_gpu_shrink
 """
 
 from __future__ import annotations
@@ -53,105 +55,42 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.phases import (
+    REPO,
+    device_name,
+    devices_of,
+    phase_results,
+    run_child_phase,
+    run_phase_process,
+    split_phases,
+)
+from benchmarks.common.qwen_image_dir import (
+    build_on_device,
+    build_qwen_image_dir,
+    real_dtype,
+    tiny_dir,
+)
+from benchmarks.common.report import fmt, make_say, pyplot
+from benchmarks.common.stats import percentile_nearest_rank as percentile
+from benchmarks.common.timelines import stage_timeline
+from benchmarks.common.warmup import Warmups, warmup_line
 from omni_mp.stage_configs import CONFIG_DIR
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-REPO = Path(__file__).resolve().parent.parent
 PHASES = ["build", "omni", "diffusers"]
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 10
 NEGATIVE_PROMPT = " "
 CFG_SCALE = 4.0
-BUILT_MARK = "BUILT-v1"
-
-# Qwen2.5-VL-7B's language model (the text encoder), written out: transformers' defaults differ.
-TEXT_CONFIG: dict[str, Any] = {
-    "vocab_size": 152064,
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 128000,
-    "rms_norm_eps": 1e-6,
-    "hidden_act": "silu",
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-}
-# Qwen2.5-VL-7B's vision tower (built by diffusers' side only; vLLM's text-only stage skips it).
-VISION_CONFIG: dict[str, Any] = {
-    "depth": 32,
-    "hidden_size": 1280,
-    "intermediate_size": 3420,
-    "num_heads": 16,
-    "in_chans": 3,
-    "out_hidden_size": 3584,
-    "patch_size": 14,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "window_size": 112,
-    "fullatt_block_indexes": [7, 15, 23, 31],
-    "tokens_per_second": 2,
-}
-# Qwen-Image's DiT (20B) and VAE.
-DIT_CONFIG: dict[str, Any] = {
-    "patch_size": 2,
-    "in_channels": 64,
-    "out_channels": 16,
-    "num_layers": 60,
-    "attention_head_dim": 128,
-    "num_attention_heads": 24,
-    "joint_attention_dim": 3584,
-    "guidance_embeds": False,
-    "axes_dims_rope": [16, 56, 56],
-}
-VAE_CONFIG: dict[str, Any] = {
-    "base_dim": 96,
-    "z_dim": 16,
-    "dim_mult": [1, 2, 4, 4],
-    "num_res_blocks": 2,
-    "attn_scales": [],
-    "temperal_downsample": [False, True, True],
-    "dropout": 0.0,
-}
-# --shrink: the real path (build, dummy-loaded encoder, meta-built diffusers side) at toy widths,
-# fp32, on the CPU: a check of this script, not a measurement.
-SHRINK = {
-    "text": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "num_key_value_heads": 1, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
-                                                           "mrope_section": [8, 12, 12]}},
-    "vision": {"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 128,
-               "fullatt_block_indexes": [1]},
-    "dit": {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 32, "joint_attention_dim": 128,
-            "axes_dims_rope": [8, 12, 12]},
-    "vae": {"base_dim": 16},
-}  # fmt: skip
-
-
-def shapes(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The configs the real path builds: the real ones, or --shrink's toy widths over them."""
-    real = {"text": TEXT_CONFIG, "vision": VISION_CONFIG, "dit": DIT_CONFIG, "vae": VAE_CONFIG}
-    return {k: {**v, **(SHRINK[k] if args.shrink else {})} for k, v in real.items()}
-
-
-def real_dtype(args: argparse.Namespace) -> Any:
-    import torch
-
-    return torch.float32 if args.shrink else torch.bfloat16
-
-
 # A prompt of a fixed length, the same for every request on both sides (distinct seeds).
 PROMPT = (
     "A red cube on a blue table beside a sleeping cat, morning light through a window, "
@@ -159,13 +98,11 @@ PROMPT = (
 )
 
 
-def say(msg: str) -> None:
-    print(f"[image_gpu] {msg}", flush=True)
-
-
-def percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+say = make_say("image_gpu")
+WARMUP = (
+    "before each level is measured, --warmup x c unmeasured requests with c in flight (omni_mp) or --warmup calls of "
+    "c prompts (diffusers)"
+)
 
 
 def parse_sizes(spec: str) -> list[tuple[int, int]]:
@@ -189,90 +126,9 @@ def mode(args: argparse.Namespace) -> str:
     return "real sizes, random weights, bf16"
 
 
-def device_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-
-
 # ---- the checkpoint -----------------------------------------------------------------------------
-def tiny_dir() -> Path:
-    from omni_mp.models.registry import resolve_model
-
-    return Path(resolve_model("tiny-qwen-image"))
-
-
 def checkpoint_dir(args: argparse.Namespace) -> Path:
     return tiny_dir() if args.tiny else args.work_dir / ("qwen_image_shrunk" if args.shrink else "qwen_image_real")
-
-
-def _build_on_device(cls: Any, config: dict[str, Any], device: str, dtype: Any) -> Any:
-    """`cls(**config)` made right on `device` in `dtype` (no fp32 copy of 20B parameters
-    anywhere), with the library's own random init."""
-    import torch
-
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = cls(**config)
-    finally:
-        torch.set_default_dtype(old)
-    return model.eval()
-
-
-def text_encoder_config(tokenizer_dir: Path, sizes: dict[str, dict[str, Any]], dtype: str) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    tid = tok.convert_tokens_to_ids
-    return {
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-        "model_type": "qwen2_5_vl",
-        "text_config": {**sizes["text"], "bos_token_id": tid("<|endoftext|>"), "eos_token_id": tid("<|im_end|>")},
-        "vision_config": sizes["vision"],
-        "image_token_id": tid("<|image_pad|>"),
-        "video_token_id": tid("<|video_pad|>"),
-        "vision_start_token_id": tid("<|vision_start|>"),
-        "vision_end_token_id": tid("<|vision_end|>"),
-        "torch_dtype": dtype,
-    }
-
-
-def build_real(args: argparse.Namespace, path: Path) -> dict[str, Any]:
-    """The real-size checkpoint dir: configs written here, the DiT's and the VAE's random bf16
-    tensors, the tiny checkpoint's tokenizer and scheduler config, no text-encoder tensors."""
-    import torch
-    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
-
-    if (path / BUILT_MARK).is_file():
-        return {"skipped": f"{path} is built"}
-    t0 = time.perf_counter()
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    tiny = tiny_dir()
-    for part in ("tokenizer", "scheduler"):
-        shutil.copytree(tiny / part, path / part)
-    shutil.copy(tiny / "model_index.json", path / "model_index.json")
-    sizes, dtype = shapes(args), real_dtype(args)
-    text = text_encoder_config(path / "tokenizer", sizes, str(dtype).removeprefix("torch."))
-    (path / "text_encoder").mkdir()
-    (path / "text_encoder" / "config.json").write_text(json.dumps(text, indent=1))
-    (path / "config.json").write_text(json.dumps(text, indent=1))  # the dir reads as the text model's
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):  # vLLM reads them here
-        if (path / "tokenizer" / name).is_file():
-            shutil.copy(path / "tokenizer" / name, path / name)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dit = _build_on_device(QwenImageTransformer2DModel, sizes["dit"], device, dtype)
-    n_dit = sum(p.numel() for p in dit.parameters())
-    dit.save_pretrained(path / "transformer", safe_serialization=True, max_shard_size="10GB")
-    del dit
-    vae = _build_on_device(AutoencoderKLQwenImage, sizes["vae"], device, dtype)
-    vae.save_pretrained(path / "vae", safe_serialization=True)
-    del vae
-    (path / BUILT_MARK).write_text("ok\n")
-    return {"build_s": time.perf_counter() - t0, "dit_params": n_dit}
 
 
 # ---- omni_mp --------------------------------------------------------------------------------------
@@ -338,11 +194,14 @@ async def _one(client: Any, params: dict[str, Any], dit: int) -> dict[str, Any]:
             "t_finished": done.t_finished}  # fmt: skip
 
 
-async def _closed_loop(endpoint: str, n: int, c: int, side: int, steps: int, dit: int, args: Any) -> dict[str, Any]:
-    """n requests, c in flight at a time."""
+async def _closed_loop(
+    endpoint: str, n: int, c: int, side: int, steps: int, dit: int, args: Any, seed0: int | None = None
+) -> dict[str, Any]:
+    """n requests, c in flight at a time, seeds from `seed0` (default: the level's own)."""
     from omni_mp.client.omni_client import AsyncOmniClient
 
-    seeds = iter(range(1_000_000 * c + side, 1_000_000 * c + side + n))
+    first = 1_000_000 * c + side if seed0 is None else seed0
+    seeds = iter(range(first, first + n))
     reqs: list[dict[str, Any]] = []
 
     async def worker(client: Any) -> None:
@@ -378,14 +237,6 @@ async def _poisson(endpoint: str, n: int, rate: float, side: int, steps: int, di
             params = request_params(side, steps, 7_000_000 + i, args.cfg)
             tasks.append(asyncio.ensure_future(_one(client, params, dit)))
         return list(await asyncio.gather(*tasks))
-
-
-def _timeline(profile_dir: Path, stage_id: int) -> list[dict[str, Any]]:
-    files = sorted(profile_dir.glob(f"stage{stage_id}-*.json"))
-    if not files:
-        raise RuntimeError(f"no step timeline of stage {stage_id} in {profile_dir}")
-    doc = json.loads(files[-1].read_text())
-    return [dict(zip(doc["fields"], s, strict=True)) for s in doc["steps"]]
 
 
 def model_steps(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[float]]:
@@ -436,6 +287,8 @@ def single_request_step_ms(windows: list[tuple[float, float]], steps: list[dict[
 
 
 def run_omni(args: argparse.Namespace) -> dict[str, Any]:
+    """omni_mp's side: per size, each level warmed up and then measured, then the Poisson loads;
+    the DiT's steps from its stage timeline."""
     from omni_mp.config.validate import parse_config
     from omni_mp.control.embedded import embedded_pipeline
     from omni_mp.stage.timeline import PROFILE_DIR_ENV
@@ -445,67 +298,87 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
     dit = image_stage_id(cfg)
     profile_dir = Path(tempfile.mkdtemp(prefix="image_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
-    out: dict[str, Any] = {"cfg": args.cfg, "mode": mode(args), "sizes": {}}
+    out: dict[str, Any] = {"cfg": args.cfg, "mode": mode(args), "sizes": {}, "warmup_how": WARMUP}
     pending: dict[str, Any] = {}
     t0 = time.perf_counter()
-    with embedded_pipeline(cfg, progress=lambda m: say(m)) as coord:
+    with embedded_pipeline(cfg, progress=say) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
         say(f"omni: pipeline ready in {out['cold_start_s']:.1f}s")
-        ep = coord.client_endpoint
         for side, steps in args.sizes:
-            key = size_key(side, steps)
-            res: dict[str, Any] = {"levels": {}}
-            if args.warmup:
-                w = asyncio.run(_closed_loop(ep, args.warmup, 1, side, steps, dit, args))
-                res["warmup_s"] = w["latency_mean_s"]
-                say(f"omni {key}: warm-up {w['latency_mean_s']:.2f}s per request")
-            for c in args.concurrency:
-                n = c * args.rounds if c > 1 else max(2, args.rounds)
-                level = asyncio.run(_closed_loop(ep, n, c, side, steps, dit, args))
-                res["levels"][str(c)] = level
-                say(f"omni {key} c={c}: {level['images_per_s']:.3f} images/s, latency mean "
-                    f"{level['latency_mean_s']:.2f}s p50 {level['latency_p50_s']:.2f}s ({n} requests)")  # fmt: skip
-            measured = [lv["images_per_s"] for lv in res["levels"].values()]
-            capacity = args.capacity.get(key, max(measured, default=None))
-            res["capacity_images_per_s"] = capacity
-            res["poisson"] = {}
-            for frac in args.poisson if capacity else []:
-                t_from = time.time()
-                reqs = asyncio.run(_poisson(ep, args.poisson_requests, frac * capacity, side, steps, dit, args))
-                res["poisson"][str(frac)] = {"rate": frac * capacity, "requests": reqs, "window": (t_from, time.time())}
-                lat = [r["latency_s"] for r in reqs]
-                say(f"omni {key} Poisson {frac:.0%} of {capacity:.3f}/s: latency mean {statistics.fmean(lat):.2f}s "
-                    f"p99 {percentile(lat, 0.99):.2f}s")  # fmt: skip
-            pending[key] = res
+            pending[size_key(side, steps)] = omni_size(coord.client_endpoint, side, steps, dit, args)
     out["device"] = device_name()  # (after the stages: no CUDA context of this process beside them)
-    records = _timeline(profile_dir, dit)  # the stage processes have exited: timelines written
-    steps_rec, _ = model_steps(records)
+    records = stage_timeline(profile_dir, dit)  # the stage processes have exited: timelines written
+    if isinstance(records, str):
+        raise RuntimeError(records)
     for key, res in pending.items():
-        one = res["levels"].get("1")
-        res["dit_step_ms_one_request"] = single_request_step_ms(one["windows"], steps_rec) if one else None
-        for p in res["poisson"].values():
-            waits = first_step_waits(p["requests"], records)
-            lat = [r["latency_s"] for r in p["requests"]]
-            a, b = p.pop("window")
-            loaded = [st["step_ms"] for st in steps_rec if a <= st["t"] <= b]
-            _, dropped = model_steps([r for r in records if a <= r["t"] <= b])
-            p.update({
-                "dit_step_ms_p50": statistics.median(loaded) if loaded else None,
-                "steps_restarted": len(dropped),
-                "restarted_parts_ms": sum(dropped),
-                "latency_mean_s": statistics.fmean(lat),
-                "latency_p99_s": percentile(lat, 0.99),
-                "first_step_wait_mean_s": statistics.fmean(waits),
-                "first_step_wait_p99_s": percentile(waits, 0.99),
-                "first_step_wait_max_s": max(waits),
-            })  # fmt: skip
-            del p["requests"]
-        for level in res["levels"].values():
-            del level["windows"]
-        out["sizes"][key] = res
+        out["sizes"][key] = dit_steps(res, records)
     shutil.copytree(profile_dir, args.out / "profile-omni", dirs_exist_ok=True)
     shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
+
+
+def omni_size(ep: str, side: int, steps: int, dit: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One size: per level c, --warmup x c unmeasured requests (c in flight: the DiT's batches of
+    that level), then the level's measured requests; then Poisson loads at fractions of the best
+    images/s measured (which the levels have warmed up)."""
+    key = size_key(side, steps)
+    res: dict[str, Any] = {"levels": {}}
+    warmups = Warmups(WARMUP)
+    for c in args.concurrency:
+        if args.warmup:
+            t0 = time.time()
+            w = asyncio.run(_closed_loop(ep, args.warmup * c, c, side, steps, dit, args, seed0=3_000_000 * c + side))
+            warmups.warmed(c, t0, args.warmup * c)
+            say(f"omni {key} c={c}: warm-up {w['wall_s']:.2f}s ({args.warmup * c} requests, not measured)")
+        n = c * args.rounds if c > 1 else max(2, args.rounds)
+        t0 = time.time()
+        level = asyncio.run(_closed_loop(ep, n, c, side, steps, dit, args))
+        warmups.measured(c, t0)
+        level["warmup"] = warmups.levels[str(c)]
+        res["levels"][str(c)] = level
+        say(f"omni {key} c={c}: {level['images_per_s']:.3f} images/s, latency mean "
+            f"{level['latency_mean_s']:.2f}s p50 {level['latency_p50_s']:.2f}s ({n} requests)")  # fmt: skip
+    measured = [lv["images_per_s"] for lv in res["levels"].values()]
+    capacity = args.capacity.get(key, max(measured, default=None))
+    res["capacity_images_per_s"] = capacity
+    res["poisson"] = {}
+    for frac in args.poisson if capacity else []:
+        t_from = time.time()
+        reqs = asyncio.run(_poisson(ep, args.poisson_requests, frac * capacity, side, steps, dit, args))
+        res["poisson"][str(frac)] = {"rate": frac * capacity, "requests": reqs, "window": (t_from, time.time())}
+        lat = [r["latency_s"] for r in reqs]
+        say(f"omni {key} Poisson {frac:.0%} of {capacity:.3f}/s: latency mean {statistics.fmean(lat):.2f}s "
+            f"p99 {percentile(lat, 0.99):.2f}s")  # fmt: skip
+    return res
+
+
+def dit_steps(res: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A size's results with what the DiT's step records say: its step at one request, and per
+    Poisson load its step under that load, the steps restarted and each request's wait from
+    arrival to its first step."""
+    steps_rec, _ = model_steps(records)
+    one = res["levels"].get("1")
+    res["dit_step_ms_one_request"] = single_request_step_ms(one["windows"], steps_rec) if one else None
+    for p in res["poisson"].values():
+        waits = first_step_waits(p["requests"], records)
+        lat = [r["latency_s"] for r in p["requests"]]
+        a, b = p.pop("window")
+        loaded = [st["step_ms"] for st in steps_rec if a <= st["t"] <= b]
+        _, dropped = model_steps([r for r in records if a <= r["t"] <= b])
+        p.update({
+            "dit_step_ms_p50": statistics.median(loaded) if loaded else None,
+            "steps_restarted": len(dropped),
+            "restarted_parts_ms": sum(dropped),
+            "latency_mean_s": statistics.fmean(lat),
+            "latency_p99_s": percentile(lat, 0.99),
+            "first_step_wait_mean_s": statistics.fmean(waits),
+            "first_step_wait_p99_s": percentile(waits, 0.99),
+            "first_step_wait_max_s": max(waits),
+        })  # fmt: skip
+        del p["requests"]
+    for level in res["levels"].values():
+        del level["windows"]
+    return res
 
 
 # ---- diffusers ------------------------------------------------------------------------------------
@@ -520,9 +393,9 @@ def diffusers_pipeline(args: argparse.Namespace) -> Any:
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    dtype = real_dtype(args)
+    dtype = real_dtype(args.shrink)
     config = Qwen2_5_VLConfig(**json.loads((ckpt / "text_encoder" / "config.json").read_text()))
-    text = _build_on_device(Qwen2_5_VLForConditionalGeneration, {"config": config}, device, dtype)
+    text = build_on_device(Qwen2_5_VLForConditionalGeneration, {"config": config}, device, dtype)
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(ckpt / "scheduler"),
         vae=AutoencoderKLQwenImage.from_pretrained(ckpt / "vae", dtype=dtype).to(device),
@@ -578,31 +451,18 @@ def transformer_step_ms(pipe: Any, side: int, steps: int, cfg: bool) -> float:
 
 
 def run_diffusers(args: argparse.Namespace) -> dict[str, Any]:
+    """diffusers' side: per size, each level warmed up and then measured (c = 1: one request at
+    a time; c > 1: one call of c prompts), then the transformer's time per step."""
     t0 = time.perf_counter()
     pipe = diffusers_pipeline(args)
     pipe.set_progress_bar_config(disable=True)
     out: dict[str, Any] = {"device": device_name(), "cfg": args.cfg, "mode": mode(args), "sizes": {},
-                           "build_s": time.perf_counter() - t0}  # fmt: skip
+                           "build_s": time.perf_counter() - t0, "warmup_how": WARMUP}  # fmt: skip
     for side, steps in args.sizes:
         key = size_key(side, steps)
         res: dict[str, Any] = {"levels": {}}
-        if args.warmup:
-            res["warmup_s"] = _diffusers_call(pipe, 1, side, steps, 0, args.cfg)
         for c in args.concurrency:
-            if c == 1:
-                lat = [_diffusers_call(pipe, 1, side, steps, 10 + i, args.cfg) for i in range(max(2, args.rounds))]
-                wall = sum(lat)
-            else:
-                lat = []
-                for r in range(args.rounds):
-                    lat += [_diffusers_call(pipe, c, side, steps, 100 * r, args.cfg)] * c  # each waits for the batch
-                wall = sum(lat) / c
-            res["levels"][str(c)] = {
-                "requests": len(lat), "wall_s": wall, "images_per_s": len(lat) / wall,
-                "latency_mean_s": statistics.fmean(lat), "latency_p50_s": statistics.median(lat),
-                "latency_max_s": max(lat), "mode": "one at a time" if c == 1 else f"one call of {c} prompts",
-            }  # fmt: skip
-            lv = res["levels"][str(c)]
+            res["levels"][str(c)] = lv = diffusers_level(pipe, side, steps, c, args)
             say(f"diffusers {key} c={c}: {lv['images_per_s']:.3f} images/s, latency mean {lv['latency_mean_s']:.2f}s")
         if args.step_timing:
             res["transformer_step_ms"] = transformer_step_ms(pipe, side, steps, args.cfg)
@@ -611,16 +471,38 @@ def run_diffusers(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def diffusers_level(pipe: Any, side: int, steps: int, c: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One level of diffusers: --warmup unmeasured calls of c prompts, then the measured ones."""
+    warmups = Warmups(WARMUP)
+    if args.warmup:
+        t0 = time.time()
+        for i in range(args.warmup):
+            _diffusers_call(pipe, c, side, steps, 5000 + 100 * i, args.cfg)
+        warmups.warmed(c, t0, args.warmup * c)
+    t0 = time.time()
+    if c == 1:
+        lat = [_diffusers_call(pipe, 1, side, steps, 10 + i, args.cfg) for i in range(max(2, args.rounds))]
+        wall = sum(lat)
+    else:
+        lat = []
+        for r in range(args.rounds):
+            lat += [_diffusers_call(pipe, c, side, steps, 100 * r, args.cfg)] * c  # each waits for the batch
+        wall = sum(lat) / c
+    warmups.measured(c, t0)
+    return {
+        "requests": len(lat), "wall_s": wall, "images_per_s": len(lat) / wall,
+        "latency_mean_s": statistics.fmean(lat), "latency_p50_s": statistics.median(lat),
+        "latency_max_s": max(lat), "mode": "one at a time" if c == 1 else f"one call of {c} prompts",
+        "warmup": warmups.levels[str(c)],
+    }  # fmt: skip
+
+
 # ---- report -------------------------------------------------------------------------------------
 ANCHORS = (
     "Published anchors (other hardware and settings, not run here): vllm-omni 2.21 s for 512x512 at 20 steps "
     "on 4 A100s (CFG- and sequence-parallel, true CFG); SGLang 0.167 s/step at 512x512 and 0.243 s/step at "
     "1024x1024 on one H200 (torch.compile)."
 )
-
-
-def _f(x: Any, fmt: str = "{:.3f}") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
 def _best(levels: dict[str, Any]) -> float | None:
@@ -639,13 +521,13 @@ def targets(omni: dict[str, Any], hf: dict[str, Any]) -> list[str]:
         o = _best(omni[key]["levels"]) if key else None
         h = hf[key]["levels"].get("1", {}).get("images_per_s") if key else None
         r = o / h if o and h else None
-        out.append(f"- {side}x{side}: best omni_mp images/s / diffusers one at a time = {_f(r, '{:.2f}x')} "
+        out.append(f"- {side}x{side}: best omni_mp images/s / diffusers one at a time = {fmt(r, '{:.2f}x')} "
                    f"(target >= {need}x): {verdict(None if r is None else r >= need)}")  # fmt: skip
         if side == 1024:
             a = omni[key].get("dit_step_ms_one_request") if key else None
             b = hf[key].get("transformer_step_ms") if key else None
             q = a / b if a and b else None
-            out.append(f"- 1024x1024: DiT step / diffusers' transformer per step = {_f(q)} (target <= 1.05): "
+            out.append(f"- 1024x1024: DiT step / diffusers' transformer per step = {fmt(q)} (target <= 1.05): "
                        f"{verdict(None if q is None else q <= 1.05)}")  # fmt: skip
     for key, o in sorted(omni.items()):
         p = o.get("poisson", {}).get("0.9")
@@ -663,6 +545,7 @@ def report(results: dict[str, Any], device: str) -> str:
     guidance = 'on (negative prompt " ", scale 4)' if first.get("cfg", True) else "off"
     lines = [
         f"Qwen-Image, {first.get('mode', '?')}, one device: **{device}**; true CFG {guidance}.",
+        *warmup_lines(results),
         "",
         "| size / steps | concurrent | omni_mp images/s | omni_mp latency mean (s) | diffusers images/s "
         "| diffusers latency mean (s) | omni_mp / diffusers one at a time |",
@@ -675,14 +558,14 @@ def report(results: dict[str, Any], device: str) -> str:
             ol, hl = o.get("levels", {}).get(c, {}), h.get("levels", {}).get(c, {})
             ratio = ol["images_per_s"] / base if ol and base else None
             lines.append(
-                f"| {key} | {c} | {_f(ol.get('images_per_s'))} | {_f(ol.get('latency_mean_s'), '{:.2f}')} | "
-                f"{_f(hl.get('images_per_s'))} | {_f(hl.get('latency_mean_s'), '{:.2f}')} | {_f(ratio, '{:.2f}x')} |"
+                f"| {key} | {c} | {fmt(ol.get('images_per_s'))} | {fmt(ol.get('latency_mean_s'), '{:.2f}')} | "
+                f"{fmt(hl.get('images_per_s'))} | {fmt(hl.get('latency_mean_s'), '{:.2f}')} | {fmt(ratio, '{:.2f}x')} |"
             )
     lines += ["", "| size / steps | DiT step, 1 request (omni_mp) | transformer per step (diffusers) | ratio |",
               "|---|---|---|---|"]  # fmt: skip
     for key in sorted(set(omni) | set(hf), key=lambda k: int(k.split("x")[0])):
         a, b = omni.get(key, {}).get("dit_step_ms_one_request"), hf.get(key, {}).get("transformer_step_ms")
-        lines.append(f"| {key} | {_f(a, '{:.1f} ms')} | {_f(b, '{:.1f} ms')} | {_f(a / b if a and b else None)} |")
+        lines.append(f"| {key} | {fmt(a, '{:.1f} ms')} | {fmt(b, '{:.1f} ms')} | {fmt(a / b if a and b else None)} |")
     lines += ["", "| size / steps | Poisson load | rate (images/s) | latency mean / p99 (s) "
               "| arrival -> first step mean / p99 (s) | DiT step p50: under this load / 1 request (s) "
               "| steps restarted (parts discarded) |",
@@ -695,12 +578,12 @@ def report(results: dict[str, Any], device: str) -> str:
                 f"| {key} | {float(frac):.0%} of {o['capacity_images_per_s']:.3f}/s | {p['rate']:.3f} | "
                 f"{p['latency_mean_s']:.2f} / {p['latency_p99_s']:.2f} | "
                 f"{p['first_step_wait_mean_s']:.3f} / {p['first_step_wait_p99_s']:.3f} | "
-                f"{_f(loaded and loaded / 1000)} / {_f(one and one / 1000)} | "
-                f"{p.get('steps_restarted', '-')} ({_f(p.get('restarted_parts_ms'), '{:.0f} ms')}) |"
+                f"{fmt(loaded and loaded / 1000)} / {fmt(one and one / 1000)} | "
+                f"{p.get('steps_restarted', '-')} ({fmt(p.get('restarted_parts_ms'), '{:.0f} ms')}) |"
             )
     lines += ["", "Targets (issue 21), as measured here:", *targets(omni, hf), "", ANCHORS]
     if "omni" in results:
-        lines.append(f"\nomni_mp start to ready: {_f(results['omni'].get('cold_start_s'), '{:.0f} s')}.")
+        lines.append(f"\nomni_mp start to ready: {fmt(results['omni'].get('cold_start_s'), '{:.0f} s')}.")
     errors = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     if errors:
         lines.append(f"\nFailed phases: {errors}")
@@ -713,16 +596,29 @@ def _series(results: dict[str, Any], side: str, key: str) -> tuple[list[int], li
     return [int(c) for c in cs], [levels[c]["images_per_s"] for c in cs]
 
 
+def warmup_lines(results: dict[str, Any]) -> list[str]:
+    """How each side's levels were warmed up (the per-level records of benchmarks.common.warmup)."""
+    lines = []
+    for side, label in (("omni", "omni_mp"), ("diffusers", "diffusers")):
+        res = results.get(side, {})
+        levels = {
+            f"{key} c={c}": lv["warmup"]
+            for key, size in res.get("sizes", {}).items()
+            for c, lv in size.get("levels", {}).items()
+            if "warmup" in lv
+        }
+        line = warmup_line({"how": res.get("warmup_how", WARMUP), "levels": levels}, label) if levels else None
+        if line:
+            lines.append(line)
+    return lines
+
+
 def plot(results: dict[str, Any], path_stem: Path, device: str) -> Path:
     """images/s against concurrency, one panel per size: PNG with matplotlib, else SVG by hand."""
     keys = sorted({k for side in ("omni", "diffusers") for k in results.get(side, {}).get("sizes", {})},
                   key=lambda k: int(k.split("x")[0]))  # fmt: skip
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return _svg(results, keys, path_stem.with_suffix(".svg"), device)
     fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5 * max(1, len(keys)), 4), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=False):
@@ -786,37 +682,6 @@ def preflight(args: argparse.Namespace, phases: list[str]) -> list[str]:
     return missing
 
 
-def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | None) -> dict[str, Any]:
-    result = args.out / f"{phase}.json"
-    timeout = args.phase_timeout_s
-    if deadline is not None:
-        timeout = min(timeout, deadline - time.perf_counter() - RENDER_MARGIN_S)
-        if timeout < 20:
-            data: dict[str, Any] = {"error": f"skipped: {timeout + RENDER_MARGIN_S:.0f}s left of --deadline-s"}
-            say(f"phase {phase} {data['error']}")
-            if phase != "build":
-                result.write_text(json.dumps(data))
-            return data
-    say(f"phase {phase} (limit {timeout:.0f}s) ...")
-    t0 = time.perf_counter()
-    try:
-        code: int | str = subprocess.run([sys.executable, __file__, "--phase", phase, *sys.argv[1:]],
-                                         cwd=REPO, timeout=timeout).returncode  # fmt: skip
-    except subprocess.TimeoutExpired:
-        code = f"timeout after {timeout:.0f}s"
-    if code != 0 or not result.exists():
-        data = {"error": f"phase {phase}: exit code {code}"}
-        say(data["error"])
-        if phase != "build":
-            result.write_text(json.dumps(data))
-        return data
-    data = json.loads(result.read_text())
-    data["phase_s"] = time.perf_counter() - t0
-    result.write_text(json.dumps(data))
-    say(f"phase {phase} done in {data['phase_s']:.0f}s")
-    return data
-
-
 def merge_into(path: Path, new: dict[str, Any]) -> None:
     """A phase's result, merged into what earlier invocations wrote: per size, concurrency
     levels and Poisson loads add up (a level measured again replaces the old one); other
@@ -844,7 +709,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--poisson", type=lambda s: [float(x) for x in s.split(",") if x], default=[0.5, 0.9],
                    help="Poisson loads as fractions of the capacity measured (omni only; '' for none)")  # fmt: skip
     p.add_argument("--poisson-requests", type=int, default=16)
-    p.add_argument("--warmup", type=int, default=1, help="warm-up requests per size before measuring (0: none)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="warm-up rounds per level before it is measured: N x c unmeasured requests with c in flight (diffusers: "
+        "N calls of c prompts); 0: none",
+    )
     p.add_argument("--no-step-timing", dest="step_timing", action="store_false",
                    help="diffusers: skip the synchronized per-step transformer timing run")  # fmt: skip
     p.add_argument("--capacity", type=lambda s: {k: float(v) for k, v in (x.split("=") for x in s.split(",") if x)},
@@ -881,18 +752,15 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.phase:  # a child: one phase
+    if args.phase:  # a child: one phase (omni and diffusers merge into what earlier runs wrote)
+        result = args.out / f"{args.phase}.json"
         if args.phase == "build":
-            data = {"skipped": "tiny"} if args.tiny else build_real(args, checkpoint_dir(args))
-            (args.out / "build.json").write_text(json.dumps(data))
-        else:
-            data = run_omni(args) if args.phase == "omni" else run_diffusers(args)
-            merge_into(args.out / f"{args.phase}.json", data)
-        return 0
-    phases = list(filter(None, args.phases.split(",")))
-    unknown = [p for p in phases if p not in PHASES]
-    if unknown:
-        raise SystemExit(f"unknown phases {unknown}; known: {PHASES}")
+            ckpt = checkpoint_dir(args)
+            build = (lambda: {"skipped": "tiny"}) if args.tiny else (lambda: build_qwen_image_dir(ckpt, args.shrink))
+            return run_child_phase(result, build)
+        run = run_omni if args.phase == "omni" else run_diffusers
+        return run_child_phase(result, lambda: run(args), lambda data: merge_into(result, data))
+    phases = split_phases(args.phases, PHASES)
     if phases:
         missing = preflight(args, phases)
         if missing:
@@ -902,10 +770,12 @@ def main() -> int:
             return 2
     deadline = T_START + args.deadline_s if args.deadline_s else None
     for phase in phases:
-        run_phase_process(args, phase, deadline)
-    results = {f.stem: json.loads(f.read_text()) for f in sorted(args.out.glob("*.json")) if f.stem in PHASES}
-    devices = sorted({r["device"] for r in results.values() if isinstance(r, dict) and r.get("device")})
-    device = " / ".join(devices) or "unknown device"
+        run_phase_process(
+            "benchmarks.image_gpu", phase, args.out, timeout_s=args.phase_timeout_s, say=say, deadline=deadline,
+            margin_s=RENDER_MARGIN_S, min_s=20, write_errors=phase != "build",
+        )  # fmt: skip
+    results = phase_results(args.out, PHASES)
+    device = devices_of(results)
     text = report(results, device)
     (args.out / "image_gpu.json").write_text(json.dumps({"device": device, "results": results}, indent=1))
     figure = plot(results, args.out / "image_gpu", device)

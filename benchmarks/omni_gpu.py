@@ -24,8 +24,10 @@ is made from every phase file in `--out`, so phases can run in separate invocati
             GPU in bf16 (token2wav fp32), `generate()` with the same fixed lengths: one request
             at a time, then batched (up to --hf-max-batch). No streaming: first audio = end.
   stream    omni_mp, streaming between stages: cold start (stages start in parallel) to
-            Ready; one warm-up round at the highest concurrency; per concurrency level: time
-            to first audio chunk (p50/p90), RTF, audio seconds per second, thinker tokens/s;
+            Ready; per concurrency level, in order: one unmeasured warm-up round at that level
+            (its batch shapes' first runs: benchmarks.common.warmup), then --rounds measured
+            rounds: time to first audio chunk (p50/p90), RTF, audio seconds per second, thinker
+            tokens/s;
             the thinker -> talker transport per step from the stage timelines
             (OMNI_MP_PROFILE_DIR): thinker build + send and wire bytes, talker receive +
             decode and handling (p50, microseconds), at the highest concurrency.
@@ -37,8 +39,8 @@ there; the report says when it is not). `--phases ''` only re-renders the report
 Preflight: the script first lists any missing module (vllm, zmq, msgspec, torchvision,
 transformers, safetensors) or omni_mp piece and exits 2.
 
-On the lent GPU machines (no network; vLLM 0.25.0, pyzmq, msgspec from the wheel carry of
-/work/shared/gpu/README.md; the image has torch 2.11.0, torchvision 0.26.0, transformers 5.17.0
+On the lent GPU machines (no network; vLLM 0.25.0, pyzmq, msgspec from the GPU host recipe's
+wheel carry, scripts/gpu/; the image has torch 2.11.0, torchvision 0.26.0, transformers 5.17.0
 and matplotlib). Every command below is one device call, under the 10-minute limit:
 ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
 
@@ -46,63 +48,80 @@ ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER
     0.42 / 0.38 / 0.12 of the GPU (thinker / talker / token2wav: ~59 / 53 / 17 GiB of an H200;
     the budget check needs ~16 / 14 / 4 GiB), two calls, back to back on the warm machine:
   A  (with the last wheel chunk: install, then)
-     $ENV && python3 benchmarks/omni_gpu.py --gpus 1 --phases stream,nostream --deadline-s 530 --out $OUT/omni_gpu
-     ~7-8 min: per phase a cold start with compile (~100-130 s; the three engines start in
-     parallel), a warm-up round of 64, rounds at 1, 8, 32, 64 (~60-90 s, token2wav-bound at 64).
+     $ENV && python3 -m benchmarks.omni_gpu --gpus 1 --phases stream,nostream --deadline-s 530 --out $OUT/omni_gpu
+     per phase a cold start with compile (~100-130 s; the three engines start in parallel),
+     then at each of 1, 8, 32, 64 a warm-up round and a measured round (~60-90 s for the
+     measured ones, token2wav-bound at 64; before per-level warm-ups the whole call took ~7-8
+     min with one warm-up round of 64: the warm-ups at 1, 8 and 32 add about their levels'
+     time, so a call that runs out of --deadline-s splits the phases: --phases stream, then
+     --phases nostream).
   B  (carry ["outputs/omni_gpu"] holding call A's stream.json and nostream.json, so the report
      merges all phases and plots with the image's matplotlib)
-     $ENV && mkdir -p $OUT && cp -r outputs/omni_gpu $OUT/ && python3 benchmarks/omni_gpu.py --gpus 1 \
+     $ENV && mkdir -p $OUT && cp -r outputs/omni_gpu $OUT/ && python3 -m benchmarks.omni_gpu --gpus 1 \
        --phases hf,cold0,cold1,cold2 --deadline-s 570 --out $OUT/omni_gpu
      ~6-7 min: transformers (~1.5-2 min: build, warm-up, one request, batch of 8), then each
      stage alone (~2 min for the thinker and the talker each with compile, ~40 s token2wav).
      If the machine went back between A and B, redo the wheel carry and install first.
 (b) --gpus 2 (kind nvidia-h200-x2: thinker on GPU 0; talker + token2wav on GPU 1 with budgets
     0.7 / 0.15 of it, the thinker 0.85 of GPU 0): the same two calls with `--gpus 2`.
-Locally, to re-render from fetched phase files: python benchmarks/omni_gpu.py --gpus N --phases '' --out DIR
+Locally, to re-render from fetched phase files: python -m benchmarks.omni_gpu --gpus N --phases '' --out DIR
 CPU check of every phase at tiny sizes (the 7B-shape config scaled down 28x, the same dummy
 load path for all three stages; ~5 min on 2 cores):
-  PYTHONPATH=$PWD python benchmarks/omni_gpu.py --smoke --out /tmp/omni_smoke
+  PYTHONPATH=$PWD python -m benchmarks.omni_gpu --smoke --out /tmp/omni_smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common.checkpoints import (
+    QWEN2_5_CODEC_IDS,
+    QWEN2_5_SAMPLES_PER_CODE,
+    qwen2_5_omni_dir,
+    qwen2_5_omni_spec,
+)
+from benchmarks.common.peer_report import peer_docs, peer_table
+from benchmarks.common.phases import (
+    REPO,
+    add_gpu_sharing_arg,
+    device_name,
+    devices_of,
+    int_list,
+    phase_results,
+    run_child_phase,
+    run_phase_process,
+    split_phases,
+)
+from benchmarks.common.report import make_say, ms, pyplot
+from benchmarks.common.rounds import SAMPLE_RATE, check_round, measure_levels, playback_line, token_prompts
+from benchmarks.common.timelines import (
+    Timelines,
+    burst_path,
+    burst_path_line,
+    critical_path,
+    critical_path_line,
+    read_timelines,
+    stage_step_summary,
+    stage_steps_table,
+    transport_summary,
+)
+from benchmarks.common.token2wav_options import T2W_COMPILE, T2W_DTYPES, use_precision
+from benchmarks.common.warmup import Warmups, warmup_line, warmup_seed
 
-REPO = Path(__file__).resolve().parent.parent
 PHASES = ["hf", "stream", "nostream", "cold0", "cold1", "cold2", "t2w_tf32"]
-# --token2wav-dtype -> the token2wav stage's model_options (bf16 is opt-in: it changes the waveform)
-T2W_DTYPES: dict[str, dict[str, str]] = {
-    "float32": {},
-    "bfloat16-dit": {"dit_dtype": "bfloat16"},
-    "bfloat16": {"dit_dtype": "bfloat16", "vocoder_dtype": "bfloat16"},
-}
-# --token2wav-compile -> more model_options: torch.compile of the DiT block / BigVGAN's
-# activations ("all" is what a CUDA stage does by default)
-T2W_COMPILE: dict[str, dict[str, bool]] = {
-    "off": {"compile_dit": False, "compile_vocoder": False},
-    "dit": {"compile_dit": True, "compile_vocoder": False},
-    "all": {"compile_dit": True, "compile_vocoder": True},
-}
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15  # kept at the end of --deadline-s for the report
-CODEC_IDS = 8192  # real codec ids; the rest of the talker's 8448 are control ids (pad, bos, eos, ...)
-SAMPLES_PER_CODE, SAMPLE_RATE = 480, 24000
+CODEC_IDS = QWEN2_5_CODEC_IDS  # real codec ids; the rest of the talker's 8448 are control ids (pad, bos, eos, ...)
+SAMPLES_PER_CODE = QWEN2_5_SAMPLES_PER_CODE
 # Memory budgets of thinker / talker / token2wav as fractions of a device, per layout.
 # transformers' default talker is as wide as the thinker, so they get similar shares; token2wav
 # has no KV cache. With --gpus 2 the talker and token2wav share GPU 1: budgets there too, so
@@ -114,39 +133,66 @@ SHARES = {1: (0.42, 0.38, 0.12), 2: (0.85, 0.7, 0.15)}
 T2W_MIN_GIB = 16.0
 
 
-def say(msg: str) -> None:
-    print(f"[omni_gpu] {msg}", flush=True)
-
-
-def prompts(n: int, length: int, seed: int, vocab: tuple[int, int] = (1000, 150000)) -> list[list[int]]:
-    """Distinct random prompts; the default id range is plain text ids of the Qwen2.5 vocab."""
-    rng = random.Random(seed)
-    return [[rng.randrange(*vocab) for _ in range(length)] for _ in range(n)]
-
-
-def percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+say = make_say("omni_gpu")
+prompts = token_prompts
 
 
 def model_dir(args: argparse.Namespace) -> Path:
-    """The one model dir of every system here (vllm-omni too: benchmarks/peer_vllm_omni.py): the
-    shapes dir plus tokenizer and processor files (benchmarks/omni_bench_dir.py)."""
-    from omni_bench_dir import with_processor
-
-    from omni_mp.models.qwen2_5_omni.shapes import build_omni_shapes
-
-    return with_processor(build_omni_shapes(shapes_spec(args), cache_dir=args.work_dir))
+    """The one model dir of every system here (vllm-omni too: benchmarks.peer_vllm_omni)."""
+    return qwen2_5_omni_dir(args.work_dir, args.smoke, args.talker)
 
 
-def shapes_spec(args: argparse.Namespace) -> Any:
-    from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec
-
-    return OmniShapesSpec(scale=28 if args.smoke else 1, talker=args.talker)
+def audio_s(args: argparse.Namespace) -> float:
+    """Every request's audio: --talker-codes codes."""
+    return args.talker_codes * SAMPLES_PER_CODE / SAMPLE_RATE
 
 
 # ---- transformers -----------------------------------------------------------------------------
 def run_hf(args: argparse.Namespace) -> dict[str, Any]:
+    """transformers' generate(): one request at a time (after an unmeasured one), then each
+    batch size up to --hf-max-batch, each after an unmeasured batch of its size."""
+    generate, build_s = hf_generate(args)
+    out: dict[str, Any] = {"build_s": build_s, "device": device_name()}
+    warmups = Warmups("one unmeasured generate() of each level's batch before it is measured")
+    t0 = time.time()
+    generate(prompts(1, args.prompt_len, 7))  # warm-up
+    warmups.warmed(1, t0, 1)
+    walls, audio = [], 0.0
+    for r in range(args.rounds):
+        t_round = time.time()
+        wall, audio = generate(prompts(1, args.prompt_len, 100 + r))
+        warmups.measured(1, t_round)
+        walls.append(wall)
+        say(f"hf: one request {wall:.2f}s, {audio:.2f}s of audio")
+    one = statistics.median(walls)
+    n = args.thinker_tokens
+    out["single"] = {"wall_s": one, "walls": walls, "audio_s": audio, "thinker_tok_s": n / one, "rtf": one / audio}
+    batched: dict[str, Any] = {}
+    for c in args.concurrency:
+        if c == 1 or c > args.hf_max_batch:
+            continue
+        try:
+            t0 = time.time()
+            generate(prompts(c, args.prompt_len, warmup_seed(c)))  # this batch size's first run, not measured
+            warmups.warmed(c, t0, c)
+            t_round = time.time()
+            wall, audio_b = generate(prompts(c, args.prompt_len, 1000 + c))
+            warmups.measured(c, t_round)
+        except Exception as err:  # noqa: BLE001 - recorded in the report: batching is optional
+            batched[str(c)] = {"error": f"{type(err).__name__}: {err}"[:500]}
+            say(f"hf: batch {c} failed: {batched[str(c)]['error']}")
+            break
+        batched[str(c)] = {"wall_s": wall, "audio_s": audio_b, "thinker_tok_s": c * n / wall}
+        say(f"hf: batch {c} {wall:.2f}s")
+    out["batched"] = batched
+    out["warmup"] = warmups.to_json()
+    return out
+
+
+def hf_generate(args: argparse.Namespace) -> tuple[Any, float]:
+    """transformers' Qwen2.5-Omni built from the benchmark's config on the GPU (bf16, token2wav
+    fp32), and `generate(batch) -> (wall s, audio s)` at the fixed lengths (checked); the build's
+    seconds."""
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5OmniForConditionalGeneration
 
@@ -162,7 +208,7 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
 
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = omni_shapes_config(shapes_spec(args))
+    config = omni_shapes_config(qwen2_5_omni_spec(args.smoke, args.talker))
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.device(device):
@@ -194,34 +240,12 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
         wavs = wav if isinstance(wav, list) else [wav]
-        audio_s = sum(w.numel() for w in wavs) / SAMPLE_RATE
-        if abs(audio_s - len(batch) * t * SAMPLES_PER_CODE / SAMPLE_RATE) > 1e-6:  # the same audio on every system
-            raise RuntimeError(f"transformers made {audio_s:.3f} s of audio for {len(batch)} x {t} codes")
-        return wall, audio_s
+        audio = sum(w.numel() for w in wavs) / SAMPLE_RATE
+        if abs(audio - len(batch) * audio_s(args)) > 1e-6:  # the same audio on every system
+            raise RuntimeError(f"transformers made {audio:.3f} s of audio for {len(batch)} x {t} codes")
+        return wall, audio
 
-    out: dict[str, Any] = {"build_s": build_s, "device": device_name()}
-    generate(prompts(1, args.prompt_len, 7))  # warm-up
-    walls, audio = [], 0.0
-    for r in range(args.rounds):
-        wall, audio = generate(prompts(1, args.prompt_len, 100 + r))
-        walls.append(wall)
-        say(f"hf: one request {wall:.2f}s, {audio:.2f}s of audio")
-    one = statistics.median(walls)
-    out["single"] = {"wall_s": one, "walls": walls, "audio_s": audio, "thinker_tok_s": n / one, "rtf": one / audio}
-    batched: dict[str, Any] = {}
-    for c in args.concurrency:
-        if c == 1 or c > args.hf_max_batch:
-            continue
-        try:
-            wall, audio_b = generate(prompts(c, args.prompt_len, 1000 + c))
-        except Exception as err:  # noqa: BLE001 - recorded in the report: batching is optional
-            batched[str(c)] = {"error": f"{type(err).__name__}: {err}"[:500]}
-            say(f"hf: batch {c} failed: {batched[str(c)]['error']}")
-            break
-        batched[str(c)] = {"wall_s": wall, "audio_s": audio_b, "thinker_tok_s": c * n / wall}
-        say(f"hf: batch {c} {wall:.2f}s")
-    out["batched"] = batched
-    return out
+    return generate, build_s
 
 
 # ---- omni_mp ----------------------------------------------------------------------------------
@@ -402,238 +426,75 @@ def sm_percents(text: str) -> list[int | None]:
     return shares
 
 
-class Playback:
-    """A player that starts a request's audio as its first chunk arrives and plays every chunk
-    in order: the silence it would hit after that (a chunk arriving after the audio before it
-    has played out), the stalls a streaming listener hears."""
-
-    def __init__(self) -> None:
-        self.ends_at: float | None = None  # when the audio received so far has played out
-        self.stall_s = 0.0
-        self.stalls = 0
-
-    def chunk(self, now: float, seconds: float) -> None:
-        if self.ends_at is None:  # the first chunk starts playback
-            self.ends_at = now
-        elif now > self.ends_at:  # the audio ran out before this chunk came
-            self.stall_s += now - self.ends_at
-            self.stalls += 1
-            self.ends_at = now
-        self.ends_at += seconds
-
-
-async def _request(client: Any, prompt: list[int], t0: float) -> dict[str, Any]:
-    from omni_mp.wire.messages import Finished
-    from omni_mp.wire.outputs import chunk_audio
-
-    first, samples, rate, fin = None, 0, SAMPLE_RATE, None
-    playback = Playback()
-    async for ev in client.stream(prompt_token_ids=prompt, timeout_s=1800):
-        now = time.perf_counter()
-        if isinstance(ev, Finished):
-            fin = ev
-            break
-        got = chunk_audio(ev.additional_information)
-        if got is not None and got[0].numel():
-            first = first if first is not None else now
-            samples, rate = samples + got[0].numel(), got[1]
-            playback.chunk(now, got[0].numel() / got[1])
-    done = time.perf_counter()
-    assert fin is not None
-    for out in fin.outputs:  # one-shot stages deliver the audio with Finished
-        if out.audio is not None and out.sample_rate:
-            samples, rate = max(samples, out.audio.numel()), out.sample_rate
-            first = first if first is not None else done
-    entry = min(fin.stage_timings, key=lambda d: d.stage_id)
-    return {
-        "first_s": (first if first is not None else done) - t0,
-        "done_s": done - t0,
-        "audio_s": samples / rate,
-        "thinker_tokens": entry.num_output_tokens,
-        "stall_s": playback.stall_s,
-    }
-
-
-def check_round(batch: list[list[int]], reqs: list[dict[str, Any]], thinker_tokens: int, audio_s: float) -> None:
-    """Fixed lengths, distinct prompts: what makes rounds (and systems) comparable."""
-    if len({tuple(p) for p in batch}) != len(batch):
-        raise RuntimeError("prompts of a round are not distinct")
-    bad = [r for r in reqs if abs(r["audio_s"] - audio_s) > 1e-6 or r["thinker_tokens"] != thinker_tokens]
-    if bad:
-        raise RuntimeError(
-            f"{len(bad)} of {len(reqs)} requests differ from the fixed lengths ({thinker_tokens} thinker tokens, "
-            f"{audio_s:.3f} s of audio), e.g. {bad[0]['thinker_tokens']} tokens, {bad[0]['audio_s']:.3f} s"
-        )
-
-
-async def _round(endpoint: str, batch: list[list[int]], args: argparse.Namespace | None = None) -> dict[str, Any]:
-    """One round of concurrent requests; with `args`, checked against Qwen2.5-Omni's fixed
-    lengths (a sibling benchmark of another family checks its own)."""
-    from omni_mp.client.omni_client import AsyncOmniClient
-
-    async with AsyncOmniClient(endpoint) as client:
-        t0 = time.perf_counter()
-        reqs = await asyncio.gather(*(_request(client, p, t0) for p in batch))
-        wall = time.perf_counter() - t0
-    if args is not None:
-        check_round(batch, reqs, args.thinker_tokens, args.talker_codes * SAMPLES_PER_CODE / SAMPLE_RATE)
-    return round_summary(list(reqs), wall)
-
-
-async def closed_loop(
-    one: Callable[[list[int], float], Awaitable[dict[str, Any]]], batch: list[list[int]], concurrency: int
-) -> tuple[list[dict[str, Any]], float]:
-    """`batch`'s requests with at most `concurrency` in flight, each finished one replaced by the
-    next: what vLLM's `bench serve --max-concurrency C --num-prompts N` does, and how the
-    published vllm-omni figures were taken. After the first C, requests arrive one at a time into
-    a running batch instead of all at once. `one(prompt, t_submit)` runs one request and times it
-    from its own submission. Returns the requests (in completion order) and the wall time."""
-    todo = iter(batch)
-    reqs: list[dict[str, Any]] = []
-
-    async def worker() -> None:
-        for prompt in todo:  # one shared iterator: each prompt is taken once
-            reqs.append(await one(prompt, time.perf_counter()))
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(batch)))))
-    return reqs, time.perf_counter() - t0
-
-
-def playback_line(st: dict[str, Any], concurrency: list[int]) -> str | None:
-    """The silence a listener would hear per request (`Playback`), mean / max at each level of
-    a streaming phase's results; None where none was measured."""
-    levels = [(c, st[str(c)]) for c in concurrency if "stall_mean_s" in st.get(str(c), {})]
-    if not levels:
-        return None
-    return "\nplayback from each request's first audio (stream), silence per request mean / max: " + ", ".join(
-        f"c={c} {a['stall_mean_s']:.2f} / {a['stall_max_s']:.2f} s" for c, a in levels
-    )
-
-
-def round_summary(reqs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
-    """The stream-phase fields of a round or a closed loop (`_request`'s per-request times)."""
-    firsts = [r["first_s"] for r in reqs]
-    audio = sum(r["audio_s"] for r in reqs)
-    return {
-        "requests": len(reqs),
-        "wall_s": wall,
-        "first_audio_p50_s": statistics.median(firsts),
-        "first_audio_p90_s": percentile(firsts, 0.9),
-        "first_audio_mean_s": statistics.fmean(firsts),
-        # per request: time from submit to its last audio over the audio's length
-        "rtf_mean": statistics.fmean(r["done_s"] / r["audio_s"] for r in reqs if r["audio_s"]),
-        "audio_s_per_s": audio / wall,
-        "thinker_tok_s": sum(r["thinker_tokens"] for r in reqs) / wall,
-        "audio_s_per_request": audio / len(reqs),
-        # silence a listener playing from the first chunk would hear (`Playback`), per request
-        "stall_mean_s": statistics.fmean(r.get("stall_s", 0.0) for r in reqs),
-        "stall_max_s": max(r.get("stall_s", 0.0) for r in reqs),
-    }
-
-
-async def closed_loop_round(
-    endpoint: str,
-    batch: list[list[int]],
-    concurrency: int,
-    check: Callable[[list[list[int]], list[dict[str, Any]]], None] | None = None,
-) -> dict[str, Any]:
-    """`closed_loop` of omni_mp's client, the requests checked by `check` (lengths) if given."""
-    from omni_mp.client.omni_client import AsyncOmniClient
-
-    async with AsyncOmniClient(endpoint) as client:
-        reqs, wall = await closed_loop(lambda p, t0: _request(client, p, t0), batch, concurrency)
-    if check is not None:
-        check(batch, reqs)
-    return {**round_summary(reqs, wall), "concurrency": concurrency}
-
-
-def stage_steps_table(title: str, steps: dict[str, dict[str, Any]], names: tuple[str, ...]) -> list[str]:
-    """Markdown lines of `stage_step_summary`'s levels: per stage (named in stage-id order) its
-    steps, step p50 / mean and busy share."""
-    lines = [title, "| concurrency | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for c, level in steps.items():
-        cells = [
-            f"{v['steps']} steps, {v['step_ms_p50']:.1f} / {v['step_ms_mean']:.1f} ms, busy {100 * v['busy']:.0f}%"
-            if (v := level.get(str(sid)))
-            else "-"
-            for sid in range(len(names))
-        ]
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def add_gpu_sharing_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--gpu-sharing",
-        choices=("auto", "mps", "time_slice"),
-        default="auto",
-        help="how stages on one GPU share it (the pipeline's gpu_sharing.mode; default auto: under MPS where "
-        "nvidia-cuda-mps-control is installed, else time-sliced); time_slice for the A/B",
-    )
-
-
-def device_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-
-
 def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
-    import msgspec
-
+    """One streaming (or not) phase: the pipeline's cold start, each level warmed up and then
+    measured (`measure_levels`), and what the stage timelines say of the measured rounds."""
     from omni_mp.config.validate import parse_config
     from omni_mp.control.embedded import embedded_pipeline
-    from omni_mp.stage.timeline import PROFILE_DIR_ENV
-    from omni_mp.stage.torch_profile import TORCH_PROFILE_ENV, ProfileWindow
 
+    name = "stream" if stream else "nostream"
     cfg = parse_config(omni_pipeline(args, stream))
-    profile_dir = Path(tempfile.mkdtemp(prefix="omni_gpu-profile-"))
-    os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
-    if args.torch_profile:  # the reports land beside the timelines, in <out>/profile-<phase>
-        windows = [ProfileWindow(str(profile_dir), *w) for w in args.torch_profile]
-        os.environ[TORCH_PROFILE_ENV] = msgspec.json.encode(windows).decode()
+    profile_dir = profile_to(Path(tempfile.mkdtemp(prefix="omni_gpu-profile-")), args)
     out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name()}
     out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
     t0 = time.perf_counter()
-    t_last = time.time()
-    with embedded_pipeline(cfg, progress=lambda m: say(m)) as coord:
+    with embedded_pipeline(cfg, progress=say) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
         out["gpu_sharing"] = coord.sharing_note
-        say(f"{'stream' if stream else 'nostream'}: pipeline ready in {out['cold_start_s']:.1f}s")
-        # One warm-up round at the highest concurrency (allocator growth, every batch size's
-        # first run), then --rounds measured rounds per level, the best kept.
-        warm = asyncio.run(_round(coord.client_endpoint, prompts(max(args.concurrency), args.prompt_len, 1), args))
-        out["warmup_wall_s"] = warm["wall_s"]
-        say(f"warm-up round of {max(args.concurrency)} requests: {warm['wall_s']:.1f}s")
-        windows: dict[int, tuple[float, float]] = {}
-        for c in args.concurrency:
-            runs = []
-            for r in range(args.rounds):
-                t_last = time.time()
-                batch = prompts(c, args.prompt_len, 1000 * c + r)
-                runs.append(asyncio.run(_round(coord.client_endpoint, batch, args)))
-                windows[c] = (t_last, time.time())
-            best = min(runs, key=lambda x: x["wall_s"])
-            out[str(c)] = best
-            say(
-                f"{'stream' if stream else 'nostream'} c={c}: "
-                f"first audio p50 {best['first_audio_p50_s'] * 1000:.0f} ms, "
-                f"p90 {best['first_audio_p90_s'] * 1000:.0f} ms, "
-                f"RTF {best['rtf_mean']:.3f}, {best['audio_s_per_s']:.2f} audio s/s, "
-                f"{best['thinker_tok_s']:.0f} thinker tok/s, {best['audio_s_per_request']:.2f} s audio/request"
-            )
+        say(f"{name}: pipeline ready in {out['cold_start_s']:.1f}s")
+        levels, windows, warmups = measure_levels(
+            coord.client_endpoint,
+            args.concurrency,
+            args.rounds,
+            lambda c, seed: prompts(c, args.prompt_len, seed),
+            lambda batch, reqs: check_round(batch, reqs, args.thinker_tokens, audio_s(args)),
+            say,
+            name,
+        )
+    out.update(levels)
+    out["warmup"] = warmups.to_json()
     # the stage processes have exited: their timelines are written
-    timelines = read_timelines(profile_dir, min((t0 for t0, _ in windows.values()), default=0.0))
-    out["transport"] = transport_summary(timelines, t_last)
-    out["stage_steps"] = stage_step_summary(timelines, windows)
+    out.update(timeline_summaries(read_timelines(profile_dir, earliest(windows)), windows, args))
+    shutil.copytree(profile_dir, args.out / f"profile-{name}", dirs_exist_ok=True)
+    shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
+    return out
+
+
+def profile_to(profile_dir: Path, args: argparse.Namespace) -> Path:
+    """The stage processes (which inherit this environment) write their step timelines to
+    `profile_dir`, and with --torch-profile their PyTorch profiles beside them."""
+    import msgspec
+
+    from omni_mp.stage.timeline import PROFILE_DIR_ENV
+    from omni_mp.stage.torch_profile import TORCH_PROFILE_ENV, ProfileWindow
+
+    os.environ[PROFILE_DIR_ENV] = str(profile_dir)
+    if args.torch_profile:  # the reports land beside the timelines, in <out>/profile-<phase>
+        windows = [ProfileWindow(str(profile_dir), *w) for w in args.torch_profile]
+        os.environ[TORCH_PROFILE_ENV] = msgspec.json.encode(windows).decode()
+    return profile_dir
+
+
+def earliest(windows: dict[int, tuple[float, float]]) -> float:
+    """When the first measured round began (0 where none was)."""
+    return min((t0 for t0, _ in windows.values()), default=0.0)
+
+
+def timeline_summaries(
+    timelines: Timelines, windows: dict[int, tuple[float, float]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The transport per step in the last round, each stage's steps per level, one request's
+    path at concurrency 1 and every burst's at the levels above."""
+    last = max(windows.values(), default=(0.0, 0.0))[0]
+    out: dict[str, Any] = {
+        "transport": transport_summary(timelines, last),
+        "stage_steps": stage_step_summary(timelines, windows),
+    }
     if 1 in windows:
         out["critical_path_c1"] = critical_path(timelines, windows[1], first_audio_codes(args))
     out["burst_paths"] = {
         str(c): burst_path(timelines, w, c, first_audio_codes(args)) for c, w in windows.items() if c > 1
     }
-    shutil.copytree(profile_dir, args.out / f"profile-{'stream' if stream else 'nostream'}", dirs_exist_ok=True)
-    shutil.rmtree(profile_dir, ignore_errors=True)  # copied to --out
     return out
 
 
@@ -746,50 +607,6 @@ def t2w_options(args: argparse.Namespace) -> dict[str, Any]:
     return {**T2W_DTYPES[args.token2wav_dtype], **T2W_COMPILE[args.token2wav_compile]}
 
 
-def use_precision(precision: str) -> None:
-    """What a diffusion stage with `float32_matmul: <precision>` runs with (use_kernel_settings):
-    matmuls AND cuDNN convolutions, so "highest" is exact fp32 throughout (PyTorch lets cuDNN
-    convolutions use TF32 by default, whatever the matmul precision)."""
-    from omni_mp.engines.diffusion.params import DiffusionStageConfig
-    from omni_mp.engines.diffusion.vllm_hooks import use_kernel_settings
-
-    use_kernel_settings(DiffusionStageConfig(float32_matmul=precision))  # type: ignore[arg-type]
-
-
-Timelines = dict[int, list[dict[str, Any]] | str]  # stage id -> its step records, or why there are none
-
-
-def read_timelines(profile_dir: Path, since: float) -> Timelines:
-    """Every stage's step records from `since` on, each timeline file read once for all the
-    summaries below."""
-    return {sid: _steps(profile_dir, sid, since) for sid in (0, 1, 2)}
-
-
-def stage_step_summary(timelines: Timelines, windows: dict[int, tuple[float, float]]) -> dict[str, Any]:
-    """Per concurrency level (its last round) and stage: engine steps, step time p50/mean, how
-    busy the engine thread was (sum of step times / round wall time) and its idle waits: the
-    slowest stage is the one busy all the time."""
-    out: dict[str, Any] = {}
-    for c, (t0, t1) in windows.items():
-        level: dict[str, Any] = {}
-        for sid, all_recs in timelines.items():
-            if isinstance(all_recs, str):
-                continue
-            recs = [r for r in all_recs if t0 <= r["t"] <= t1]
-            if not recs:
-                continue
-            level[str(sid)] = {
-                "steps": len(recs),
-                "step_ms_p50": statistics.median(r["step_ms"] for r in recs),
-                "step_ms_mean": statistics.fmean(r["step_ms"] for r in recs),
-                "busy": sum(r["step_ms"] + r["build_ms"] for r in recs) / 1000 / max(t1 - t0, 1e-9),
-                "wait_ms_sum": sum(r["wait_ms"] for r in recs),
-                "reqs_per_step_mean": statistics.fmean(r["reqs"] for r in recs),
-            }
-        out[str(c)] = level
-    return out
-
-
 def first_audio_codes(args: argparse.Namespace) -> int:
     """Codes the talker must write before token2wav can start the first chunk: the first chunk
     and its right context (`diffusion.streaming`, the stage's defaults unless set here)."""
@@ -797,209 +614,6 @@ def first_audio_codes(args: argparse.Namespace) -> int:
 
     defaults = StreamingConfig()
     return (args.token2wav_first_chunk or defaults.first_chunk) + defaults.right_context
-
-
-def in_window(timelines: Timelines, window: tuple[float, float]) -> dict[int, list[dict[str, Any]]] | str:
-    """Each stage's step records within `window`, or why a stage has none."""
-    t0, t1 = window
-    out = {}
-    for sid in (0, 1, 2):
-        recs = timelines[sid]
-        if isinstance(recs, str):
-            return recs
-        out[sid] = [r for r in recs if t0 <= r["t"] <= t1]
-    return out
-
-
-def step_end_ms(r: dict[str, Any], t0: float) -> float:
-    """When a step record's step ended, in ms from `t0`."""
-    return (r["t"] - t0) * 1000 + r["step_ms"]
-
-
-def critical_path(timelines: Timelines, window: tuple[float, float], first_codes: int) -> dict[str, Any]:
-    """One request alone (the last round at concurrency 1), from the stage timelines: when each
-    stage did its part, in ms from the round's start. At one request each talker step with
-    output wrote one code, so the talker's `first_codes`-th output step is when token2wav could
-    start the first chunk; what follows the thinker's last token (the talker alone, then the
-    last chunk) is the tail the thinker's pace does not set."""
-    t0 = window[0]
-    stages = in_window(timelines, window)
-    if isinstance(stages, str):
-        return {"error": stages}
-    thinker = [r for r in stages[0] if r["reqs"] > 0]
-    talker = [r for r in stages[1] if r["reqs"] > 0]
-    t2w = [r for r in stages[2] if r["step_ms"] > 0]
-    t2w_out = [r for r in t2w if r["reqs"] > 0]
-    if not thinker or len(talker) < first_codes or not t2w_out:
-        counts = f"{len(thinker)} thinker, {len(talker)} talker, {len(t2w)} token2wav steps"
-        return {"error": f"incomplete timelines ({counts})"}
-
-    thinker_end = thinker[-1]["t"] + thinker[-1]["step_ms"] / 1000
-    talker_end = talker[-1]["t"] + talker[-1]["step_ms"] / 1000
-    talker_tail = [r for r in stages[1] if r["t"] >= thinker_end]
-    t2w_before_first = [r for r in t2w if r["t"] <= t2w_out[0]["t"] and r["t"] >= talker[first_codes - 1]["t"]]
-    t2w_tail = [r for r in t2w if r["t"] >= talker_end]
-    return {
-        "thinker_first_token_ms": step_end_ms(thinker[0], t0),
-        "thinker_last_token_ms": step_end_ms(thinker[-1], t0),
-        "thinker_steps": len(thinker),
-        "thinker_step_ms_mean": statistics.fmean(r["step_ms"] for r in thinker[1:] or thinker),
-        "talker_first_code_ms": step_end_ms(talker[0], t0),
-        "talker_first_chunk_codes": first_codes,
-        "talker_first_chunk_ms": step_end_ms(talker[first_codes - 1], t0),
-        "talker_tail_steps": len(talker_tail),
-        "talker_tail_step_ms_mean": statistics.fmean(r["step_ms"] for r in talker_tail) if talker_tail else 0.0,
-        "talker_last_code_ms": step_end_ms(talker[-1], t0),
-        "t2w_first_chunk_steps": len(t2w_before_first),
-        "t2w_first_chunk_step_ms_sum": sum(r["step_ms"] for r in t2w_before_first),
-        "t2w_first_out_ms": step_end_ms(t2w_out[0], t0),
-        "t2w_tail_steps": len(t2w_tail),
-        "t2w_tail_step_ms_sum": sum(r["step_ms"] for r in t2w_tail),
-        "t2w_last_out_ms": step_end_ms(t2w_out[-1], t0),
-    }
-
-
-def critical_path_line(cp: dict[str, Any]) -> str:
-    """`critical_path` as one report line."""
-    if "error" in cp:
-        return f"\none request's path through the stages: not measured ({cp['error']})"
-    return (
-        "\none request's path through the stages (c=1, last round; ms from the round's start): "
-        f"thinker first token {cp['thinker_first_token_ms']:.0f}, last {cp['thinker_last_token_ms']:.0f} "
-        f"({cp['thinker_steps']} steps, {cp['thinker_step_ms_mean']:.2f} ms each after the first); "
-        f"talker first code {cp['talker_first_code_ms']:.0f}, code {cp['talker_first_chunk_codes']} (first chunk's "
-        f"last) {cp['talker_first_chunk_ms']:.0f}, last {cp['talker_last_code_ms']:.0f} "
-        f"({cp['talker_tail_steps']} steps after the thinker's last token, {cp['talker_tail_step_ms_mean']:.2f} ms "
-        f"each); token2wav first chunk out {cp['t2w_first_out_ms']:.0f} ({cp['t2w_first_chunk_steps']} steps, "
-        f"{cp['t2w_first_chunk_step_ms_sum']:.0f} ms), last chunk out {cp['t2w_last_out_ms']:.0f} "
-        f"({cp['t2w_tail_steps']} steps after the talker's last code, {cp['t2w_tail_step_ms_sum']:.0f} ms)"
-    )
-
-
-def burst_path(timelines: Timelines, window: tuple[float, float], c: int, first_codes: int) -> dict[str, Any]:
-    """The last round at concurrency `c` (all requests sent at once), from the stage timelines:
-    when every request had its thinker token, when the talker first stepped over all of them
-    (its widest step: a request whose thinker row is late sits a step out), when it had written
-    `c x first_codes` codes (each step writes one code per request it outputs: then the average
-    request has the codes its first chunk waits for), and when half of the requests had their
-    first audio (the p50: token2wav's first (c + 1) // 2 outputs, first chunks since those go
-    first), in ms from the round's start; plus the host time the talker's engine thread spent
-    handling input before its first step over all requests."""
-    t0 = window[0]
-    st = in_window(timelines, window)
-    if isinstance(st, str):
-        return {"error": st}
-
-    def reached(recs: list[dict[str, Any]], total: int) -> dict[str, Any] | None:
-        """The step whose outputs bring the running count of request outputs to `total`."""
-        n = 0
-        for r in recs:
-            n += r["reqs"]
-            if n >= total:
-                return r
-        return None
-
-    thinker_all = next((r for r in st[0] if r["reqs"] >= c), None)
-    widest = max((r["reqs"] for r in st[1]), default=0)
-    talker_all = next((r for r in st[1] if r["reqs"] >= widest), None) if widest else None
-    first_chunk = reached(st[1], c * first_codes)
-    half = reached(st[2], (c + 1) // 2)
-    if thinker_all is None or talker_all is None or first_chunk is None or half is None:
-        return {
-            "error": f"incomplete timelines ({len(st[0])} thinker, {len(st[1])} talker, {len(st[2])} token2wav steps)"
-        }
-    before = [r for r in st[1] if r["t"] <= talker_all["t"]]
-    coding = [r for r in st[1] if talker_all["t"] <= r["t"] <= first_chunk["t"]]
-    t2w = [r for r in st[2] if first_chunk["t"] <= r["t"] <= half["t"] and r["step_ms"] > 0]
-    return {
-        "thinker_first_step_ms": step_end_ms(st[0][0], t0),
-        "thinker_all_first_token_ms": step_end_ms(thinker_all, t0),
-        "thinker_steps_before": sum(1 for r in st[0] if r["t"] < thinker_all["t"]),
-        "talker_first_step_all_ms": step_end_ms(talker_all, t0),
-        "talker_widest_step": widest,
-        "talker_handle_before_ms": sum(r["handle_ms"] for r in before),
-        "talker_steps_before": len(before) - 1,
-        "talker_step_ms_before": sum(r["step_ms"] for r in before[:-1]),
-        "talker_first_chunk_ms": step_end_ms(first_chunk, t0),
-        "talker_step_ms_mean": statistics.fmean(r["step_ms"] for r in coding),
-        "t2w_steps": len(t2w),
-        "t2w_step_ms_sum": sum(r["step_ms"] for r in t2w),
-        "t2w_half_out_ms": step_end_ms(half, t0),
-    }
-
-
-def burst_path_line(c: str, bp: dict[str, Any]) -> str:
-    """`burst_path` as one report line."""
-    if "error" in bp:
-        return f"- c={c}: not measured ({bp['error']})"
-    return (
-        f"- c={c}: thinker first step ends {bp['thinker_first_step_ms']:.0f}, every request's first token "
-        f"{bp['thinker_all_first_token_ms']:.0f} ({bp['thinker_steps_before']} steps before); talker's first step "
-        f"over all {bp['talker_first_step_all_ms']:.0f} ({bp['talker_widest_step']} requests; before it: "
-        f"{bp['talker_steps_before']} steps, {bp['talker_step_ms_before']:.0f} ms, input handling "
-        f"{bp['talker_handle_before_ms']:.0f} ms), the first chunk's codes for all {bp['talker_first_chunk_ms']:.0f} "
-        f"({bp['talker_step_ms_mean']:.1f} ms a step); "
-        f"half with first audio {bp['t2w_half_out_ms']:.0f} ({bp['t2w_steps']} token2wav steps, "
-        f"{bp['t2w_step_ms_sum']:.0f} ms)"
-    )
-
-
-def _steps(profile_dir: Path, stage_id: int, since: float) -> list[dict[str, Any]] | str:
-    files = sorted(profile_dir.glob(f"stage{stage_id}-*.json"))
-    if not files:
-        return f"no stage {stage_id} timeline in {profile_dir}"
-    doc = json.loads(files[-1].read_text())
-    return [dict(zip(doc["fields"], s, strict=True)) for s in doc["steps"] if s[1] >= since]
-
-
-def transport_summary(timelines: Timelines, since: float) -> dict[str, Any]:
-    """Thinker -> talker per engine step, in the last round (the highest concurrency), from the
-    stage timelines (omni_mp.stage.timeline): on the thinker, the steps that emitted hidden-state
-    rows: build (engine thread, outputs -> messages) and send (output thread, encode + send) and
-    their wire bytes; on the talker, the steps that took step-embedding rows: receive + decode
-    (input thread) and handling (engine thread: the processor's rows into the engine)."""
-    out: dict[str, Any] = {}
-    thinker = timelines[0]
-    if isinstance(thinker, str):
-        out["error"] = thinker
-    else:
-        steps = [r for r in thinker if r["rows"] > 0 and r["t"] >= since]
-        if steps:
-            out["thinker"] = {
-                "steps": len(steps),
-                "build_send_us_p50": 1000 * statistics.median(r["build_ms"] + r["send_ms"] for r in steps),
-                "build_us_p50": 1000 * statistics.median(r["build_ms"] for r in steps),
-                "send_us_p50": 1000 * statistics.median(r["send_ms"] for r in steps),
-                # CPU time of the same (the wall times include waits for the GIL); older
-                # timelines lack it.
-                "build_send_cpu_us_p50": 1000
-                * statistics.median(r.get("build_cpu_ms", 0.0) + r.get("send_cpu_ms", 0.0) for r in steps),
-                "build_cpu_us_p50": 1000 * statistics.median(r.get("build_cpu_ms", 0.0) for r in steps),
-                "send_cpu_us_p50": 1000 * statistics.median(r.get("send_cpu_ms", 0.0) for r in steps),
-                "wire_bytes_p50": statistics.median(r["wire_bytes"] for r in steps),
-                "rows_per_step_mean": statistics.fmean(r["rows"] for r in steps),
-                "reqs_per_step_mean": statistics.fmean(r["reqs"] for r in steps),
-                "step_ms_p50": statistics.median(r["step_ms"] for r in steps),
-            }
-        else:
-            out["error"] = "no thinker steps with hidden-state rows"
-    talker = timelines[1]
-    if isinstance(talker, str):
-        out["talker_error"] = talker
-    else:
-        steps = [r for r in talker if r["rows"] > 0 and r["t"] >= since]
-        if steps and "recv_ms" in steps[0]:
-            out["talker"] = {
-                "steps": len(steps),
-                "recv_handle_us_p50": 1000 * statistics.median(r["recv_ms"] + r["handle_ms"] for r in steps),
-                "recv_us_p50": 1000 * statistics.median(r["recv_ms"] for r in steps),
-                "handle_us_p50": 1000 * statistics.median(r["handle_ms"] for r in steps),
-                "rows_per_step_mean": statistics.fmean(r["rows"] for r in steps),
-                "step_ms_p50": statistics.median(r["step_ms"] for r in steps),
-            }
-        else:
-            out["talker_error"] = "no talker steps with receive times (rows taken)"
-    return out
 
 
 def run_cold(args: argparse.Namespace, stage_id: int) -> dict[str, Any]:
@@ -1036,7 +650,7 @@ def sizes_line(args: argparse.Namespace) -> str:
     from omni_mp.models.qwen2_5_omni.shapes import omni_shapes_config
 
     hf_logging.set_verbosity_error()  # transformers' notes on the talker's thinker-vocab ids
-    c = omni_shapes_config(shapes_spec(args))
+    c = omni_shapes_config(qwen2_5_omni_spec(args.smoke, args.talker))
     t, k = c.thinker_config.text_config, c.talker_config
     return (
         f"thinker hidden {t.hidden_size}, {t.num_hidden_layers} layers; talker hidden {k.hidden_size}, "
@@ -1046,9 +660,32 @@ def sizes_line(args: argparse.Namespace) -> str:
 
 
 def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> str:
-    hf, st, ns = results.get("hf", {}), results.get("stream", {}), results.get("nostream", {})
+    """The markdown report of every phase in `results`."""
+    st = results.get("stream", {})
+    lines = [*setup_lines(args, device), *measured_setup_lines(results, args)]
+    lines += level_table(results, args)
+    playback = playback_line(st, args.concurrency)
+    if playback:
+        lines.append(playback)
+    lines += transport_lines(st.get("transport", {}), max(args.concurrency))
+    lines += path_lines(st)
+    lines += cold_lines(results, args)
+    if "single" in results.get("hf", {}):
+        lines.append(
+            "\ntransformers: Qwen2_5OmniForConditionalGeneration.generate() built from the same config (bf16 on "
+            "GPUs, token2wav fp32), no streaming (first audio = end of generate); 'queued' = one request at a time "
+            "(the median request waits for half the others), 'batched' = one generate() over the batch"
+        )
+    lines += peer_table(args.out, args.concurrency, st)  # vllm-omni's runs in --out, if any (issue 20)
+    failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
+    lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
+    return "\n".join(lines)
+
+
+def setup_lines(args: argparse.Namespace, device: str) -> list[str]:
+    """What ran: the device, sizes, lengths and every setting of the stages."""
     layout = {1: "all three stages on GPU 0 (memory budgets)", 2: "thinker on GPU 0, talker + token2wav on GPU 1"}
-    lines = [
+    return [
         f"{device}; Qwen2.5-Omni {'at 7B shapes scaled down 28x (smoke, CPU)' if args.smoke else 'at 7B shapes'}, "
         f"random weights (vLLM load_format dummy); {'CPU, no budgets' if args.smoke else layout[args.gpus]}; "
         f"{args.prompt_len}-id prompts, {args.thinker_tokens} thinker tokens, "
@@ -1080,6 +717,13 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             if extra
         ),
     ]
+
+
+def measured_setup_lines(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """What the phases found of the setup: token2wav's precisions, the budgets, the GPU sharing,
+    transformers alone, and how every level was warmed up."""
+    hf, st = results.get("hf", {}), results.get("stream", {})
+    lines = []
     t2w = results.get("t2w_tf32", {})
     if "rel_l2" in t2w:
         lines.append(
@@ -1091,7 +735,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             f"token2wav engine model one-shot, {name}: {v['s'] * 1000:.0f} ms ({v['speedup']:.2f}x fp32), "
             f"waveform vs fp32: relative L2 {v['rel_l2']:.2e}, SNR {v['snr_db']:.1f} dB, max |diff| {v['max_abs']:.2e}"
         )
-    budgets = results.get("stream", {}).get("budgets_gib") or results.get("nostream", {}).get("budgets_gib")
+    budgets = st.get("budgets_gib") or results.get("nostream", {}).get("budgets_gib")
     if budgets:
         lines.append(f"GPU memory budgets, thinker / talker / token2wav: {' / '.join(f'{b:g}' for b in budgets)} GiB")
     if st.get("gpu_sharing"):
@@ -1102,17 +746,27 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             f"transformers generate(), one request: {s['wall_s']:.2f} s, {s['thinker_tok_s']:.1f} thinker tok/s, "
             f"RTF {s['rtf']:.3f}, {s['audio_s'] / s['wall_s']:.2f} audio s/s"
         )
-    lines += [
+    for phase in ("hf", "stream", "nostream"):
+        line = warmup_line(results.get(phase, {}).get("warmup"), phase)
+        if line:
+            lines.append(line)
+    return lines
+
+
+def level_table(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """One row per level: omni_mp streaming and not, against transformers."""
+    hf, st, ns = results.get("hf", {}), results.get("stream", {}), results.get("nostream", {})
+    lines = [
         "",
         "| concurrency | first audio p50 / p90 (stream) | no stream p50 | transformers p50 (queued / batched) "
         "| RTF (stream) | audio s/s (stream) | vs transformers | thinker tok/s | vs transformers |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{x * 1000:.0f} ms"
-
     single = hf.get("single", {})
+
+    def ratio(x: float | None, base: float) -> str:
+        return f"{x / base:.1f}x" if x and base else "-"
+
     for c in args.concurrency:
         a, b = st.get(str(c), {}), ns.get(str(c), {})
         serial, batched = hf_latency(hf, c)
@@ -1122,10 +776,6 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         hf_rates += [hf_b["audio_s"] / hf_b["wall_s"]] if "wall_s" in hf_b else []
         hf_audio = max(hf_rates, default=0.0)
         hf_tok = max(single.get("thinker_tok_s", 0), hf_b.get("thinker_tok_s", 0))
-
-        def ratio(x: float | None, base: float) -> str:
-            return f"{x / base:.1f}x" if x and base else "-"
-
         p = f"{ms(a.get('first_audio_p50_s'))} / {ms(a.get('first_audio_p90_s'))}" if a else "-"
         lines.append(
             f"| {c} | {p} | {ms(b.get('first_audio_p50_s'))} | {ms(serial)} / {ms(batched)} "
@@ -1133,11 +783,12 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             f"| {ratio(a.get('audio_s_per_s'), hf_audio)} | {a.get('thinker_tok_s', float('nan')):.0f} "
             f"| {ratio(a.get('thinker_tok_s'), hf_tok)} |"
         )
-    playback = playback_line(st, args.concurrency)
-    if playback:
-        lines.append(playback)
-    tr = st.get("transport", {})
-    lines.append(f"\nthinker -> talker transport per engine step (streaming, c={max(args.concurrency)}, last round):")
+    return lines
+
+
+def transport_lines(tr: dict[str, Any], top: int) -> list[str]:
+    """The thinker -> talker transport per engine step (`transport_summary`) at level `top`."""
+    lines = [f"\nthinker -> talker transport per engine step (streaming, c={top}, last round):"]
     nan = float("nan")
     if "thinker" in tr:
         t = tr["thinker"]
@@ -1161,6 +812,12 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
         )
     else:
         lines.append(f"- talker receive side: not measured ({tr.get('talker_error', 'no streaming phase')})")
+    return lines
+
+
+def path_lines(st: dict[str, Any]) -> list[str]:
+    """One request's path, every burst's, and each stage's steps per level (stream phase)."""
+    lines = []
     if st.get("critical_path_c1"):
         lines.append(critical_path_line(st["critical_path_c1"]))
     if st.get("burst_paths"):
@@ -1172,41 +829,33 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             st["stage_steps"],
             ("thinker", "talker", "token2wav"),
         )
-    colds = {k: v["ready_s"] for k, v in results.items() if k.startswith("cold") and "ready_s" in v}
-    if "cold_start_s" in st:
-        alone = ", ".join(f"stage {k[4:]} {v:.1f} s" for k, v in sorted(colds.items())) or "not measured"
-        slowest = max(colds.values()) if colds else None
-        extra = f" ({st['cold_start_s'] / slowest:.2f}x the slowest stage)" if slowest else ""
-        lines.append(
-            f"\ncold start to Ready: whole pipeline {st['cold_start_s']:.1f} s{extra} (stages start in parallel); "
-            f"each stage alone: {alone}"
-        )
-        caches = {r.get("compile_cache") for k, r in results.items() if k != "hf" and isinstance(r, dict)} - {None}
-        if caches == {"per-phase"} and not args.smoke:
-            lines.append("(every phase started with an empty vLLM compile cache: all of these are first starts)")
-        elif caches:
-            lines.append(f"(vLLM compile cache: {', '.join(sorted(caches))}; shared = warm after the first start)")
-    if "single" in hf:
-        lines.append(
-            "\ntransformers: Qwen2_5OmniForConditionalGeneration.generate() built from the same config (bf16 on "
-            "GPUs, token2wav fp32), no streaming (first audio = end of generate); 'queued' = one request at a time "
-            "(the median request waits for half the others), 'batched' = one generate() over the batch"
-        )
-    from peer_vllm_omni import peer_table  # vllm-omni's runs in --out, if any (issue 20)
+    return lines
 
-    lines += peer_table(args.out, args.concurrency, st)
-    failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
-    lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
-    return "\n".join(lines)
+
+def cold_lines(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Cold start to Ready: the pipeline's against each stage alone, and the compile cache."""
+    st = results.get("stream", {})
+    if "cold_start_s" not in st:
+        return []
+    colds = {k: v["ready_s"] for k, v in results.items() if k.startswith("cold") and "ready_s" in v}
+    alone = ", ".join(f"stage {k[4:]} {v:.1f} s" for k, v in sorted(colds.items())) or "not measured"
+    slowest = max(colds.values()) if colds else None
+    extra = f" ({st['cold_start_s'] / slowest:.2f}x the slowest stage)" if slowest else ""
+    lines = [
+        f"\ncold start to Ready: whole pipeline {st['cold_start_s']:.1f} s{extra} (stages start in parallel); "
+        f"each stage alone: {alone}"
+    ]
+    caches = {r.get("compile_cache") for k, r in results.items() if k != "hf" and isinstance(r, dict)} - {None}
+    if caches == {"per-phase"} and not args.smoke:
+        lines.append("(every phase started with an empty vLLM compile cache: all of these are first starts)")
+    elif caches:
+        lines.append(f"(vLLM compile cache: {', '.join(sorted(caches))}; shared = warm after the first start)")
+    return lines
 
 
 def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         say(f"matplotlib is missing on this host: no {path.name} (the JSON and markdown are written)")
         return False
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -1216,9 +865,7 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
         if xs:
             ax.plot(xs, [results[phase][str(c)]["first_audio_p50_s"] for c in xs], marker="o", label=label)
             ax2.plot(xs, [results[phase][str(c)]["audio_s_per_s"] for c in xs], marker="o", label=label)
-    from peer_vllm_omni import peer_docs  # vllm-omni's runs in --out, if any (issue 20)
-
-    for config, peer in peer_docs(args.out).items():
+    for config, peer in peer_docs(args.out).items():  # vllm-omni's runs in --out, if any (issue 20)
         xs = [c for c in cs if str(c) in peer]
         if xs:
             label = f"vllm-omni, {config}"
@@ -1248,16 +895,6 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
 
 
 # ---- orchestration ----------------------------------------------------------------------------
-def phase_error(e: Exception, limit: int = 2000) -> str:
-    """A phase's exception for the report: its start (what failed) and its end (a stage's log
-    tail ends with the exception that stopped it), at most `limit` characters."""
-    text = f"{type(e).__name__}: {e}"
-    if len(text) <= limit:
-        return text
-    head = limit // 5
-    return f"{text[:head]} [...] {text[-(limit - head) :]}"
-
-
 def run_phase(args: argparse.Namespace) -> dict[str, Any]:
     if args.phase == "hf":
         return run_hf(args)
@@ -1268,52 +905,19 @@ def run_phase(args: argparse.Namespace) -> dict[str, Any]:
     return run_cold(args, int(args.phase[4:]))
 
 
-def _child_error(result: Path) -> str | None:
-    """The error a failed phase process wrote, if it got that far (a killed one may not have)."""
-    try:
-        return json.loads(result.read_text()).get("error")
-    except (OSError, ValueError):
-        return None
-
-
-def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | None) -> dict[str, Any]:
+def run_phase_in_process(args: argparse.Namespace, phase: str, deadline: float | None) -> dict[str, Any]:
     """`phase` in a fresh process, within --phase-timeout-s and what is left of --deadline-s."""
-    result = args.out / f"{phase}.json"
-    timeout = args.phase_timeout_s
-    if deadline is not None:
-        timeout = min(timeout, deadline - time.perf_counter() - RENDER_MARGIN_S)
-        if timeout < 30:
-            data: dict[str, Any] = {"error": f"skipped: {timeout + RENDER_MARGIN_S:.0f}s left of --deadline-s"}
-            say(f"phase {phase} {data['error']}")
-            result.write_text(json.dumps(data))
-            return data
-    result.unlink(missing_ok=True)  # a failed child leaves its error there, nothing older
-    cmd = [sys.executable, __file__, "--phase", phase, *sys.argv[1:]]
     env = dict(os.environ)
     if args.compile_cache == "per-phase" and not args.smoke:
         # vLLM's torch.compile / inductor / triton caches live under VLLM_CACHE_ROOT: an empty one
         # per phase makes every engine start a first start, so the pipeline's cold start and each
         # stage's alone are measured alike, whatever ran before on this host.
         env["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix=f"omni_gpu-vllm-cache-{phase}-")
-    say(f"phase {phase} (limit {timeout:.0f}s) ...")
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, timeout=timeout, env=env)
-        code: int | str = proc.returncode
-    except subprocess.TimeoutExpired:
-        code = f"timeout after {timeout:.0f}s"
-    if code != 0 or not result.exists():
-        child = _child_error(result)
-        data = {"error": f"exit code {code}" + (f": {child}" if child else "")}
-        say(f"phase {phase} failed: {data['error']}")
-        result.write_text(json.dumps(data))
-        return data
-    data = json.loads(result.read_text())
-    data["phase_s"] = time.perf_counter() - t0
-    data["compile_cache"] = "shared" if args.smoke else args.compile_cache
-    say(f"phase {phase} done in {data['phase_s']:.0f}s")
-    result.write_text(json.dumps(data))
-    return data
+    return run_phase_process(
+        "benchmarks.omni_gpu", phase, args.out, timeout_s=args.phase_timeout_s, say=say, deadline=deadline,
+        margin_s=RENDER_MARGIN_S, env=env, fresh=True,
+        extra={"compile_cache": "shared" if args.smoke else args.compile_cache},
+    )  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1322,10 +926,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", default=",".join(PHASES))
     p.add_argument("--gpus", type=int, default=2, choices=[1, 2])
     add_gpu_sharing_arg(p)
-    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
+    p.add_argument("--concurrency", type=int_list, default=[1, 8, 32, 64])
     p.add_argument("--thinker-tokens", type=int, default=128)
     p.add_argument("--talker-codes", type=int, default=200, help="codes per request (50 = 1 s of audio)")
     p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument(
+        "--talker",
+        choices=["released", "default"],
+        default="released",
+        help="released: the 7B checkpoint's talker sizes; default: transformers' default (thinker-sized) talker",
+    )
+    add_token2wav_args(p)
+    add_stage_args(p)
+    p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after its warm-up); best kept")
+    p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")
+    p.add_argument("--budgets-gib", help="thinker,talker,token2wav GPU budgets (default: SHARES of the device)")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: a check that every phase runs")
+    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "omni_gpu-models")
+    p.add_argument("--out", type=Path, default=REPO / "outputs" / "omni_gpu")
+    p.add_argument("--phase-timeout-s", type=float, default=1500)
+    p.add_argument("--deadline-s", type=float, help="the whole invocation's limit: phases that cannot start skip")
+    p.add_argument(
+        "--compile-cache",
+        choices=["per-phase", "shared"],
+        default="per-phase",
+        help="per-phase: an empty vLLM compile cache for every phase (all starts are cold, comparable); "
+        "shared: the host's (starts after the first are warm)",
+    )
+    p.add_argument(
+        "--torch-profile",
+        type=profile_windows,
+        help="STAGE:FIRST_STEP:STEPS[,...]: a PyTorch profile of those engine steps of a stage (counted from its "
+        "start: per level in order, its warm-up round, then its measured rounds; the timelines give each round's "
+        "step counts), "
+        "written to <out>/profile-<phase>/torch-stage<STAGE>-<FIRST_STEP>.txt and .trace.json.gz",
+    )
+    args = p.parse_args(argv)
+    if args.smoke:
+        given = argv or sys.argv
+        args.gpus = 1
+        for flag, small in (("--concurrency", [1, 2]), ("--thinker-tokens", 8), ("--talker-codes", 36),
+                            ("--prompt-len", 16)):  # fmt: skip
+            if flag not in given:
+                setattr(args, flag[2:].replace("-", "_"), small)
+        args.hf_max_batch = min(args.hf_max_batch, 2)
+    return args
+
+
+def add_token2wav_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--token2wav-matmul",
         choices=["highest", "high"],
@@ -1360,17 +1008,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "request's last chunk start while the one before it is still being solved",
     )
     p.add_argument(
-        "--talker",
-        choices=["released", "default"],
-        default="released",
-        help="released: the 7B checkpoint's talker sizes; default: transformers' default (thinker-sized) talker",
-    )
-    p.add_argument(
         "--token2wav-graphs",
         choices=["on", "off"],
         default="on",
         help="token2wav's DiT and BigVGAN as CUDA graphs per batch/length bucket (on a GPU), or eager",
     )
+
+
+def add_stage_args(p: argparse.ArgumentParser) -> None:
+    """MPS priorities and SM shares, quantization and vLLM engine args of the AR stages."""
     p.add_argument(
         "--token2wav-priority",
         choices=["normal", "below_normal"],
@@ -1414,41 +1060,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             help=f"a JSON object of vLLM engine args for the {stage}, over the benchmark's own, e.g. "
             '\'{"attention_backend": "TRITON_ATTN"}\' (an A/B of a vLLM setting)',
         )
-    p.add_argument("--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept")
-    p.add_argument("--hf-max-batch", type=int, default=8, help="largest transformers batch tried")
-    p.add_argument("--budgets-gib", help="thinker,talker,token2wav GPU budgets (default: SHARES of the device)")
-    p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: a check that every phase runs")
-    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "omni_gpu-models")
-    p.add_argument("--out", type=Path, default=REPO / "outputs" / "omni_gpu")
-    p.add_argument("--phase-timeout-s", type=float, default=1500)
-    p.add_argument("--deadline-s", type=float, help="the whole invocation's limit: phases that cannot start skip")
-    p.add_argument(
-        "--compile-cache",
-        choices=["per-phase", "shared"],
-        default="per-phase",
-        help="per-phase: an empty vLLM compile cache for every phase (all starts are cold, comparable); "
-        "shared: the host's (starts after the first are warm)",
-    )
-    p.add_argument(
-        "--torch-profile",
-        type=profile_windows,
-        help="STAGE:FIRST_STEP:STEPS[,...]: a PyTorch profile of those engine steps of a stage (counted from its "
-        "start: the warm-up round, then the levels in order; the timelines give each round's step counts), "
-        "written to <out>/profile-<phase>/torch-stage<STAGE>-<FIRST_STEP>.txt and .trace.json.gz",
-    )
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.gpus = 1
-        if "--concurrency" not in (argv or sys.argv):
-            args.concurrency = [1, 2]
-        if "--thinker-tokens" not in (argv or sys.argv):
-            args.thinker_tokens = 8
-        if "--talker-codes" not in (argv or sys.argv):
-            args.talker_codes = 36
-        if "--prompt-len" not in (argv or sys.argv):
-            args.prompt_len = 16
-        args.hf_max_batch = min(args.hf_max_batch, 2)
-    return args
 
 
 def main() -> int:
@@ -1460,25 +1071,16 @@ def main() -> int:
     os.environ["VLLM_PLUGINS"] = ""
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase:  # a child: run one phase, write its result (or its error, for the report)
-        try:
-            data = run_phase(args)
-        except Exception as e:
-            (args.out / f"{args.phase}.json").write_text(json.dumps({"error": phase_error(e)}))
-            raise
-        (args.out / f"{args.phase}.json").write_text(json.dumps(data))
-        return 0
-    phases = list(filter(None, args.phases.split(",")))  # none: only re-render the report
-    unknown = [p for p in phases if p not in PHASES]
-    if unknown:
-        raise SystemExit(f"unknown phases {unknown}; known: {PHASES}")
+        return run_child_phase(args.out / f"{args.phase}.json", lambda: run_phase(args))
+    phases = split_phases(args.phases, PHASES)  # none: only re-render the report
     if phases:
         missing = preflight(args)
         if missing:
             say("PREFLIGHT FAILED, this host lacks:")
             for m in missing:
                 say(f"  - {m}")
-            say("(the GPU image has torch, torchvision, transformers, matplotlib; vLLM 0.25.0, pyzmq and msgspec "
-                "come from the wheel carry in /work/shared/gpu/README.md, then PYTHONPATH=/tmp/site:$PWD)")  # fmt: skip
+            say("(the GPU image has torch, torchvision, transformers, matplotlib; vLLM 0.25.0, pyzmq, msgspec "
+                "come from the GPU host recipe's wheel carry (scripts/gpu/), then PYTHONPATH=/tmp/site:$PWD)")
             return 2
         t0 = time.perf_counter()
         path = model_dir(args)  # once, before any phase (the phases reuse the cached dir)
@@ -1486,12 +1088,11 @@ def main() -> int:
     t_all = time.perf_counter()
     deadline = T_START + args.deadline_s if args.deadline_s else None
     for phase in phases:
-        run_phase_process(args, phase, deadline)
+        run_phase_in_process(args, phase, deadline)
     if phases:
         say(f"phases {','.join(phases)} took {time.perf_counter() - t_all:.0f}s")
-    results = {f.stem: json.loads(f.read_text()) for f in sorted(args.out.glob("*.json")) if f.stem in PHASES}
-    devices = sorted({r["device"] for r in results.values() if isinstance(r, dict) and r.get("device")})
-    device = " / ".join(devices) or "unknown device"
+    results = phase_results(args.out, PHASES)
+    device = devices_of(results)
     text = report(results, args, device)
     doc = {"device": device, "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
     (args.out / "omni_gpu.json").write_text(json.dumps(doc, indent=1, default=str))

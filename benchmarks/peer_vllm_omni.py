@@ -1,5 +1,5 @@
-"""vllm-omni 0.25.0rc1 as a black box, measured like benchmarks/omni_gpu.py measures omni_mp's
-stream phase (issue 20; --family qwen2_5_omni, the default) or like benchmarks/qwen3_omni_gpu.py
+"""vllm-omni 0.25.0rc1 as a black box, measured like benchmarks.omni_gpu measures omni_mp's
+stream phase (issue 20; --family qwen2_5_omni, the default) or like benchmarks.qwen3_omni_gpu
 measures omni_mp's Qwen3-Omni-30B-A3B (--family qwen3_omni): same model dir, same prompts, same
 fixed lengths, same fields.
 
@@ -12,10 +12,11 @@ at which a request's audio output reaches the caller is both.
 Configs (overlay YAMLs on vllm-omni's shipped deploy/qwen2_5_omni.yaml, benchmarks/peer/):
   shipped   qwen2_5_omni_1gpu.yaml: the shipped settings (max_num_seqs 1, eager) on one GPU
   seqs64    qwen2_5_omni_1gpu_seqs64.yaml: the same with max_num_seqs 64 on every stage
-Model dir: omni_gpu.py's (omni_gpu.model_dir: the shapes dir of omni_mp/models/qwen2_5_omni/
-shapes.py plus tokenizer and processor files, benchmarks/omni_bench_dir.py), random weights
+Model dir: benchmarks.omni_gpu's (benchmarks.common.checkpoints.qwen2_5_omni_dir: the shapes dir
+of omni_mp/models/qwen2_5_omni/shapes.py plus tokenizer and processor files,
+benchmarks.common.omni_bench_dir), random weights
 (`load_format: dummy` on every stage; vllm-omni builds the audio and vision towers too).
-Per request: a distinct prompt of --prompt-len ids (omni_gpu.prompts, the same seeds), the
+Per request: a distinct prompt of --prompt-len ids (rounds.token_prompts, the same seeds), the
 thinker writes exactly --thinker-tokens tokens (ignore_eos), the talker exactly --talker-codes
 codes (ignore_eos; logit_bias -100 on every id past the 8192 real codec ids, as omni_mp
 suppresses the control ids: a random talker never stops early and token2wav gets real codes only). Every
@@ -23,19 +24,23 @@ request's thinker token count and audio length are checked (a round that differs
 Output: `<out>/vllm_omni_<config>.json` with omni_gpu's stream-phase fields per level
 ("1", "8", ...: wall_s, first_audio_p50_s, first_audio_p90_s, rtf_mean, audio_s_per_s,
 thinker_tok_s, audio_s_per_request) plus cold_start_s, and "error" / per-level "errors" when a
-run fails: a failed run is written with its error, never dropped. omni_gpu.py's report reads
-these files from its --out (`peer_table` below).
+run fails: a failed run is written with its error, never dropped. benchmarks.omni_gpu's report
+reads these files from its --out (benchmarks.common.peer_report).
+Each level is warmed up before it is measured, as omni_mp's are (benchmarks.common.warmup): one
+unmeasured round of that level's requests (at most as many as the stages batch: at
+max_num_seqs 1, two requests already overlap all stages) with the omni_mp benchmarks' warm-up
+prompts; the result file's "warmup" records when each ran.
 
 Qwen3-Omni (--family qwen3_omni; FAMILIES below): vllm-omni's shipped deploy/qwen3_omni_moe.yaml
 (thinker -> talker -> code2wav, async chunks: code2wav decodes 4 frames first, then 25 at a
 time, and each decoded chunk reaches the caller as its own output) on one GPU through
 benchmarks/peer/qwen3_omni_1gpu.yaml (`shipped`; every override and its reason is in that file).
-Model dir: qwen3_omni_gpu.model_dir's (config.json of tiny.released_config(), random code2wav
+Model dir: benchmarks.qwen3_omni_gpu's (config.json of tiny.released_config(), random code2wav
 tensors) plus a tokenizer with the released special-token ids and the tiny checkpoint's
-processor and chat template (omni_bench_dir.with_processor(dir, "qwen3_omni")), cached beside it
-in qwen3_omni_gpu's --work-dir (/tmp/qwen3_omni_gpu): the same checkpoint files, hard-linked.
-Prompts: qwen3_omni_gpu.chat_prompts (distinct chat-format user turns of --prompt-len ids, the
-warm-up's seed 1 and the levels' seeds 1000 x level). Per request the thinker writes exactly
+processor and chat template (checkpoints.qwen3_omni_processor_dir), cached beside it
+in benchmarks.qwen3_omni_gpu's --work-dir (/tmp/qwen3_omni_gpu): the same checkpoint files, hard-linked.
+Prompts: rounds.chat_prompts (distinct chat-format user turns of --prompt-len ids, the
+warm-ups' seeds warmup_seed(level) and the levels' seeds 1000 x level). Per request the thinker writes exactly
 --thinker-tokens tokens and the talker exactly --talker-frames frames (min = max tokens =
 frames + 1: the last sampled code makes no frame; the codec control ids >= the codebook
 suppressed by logit_bias, the stop id masked by min_tokens: a random talker never stops early
@@ -45,7 +50,7 @@ audio = the last one, a request's audio = their sum, checked against frames x 19
 24 kHz (16.0 s for 200): every request of a round alike, none longer, at most one frame short
 (--audio-tolerance; vllm-omni's causal decoder leaves a fixed tail of samples off the first
 chunk). Result file: `<out>/vllm_omni_qwen3_omni_<config>[.<part>].json` (same fields, "family":
-"qwen3_omni"); qwen3_omni_gpu.py's report and plot read it from their --out.
+"qwen3_omni"); benchmarks.qwen3_omni_gpu's report and plot read it from their --out.
 
 GPU command (one H200, kind nvidia-h200, carry [".gpu/peer1"]: vllm-omni installed into
 /tmp/peer-site from benchmarks/peer/wheels.txt's wheels, as docs/benchmarks.md's PEER line does):
@@ -53,21 +58,21 @@ GPU command (one H200, kind nvidia-h200, carry [".gpu/peer1"]: vllm-omni install
          HF_HUB_OFFLINE=1 VLLM_MM_HASHER_ALGORITHM=sha256
   (test -d /tmp/peer-site/vllm_omni || (mkdir -p /tmp/peer-whl && cat .gpu/peer1/peerpart* | tar x -C /tmp/peer-whl \
      && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer-site /tmp/peer-whl/*.whl))
-  python3 benchmarks/peer_vllm_omni.py --family qwen3_omni --deadline-s 550 --out $OUT/qwen3_omni_gpu
+  python3 -m benchmarks.peer_vllm_omni --family qwen3_omni --deadline-s 550 --out $OUT/qwen3_omni_gpu
   (levels 1 8 32 64, 2500-id prompts, 200 thinker tokens, 200 frames. If one call's 10 minutes do
   not hold the cold start and all four levels, split it: --part a --concurrency 1,8,32 and
   --part b --concurrency 64; the report merges the parts. To show it beside omni_mp, put the
-  fetched files in one dir with qwen3_omni_gpu.py's and run: python benchmarks/qwen3_omni_gpu.py
+  fetched files in one dir with benchmarks.qwen3_omni_gpu's and run: python -m benchmarks.qwen3_omni_gpu
   --phases '' --out DIR.)
 CPU check of the Qwen3-Omni path (fails at vllm-omni's first stage, as below; the tiny
 checkpoint's dir, the overlay, the prompts and the sampling parameters are exercised):
-  PYTHONPATH=$PWD python benchmarks/peer_vllm_omni.py --family qwen3_omni --smoke --peer-site /work/peer-site \
+  PYTHONPATH=$PWD python -m benchmarks.peer_vllm_omni --family qwen3_omni --smoke --peer-site /work/peer-site \
       --out /tmp/peer3_smoke
 
 Isolation: vllm-omni registers a vLLM plugin that patches vLLM classes. It is never installed in
 the project's environment: install it into a directory of its own (`pip install --no-deps
 --target DIR`, benchmarks/peer/wheels.txt) and give that as --peer-site: only the child process
-that runs vllm-omni gets DIR on its PYTHONPATH (omni_gpu.py sets VLLM_PLUGINS to an empty value,
+that runs vllm-omni gets DIR on its PYTHONPATH (benchmarks.omni_gpu sets VLLM_PLUGINS to an empty value,
 which loads no plugin, for omni_mp's runs).
 
 The parent process (this script) needs no vllm-omni: it builds the model dir, renders the
@@ -76,7 +81,7 @@ overlay next to a copy of the installed base YAML, runs the measurement in a chi
 result file (merging what the child wrote before a timeout). GPU commands: docs/benchmarks.md.
 CPU check (vllm-omni has no CPU platform: the run fails at its first stage and the file records
 that error; the model dir, overlay resolution and sampling parameters are exercised):
-  PYTHONPATH=$PWD python benchmarks/peer_vllm_omni.py --smoke --peer-site /work/peer-site --out /tmp/peer_smoke
+  PYTHONPATH=$PWD python -m benchmarks.peer_vllm_omni --smoke --peer-site /work/peer-site --out /tmp/peer_smoke
 """
 
 from __future__ import annotations
@@ -98,12 +103,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import omni_gpu  # noqa: E402  (benchmarks/omni_gpu.py: prompts, percentile, model_dir, constants)
+from benchmarks.common.checkpoints import (
+    QWEN2_5_CODEC_IDS,
+    QWEN2_5_SAMPLES_PER_CODE,
+    QWEN3_SAMPLES_PER_FRAME,
+    qwen2_5_omni_dir,
+    qwen3_omni_processor_dir,
+)
+from benchmarks.common.phases import REPO, module_cmd
+from benchmarks.common.report import make_say
+from benchmarks.common.rounds import SAMPLE_RATE, chat_prompts, closed_loop, token_prompts
+from benchmarks.common.stats import percentile
+from benchmarks.common.warmup import Warmups, warmup_seed
 
 HERE = Path(__file__).resolve().parent
+say = make_say("peer_vllm_omni")
 CONFIGS = {"shipped": "qwen2_5_omni_1gpu.yaml", "seqs64": "qwen2_5_omni_1gpu_seqs64.yaml"}
 BASE_YAML = "qwen2_5_omni.yaml"  # vllm-omni's shipped deploy config, in its package's deploy/
 FIELDS = ("wall_s", "first_audio_p50_s", "first_audio_p90_s", "rtf_mean", "audio_s_per_s", "thinker_tok_s")
@@ -152,22 +166,18 @@ class Family:
 
 FAMILIES = {
     "qwen2_5_omni": Family(
-        CONFIGS, BASE_YAML, PREFLIGHT, omni_gpu.SAMPLES_PER_CODE, False, "vllm_omni_", "omni_gpu-models",
+        CONFIGS, BASE_YAML, PREFLIGHT, QWEN2_5_SAMPLES_PER_CODE, False, "vllm_omni_", "omni_gpu-models",
         gpu={"concurrency": [1, 8, 32, 64], "thinker_tokens": 128, "talker_codes": 200, "prompt_len": 64},
         smoke={"concurrency": [1, 2], "thinker_tokens": 8, "talker_codes": 36, "prompt_len": 16},
     ),
     "qwen3_omni": Family(
-        {"shipped": "qwen3_omni_1gpu.yaml"}, "qwen3_omni_moe.yaml", QWEN3_PREFLIGHT, 1920, True,
+        {"shipped": "qwen3_omni_1gpu.yaml"}, "qwen3_omni_moe.yaml", QWEN3_PREFLIGHT, QWEN3_SAMPLES_PER_FRAME, True,
         "vllm_omni_qwen3_omni_", "qwen3_omni_gpu",
-        # qwen3_omni_gpu.py's lengths (its parse_args: the published 2500-id prompts; --smoke its small ones)
+        # benchmarks.qwen3_omni_gpu's lengths (its parse_args: the published 2500-id prompts; --smoke its small ones)
         gpu={"concurrency": [1, 8, 32, 64], "thinker_tokens": 200, "talker_codes": 200, "prompt_len": 2500},
         smoke={"concurrency": [1, 4], "thinker_tokens": 12, "talker_codes": 16, "prompt_len": 48},
     ),
 }  # fmt: skip
-
-
-def say(msg: str) -> None:
-    print(f"[peer_vllm_omni] {msg}", flush=True)
 
 
 def result_path(out: Path, config: str, part: str | None = None, family: str = "qwen2_5_omni") -> Path:
@@ -176,30 +186,6 @@ def result_path(out: Path, config: str, part: str | None = None, family: str = "
 
 def out_file(args: argparse.Namespace) -> Path:
     return result_path(args.out, args.config, args.part, args.family)
-
-
-def peer_docs(out: Path, family: str = "qwen2_5_omni") -> dict[str, dict[str, Any]]:
-    """Every vllm_omni_*<config>[.<part>].json of `family` in `out`, the parts of one config
-    merged (levels measured in separate device calls: a later part's level wins; every error is
-    kept). Files without a "family" are Qwen2.5-Omni's (written before Qwen3-Omni was added)."""
-    merged: dict[str, dict[str, Any]] = {}
-    for f in sorted(out.glob("vllm_omni_*.json")):
-        doc = json.loads(f.read_text())
-        if doc.get("family", "qwen2_5_omni") != family:
-            continue
-        m = merged.setdefault(doc.get("config", f.stem), {"run_errors": [], "errors": {}, "cold_start_s": []})
-        m.update({k: v for k, v in doc.items() if k in ("system", "config", "overlay", "device", "lengths")})
-        for c, level in doc.items():
-            if c.isdigit():
-                m[c] = level
-                m["errors"].pop(c, None)
-        m.setdefault("closed", {}).update(doc.get("closed", {}))
-        m["errors"].update(doc.get("errors", {}))
-        if "error" in doc:
-            m["run_errors"].append(f"{f.name}: {doc['error']}")
-        if "cold_start_s" in doc:
-            m["cold_start_s"].append(doc["cold_start_s"])
-    return merged
 
 
 # ---- parent: model dir, overlay, child process -------------------------------------------------
@@ -224,23 +210,15 @@ def model_dir(args: argparse.Namespace) -> Path:
     """The omni_mp benchmark's model dir of the family, with what vllm-omni also loads (its
     tokenizer and the thinker's processor)."""
     if args.family == "qwen2_5_omni":
-        return omni_gpu.model_dir(args)
-    import qwen3_omni_gpu  # benchmarks/qwen3_omni_gpu.py: the released-shapes dir (or --smoke's tiny view)
-    from omni_bench_dir import with_processor
-
-    base = qwen3_omni_gpu.model_dir(args)
-    if (base / "tokenizer_config.json").exists():  # --smoke: the tiny checkpoint has its processor
-        return base
-    return with_processor(base, "qwen3_omni")
+        return qwen2_5_omni_dir(args.work_dir, args.smoke, args.talker)
+    return qwen3_omni_processor_dir(args.work_dir, args.smoke)
 
 
 def prompts(args: argparse.Namespace, model: Path, n: int, seed: int) -> list[list[int]]:
     """The omni_mp benchmark's prompts for `n` requests with `seed`."""
     if args.family == "qwen2_5_omni":
-        return omni_gpu.prompts(n, args.prompt_len, seed)
-    import qwen3_omni_gpu
-
-    return qwen3_omni_gpu.chat_prompts(json.loads((model / "config.json").read_text()), n, args.prompt_len, seed)
+        return token_prompts(n, args.prompt_len, seed)
+    return chat_prompts(json.loads((model / "config.json").read_text()), n, args.prompt_len, seed)
 
 
 def installed_version(peer_site: Path) -> str:
@@ -287,14 +265,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return doc
     partial = args.out / f".{path.stem}.partial.json"
     partial.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--child", str(overlay), "--model", str(model), "--partial", str(partial)]
-    cmd += [a for a in sys.argv[1:]]
+    cmd = module_cmd("benchmarks.peer_vllm_omni", "--child", str(overlay), "--model", str(model))
+    cmd += ["--partial", str(partial), *sys.argv[1:]]
     timeout = args.deadline_s - (time.perf_counter() - t0) if args.deadline_s else None
     log = path.with_suffix(".log")
     say(f"{doc['system']}, config {args.config} ({overlay.name}), levels {args.concurrency}; log: {log}")
     with open(log, "w") as logf:
         proc = subprocess.Popen(
-            cmd, cwd=omni_gpu.REPO, env=child_env(args.peer_site), stdout=logf, stderr=subprocess.STDOUT,
+            cmd, cwd=REPO, env=child_env(args.peer_site), stdout=logf, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the stage processes go with it
         )  # fmt: skip
         code: int | str
@@ -317,10 +295,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def device_name() -> str:
-    """omni_gpu's device name, taken in a short-lived process: no CUDA context is held in this
-    one (its GPU memory would stay taken while vllm-omni runs) or made before vllm-omni starts."""
-    code = "import omni_gpu; print(omni_gpu.device_name())"
-    got = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=120)
+    """The device's name (phases.device_name), taken in a short-lived process: no CUDA context is
+    held in this one (its GPU memory would stay taken while vllm-omni runs) or made before
+    vllm-omni starts."""
+    code = "from benchmarks.common.phases import device_name; print(device_name())"
+    got = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     return got.stdout.strip().splitlines()[-1] if got.returncode == 0 and got.stdout.strip() else "unknown device"
 
 
@@ -357,7 +336,7 @@ def model_sizes(model: Path) -> dict[str, Any]:
 
 
 def expected_audio_s(args: argparse.Namespace) -> float:
-    return args.talker_codes * FAMILIES[args.family].samples_per_code / omni_gpu.SAMPLE_RATE
+    return args.talker_codes * FAMILIES[args.family].samples_per_code / SAMPLE_RATE
 
 
 # ---- child: vllm-omni in this process ----------------------------------------------------------
@@ -371,7 +350,7 @@ def talker_overrides(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     (2026-11-24: "expanded size of the tensor (8448) must match ... (152064)"); a bias indexes
     the logits by id, whatever width vLLM takes the vocab to be."""
     if args.family == "qwen2_5_omni":
-        tokens, first, vocab = args.talker_codes, omni_gpu.CODEC_IDS, TALKER_VOCAB
+        tokens, first, vocab = args.talker_codes, QWEN2_5_CODEC_IDS, TALKER_VOCAB
     else:
         # Qwen3-Omni: a talker step feeds back the last sampled code and runs the code predictor
         # on it; the last sampled code makes no frame, so frames + 1 tokens (omni_mp's talker
@@ -497,7 +476,7 @@ async def one_request(
     done = time.perf_counter()
     if first is None:
         raise RuntimeError(f"request {rid}: no audio output ({found or 'no audio-type output'})")
-    rate = rate or omni_gpu.SAMPLE_RATE
+    rate = rate or SAMPLE_RATE
     return {
         "first_s": first - t0, "last_audio_s": last - t0, "done_s": done - t0, "audio_s": samples / rate,
         "sample_rate": rate, "thinker_tokens": thinker_tokens, "audio_outputs": n_audio, "found": found,
@@ -540,7 +519,7 @@ def summarize(batch: list[list[int]], reqs: list[dict[str, Any]], wall: float, a
         "wall_s": wall,
         "first_audio_p50_s": statistics.median(firsts),
         "first_audio_mean_s": statistics.fmean(firsts),
-        "first_audio_p90_s": omni_gpu.percentile(firsts, 0.9),
+        "first_audio_p90_s": percentile(firsts, 0.9),
         "rtf_mean": statistics.fmean(r["last_audio_s"] / r["audio_s"] for r in reqs),
         "audio_s_per_s": audio / wall,
         "thinker_tok_s": sum(r["thinker_tokens"] for r in reqs) / wall,
@@ -568,8 +547,8 @@ async def a_round(omni: Any, batch: list[list[int]], sps: list[Any], tag: str, a
     return out
 
 
-async def closed_loop(omni: Any, sps: list[Any], c: int, args: argparse.Namespace) -> dict[str, Any]:
-    """--closed-loop x c requests, c in flight (omni_gpu.closed_loop; the omni_mp benchmarks'
+async def closed_loop_level(omni: Any, sps: list[Any], c: int, args: argparse.Namespace) -> dict[str, Any]:
+    """--closed-loop x c requests, c in flight (rounds.closed_loop; the omni_mp benchmarks'
     closed-loop prompts: seed 5000 x c), checked and summarized like a round."""
     batch = prompts(args, args.model, args.closed_loop * c, 5000 * c)
     streams = FAMILIES[args.family].streams
@@ -578,7 +557,7 @@ async def closed_loop(omni: Any, sps: list[Any], c: int, args: argparse.Namespac
     async def one(prompt: list[int], t0: float) -> dict[str, Any]:
         return await one_request(omni, prompt, f"closed{c}-{next(ids)}", sps, t0, streams)
 
-    reqs, wall = await omni_gpu.closed_loop(one, batch, c)
+    reqs, wall = await closed_loop(one, batch, c)
     return {**summarize(batch, reqs, wall, args), "concurrency": c}
 
 
@@ -588,6 +567,12 @@ def max_num_seqs(overlay: Path) -> int:
     return max(s.max_num_seqs or 1 for s in load_deploy_config(overlay).stages)
 
 
+PEER_WARMUP = (
+    "one unmeasured round at each level just before its measured rounds (the level's requests, at most as many "
+    "as the stages batch)"
+)
+
+
 def child(args: argparse.Namespace) -> int:
     """vllm-omni in this process; what is measured goes to --partial after every step."""
     res: dict[str, Any] = {}  # no CUDA in this process before vllm-omni starts its stages
@@ -595,75 +580,8 @@ def child(args: argparse.Namespace) -> int:
     def save() -> None:
         args.partial.write_text(json.dumps(res, indent=1, default=str))
 
-    async def main() -> None:
-        import importlib
-
-        for mod in FAMILIES[args.family].preflight:  # a missing wheel fails here in seconds, not after a stage start
-            try:
-                importlib.import_module(mod)
-            except Exception as err:
-                raise RuntimeError(f"preflight: importing {mod}: {type(err).__name__}: {err}") from err
-        from vllm_omni.entrypoints.async_omni import AsyncOmni
-
-        res["max_num_seqs"] = max_num_seqs(args.child)
-        planned = sampling_params_list(planned_defaults(args.child, args.model), args, args.model)
-        res["sampling_planned"] = [sampling_summary(s) for s in planned]  # recorded before any stage starts
-        save()
-        t0 = time.perf_counter()
-        omni = AsyncOmni(
-            model=str(args.model), deploy_config=str(args.child), stage_init_timeout=1500, init_timeout=1500
-        )
-        res["cold_start_s"] = time.perf_counter() - t0
-        say(f"ready in {res['cold_start_s']:.1f}s")
-        save()
-        try:
-            sps = sampling_params_list(omni.default_sampling_params_list, args, args.model)
-            res["sampling"] = [sampling_summary(s) for s in sps]
-            # One warm-up round (first runs of each batch size, allocator growth): at the highest
-            # level, but no more requests than the stages batch (at max_num_seqs 1, 2 requests
-            # already overlap all stages; more would only queue).
-            n = min(max(args.concurrency), max(2, res["max_num_seqs"]))
-            warm = await a_round(omni, prompts(args, args.model, n, 1), sps, "warm", args)
-            res["warmup"] = {"requests": n, "wall_s": warm["wall_s"], "audio_payload": warm["audio_payload"]}
-            say(f"warm-up round of {n}: {warm['wall_s']:.1f}s; audio payload: {warm['audio_payload']}")
-            save()
-            for c in args.concurrency:
-                runs = []
-                for r in range(args.rounds):
-                    batch = prompts(args, args.model, c, 1000 * c + r)  # the omni_mp benchmark's seeds
-                    try:
-                        runs.append(await a_round(omni, batch, sps, f"c{c}r{r}", args))
-                    except Exception as err:  # noqa: BLE001 - recorded per level, the run goes on
-                        res.setdefault("errors", {})[str(c)] = f"{type(err).__name__}: {err}"[:2000]
-                        say(f"c={c} FAILED: {res['errors'][str(c)]}")
-                        break
-                if runs:
-                    best = res[str(c)] = min(runs, key=lambda x: x["wall_s"])
-                    say(
-                        f"c={c}: first audio p50 {best['first_audio_p50_s'] * 1000:.0f} ms, "
-                        f"p90 {best['first_audio_p90_s'] * 1000:.0f} ms, RTF {best['rtf_mean']:.3f}, "
-                        f"{best['audio_s_per_s']:.2f} audio s/s, {best['thinker_tok_s']:.0f} thinker tok/s"
-                    )
-                save()
-            for c in (c for c in args.concurrency if c > 1 and args.closed_loop):
-                try:
-                    res.setdefault("closed", {})[str(c)] = await closed_loop(omni, sps, c, args)
-                except Exception as err:  # noqa: BLE001 - recorded per level, the run goes on
-                    res.setdefault("errors", {})[f"closed {c}"] = f"{type(err).__name__}: {err}"[:2000]
-                    say(f"closed loop c={c} FAILED: {res['errors'][f'closed {c}']}")
-                else:
-                    r = res["closed"][str(c)]
-                    say(
-                        f"closed loop c={c}, {r['requests']} requests: first audio mean "
-                        f"{r['first_audio_mean_s'] * 1000:.0f} ms, p50 {r['first_audio_p50_s'] * 1000:.0f} ms, "
-                        f"RTF {r['rtf_mean']:.3f}, {r['audio_s_per_s']:.2f} audio s/s"
-                    )
-                save()
-        finally:
-            omni.shutdown()
-
     try:
-        asyncio.run(main())
+        asyncio.run(serve_and_measure(args, res, save))
     except Exception as err:  # noqa: BLE001 - the run failed: its error is the result
         import traceback
 
@@ -684,79 +602,94 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- omni_gpu.py's report: the peer next to omni_mp --------------------------------------------
-def peer_table(out: Path, concurrency: list[int], stream: dict[str, Any], family: str = "qwen2_5_omni") -> list[str]:
-    """Markdown lines for the vllm-omni results of `family` in `out` (peer_docs): its levels next
-    to omni_mp's streaming ones (`stream`: omni_gpu's or qwen3_omni_gpu's stream.json), and every
-    error."""
-    lines: list[str] = []
-    for config, doc in peer_docs(out, family).items():
-        name = f"{doc.get('system', 'vllm-omni')}, config {config} ({doc.get('overlay', '')})"
-        colds = ", ".join(f"{x:.0f} s" for x in doc["cold_start_s"])
-        lines += ["", f"**{name}**" + (f": cold start {colds}" if colds else "")]
-        lines += [
-            "| concurrency | first audio p50 / p90 | omni_mp p50 | RTF | audio s/s | omni_mp / it "
-            "| thinker tok/s | omni_mp / it |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for c in concurrency:
-            p, o = doc.get(str(c)), stream.get(str(c), {})
-            if p is None:
-                err = doc["errors"].get(str(c)) or ("failed (below)" if doc["run_errors"] else "not run")
-                lines.append(f"| {c} | {err[:200]} | | | | | | |")
-                continue
+async def serve_and_measure(args: argparse.Namespace, res: dict[str, Any], save: Any) -> None:
+    """Start vllm-omni (its preflight imports first), then its levels and closed loops."""
+    import importlib
 
-            def ratio(key: str, p: dict[str, Any] = p, o: dict[str, Any] = o) -> str:
-                return f"{o[key] / p[key]:.1f}x" if o.get(key) and p.get(key) else "-"
+    for mod in FAMILIES[args.family].preflight:  # a missing wheel fails here in seconds, not after a stage start
+        try:
+            importlib.import_module(mod)
+        except Exception as err:
+            raise RuntimeError(f"preflight: importing {mod}: {type(err).__name__}: {err}") from err
+    from vllm_omni.entrypoints.async_omni import AsyncOmni
 
-            om = f"{o['first_audio_p50_s'] * 1000:.0f} ms" if "first_audio_p50_s" in o else "-"
-            lines.append(
-                f"| {c} | {p['first_audio_p50_s'] * 1000:.0f} / {p['first_audio_p90_s'] * 1000:.0f} ms | {om} "
-                f"| {p['rtf_mean']:.2f} | {p['audio_s_per_s']:.2f} | {ratio('audio_s_per_s')} "
-                f"| {p['thinker_tok_s']:.0f} | {ratio('thinker_tok_s')} |"
+    res["max_num_seqs"] = max_num_seqs(args.child)
+    planned = sampling_params_list(planned_defaults(args.child, args.model), args, args.model)
+    res["sampling_planned"] = [sampling_summary(s) for s in planned]  # recorded before any stage starts
+    save()
+    t0 = time.perf_counter()
+    omni = AsyncOmni(model=str(args.model), deploy_config=str(args.child), stage_init_timeout=1500, init_timeout=1500)
+    res["cold_start_s"] = time.perf_counter() - t0
+    say(f"ready in {res['cold_start_s']:.1f}s")
+    save()
+    try:
+        sps = sampling_params_list(omni.default_sampling_params_list, args, args.model)
+        res["sampling"] = [sampling_summary(s) for s in sps]
+        await measure_levels(omni, sps, args, res, save)
+        await closed_loops(omni, sps, args, res, save)
+    finally:
+        omni.shutdown()
+
+
+async def measure_levels(omni: Any, sps: list[Any], args: argparse.Namespace, res: dict[str, Any], save: Any) -> None:
+    """Per level, in order: one unmeasured warm-up round (first runs of the level's batch sizes,
+    allocator growth; no more requests than the stages batch: at max_num_seqs 1, 2 requests
+    already overlap all stages, more would only queue), then --rounds measured rounds, the best
+    kept in res[level]. A level that fails is recorded in res["errors"] and the run goes on.
+    --rounds 0: only the first level's warm-up (a check that the peer serves)."""
+    warmups = Warmups(PEER_WARMUP)
+    for c in args.concurrency if args.rounds else args.concurrency[:1]:
+        n = min(c, max(2, res["max_num_seqs"]))
+        t0 = time.time()
+        try:
+            warm = await a_round(omni, prompts(args, args.model, n, warmup_seed(c)), sps, f"warm{c}", args)
+        except Exception as err:  # noqa: BLE001 - recorded per level, the run goes on
+            res.setdefault("errors", {})[str(c)] = f"warm-up: {type(err).__name__}: {err}"[:2000]
+            say(f"c={c} warm-up FAILED: {res['errors'][str(c)]}")
+            save()
+            continue
+        warmups.warmed(c, t0, n, audio_payload=warm["audio_payload"])
+        res["warmup"] = warmups.to_json()
+        say(f"c={c}: warm-up round of {n}: {warm['wall_s']:.1f}s; audio payload: {warm['audio_payload']}")
+        runs = []
+        for r in range(args.rounds):
+            batch = prompts(args, args.model, c, 1000 * c + r)  # the omni_mp benchmark's seeds
+            t_round = time.time()
+            try:
+                runs.append(await a_round(omni, batch, sps, f"c{c}r{r}", args))
+            except Exception as err:  # noqa: BLE001 - recorded per level, the run goes on
+                res.setdefault("errors", {})[str(c)] = f"{type(err).__name__}: {err}"[:2000]
+                say(f"c={c} FAILED: {res['errors'][str(c)]}")
+                break
+            warmups.measured(c, t_round)
+        res["warmup"] = warmups.to_json()
+        if runs:
+            best = res[str(c)] = min(runs, key=lambda x: x["wall_s"])
+            say(
+                f"c={c}: first audio p50 {best['first_audio_p50_s'] * 1000:.0f} ms, "
+                f"p90 {best['first_audio_p90_s'] * 1000:.0f} ms, RTF {best['rtf_mean']:.3f}, "
+                f"{best['audio_s_per_s']:.2f} audio s/s, {best['thinker_tok_s']:.0f} thinker tok/s"
             )
-        # Against omni_mp's own audio per request at that level (both trim the decoder's tail),
-        # else the nominal length.
-        want = {
-            c: stream.get(c, {}).get("audio_s_per_request", doc[c]["audio_s_expected"])
-            for c in doc
-            if c.isdigit() and "audio_s_expected" in doc[c]
-        }
-        odd = {c: doc[c]["audio_s_per_request"] for c in want if abs(doc[c]["audio_s_per_request"] - want[c]) > 1e-6}
-        if odd:
-            theirs = {c: want[c] for c in odd}
-            lines.append(f"audio per request (s) differs from omni_mp's {theirs}: {odd}")
-        lines += closed_loop_rows(doc.get("closed") or {}, stream.get("closed") or {})
-        lines += [f"run failed: {e[:1500]}" for e in doc["run_errors"]]
-    if lines:
-        first = {
-            "qwen2_5_omni": "its first audio is its last",
-            "qwen3_omni": "its first audio is its first streamed chunk at the caller",
-        }[family]
-        lines.insert(0, f"\nvllm-omni on the same GPU, same model dir, prompts and lengths ({first}):")
-    return lines
+        save()
 
 
-def closed_loop_rows(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
-    """The closed-loop levels (--closed-loop) of the peer beside omni_mp's."""
-    if not theirs:
-        return []
-    lines = [
-        "closed loop (c in flight, each finished request replaced):",
-        "| concurrency | requests | first audio mean / p50 | omni_mp mean / p50 | RTF | omni_mp RTF | audio s/s "
-        "| omni_mp / it |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c, p in theirs.items():
-        o = ours.get(c)
-        om = f"{o['first_audio_mean_s'] * 1000:.0f} / {o['first_audio_p50_s'] * 1000:.0f} ms" if o else "-"
-        om_rtf = f"{o['rtf_mean']:.3f}" if o else "-"
-        ratio = f"{o['audio_s_per_s'] / p['audio_s_per_s']:.1f}x" if o else "-"
-        lines.append(
-            f"| {c} | {p['requests']} | {p['first_audio_mean_s'] * 1000:.0f} / {p['first_audio_p50_s'] * 1000:.0f} ms "
-            f"| {om} | {p['rtf_mean']:.3f} | {om_rtf} | {p['audio_s_per_s']:.2f} | {ratio} |"
-        )
-    return lines
+async def closed_loops(omni: Any, sps: list[Any], args: argparse.Namespace, res: dict[str, Any], save: Any) -> None:
+    """After the rounds, per level c > 1 (warmed up by its rounds): --closed-loop x c requests
+    with c in flight (`closed_loop_level`); a failed one is recorded and the run goes on."""
+    for c in (c for c in args.concurrency if c > 1 and args.closed_loop):
+        try:
+            res.setdefault("closed", {})[str(c)] = await closed_loop_level(omni, sps, c, args)
+        except Exception as err:  # noqa: BLE001 - recorded per level, the run goes on
+            res.setdefault("errors", {})[f"closed {c}"] = f"{type(err).__name__}: {err}"[:2000]
+            say(f"closed loop c={c} FAILED: {res['errors'][f'closed {c}']}")
+        else:
+            r = res["closed"][str(c)]
+            say(
+                f"closed loop c={c}, {r['requests']} requests: first audio mean "
+                f"{r['first_audio_mean_s'] * 1000:.0f} ms, p50 {r['first_audio_p50_s'] * 1000:.0f} ms, "
+                f"RTF {r['rtf_mean']:.3f}, {r['audio_s_per_s']:.2f} audio s/s"
+            )
+        save()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -777,14 +710,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--prompt-len", type=int, default=None, help="default: the family's (64 / 2500)")
     p.add_argument(
-        "--rounds", type=int, default=1, help="measured rounds per level (after one warm-up); best kept; 0: none"
+        "--rounds",
+        type=int,
+        default=1,
+        help="measured rounds per level (after its warm-up round); best kept; 0: only the first level's warm-up",
     )
     p.add_argument(
         "--closed-loop",
         type=int,
         default=0,
         metavar="X",
-        help="after the rounds, per level c > 1: X x c requests with c in flight (as qwen3_omni_gpu.py's); 0: off",
+        help="after the rounds, per level c > 1: X x c requests with c in flight (as in benchmarks.qwen3_omni_gpu); "
+        "0: off",
     )
     p.add_argument(
         "--audio-tolerance",
@@ -793,8 +730,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="relative shortfall allowed of a request's audio against codes x 480 / frames x 1920 samples "
         "(default: Qwen2.5 0, exact; Qwen3 just under one frame, the tail vllm-omni's decoder leaves off)",
     )
-    p.add_argument("--talker", choices=["released", "default"], default="released", help="as omni_gpu.py's")
-    p.add_argument("--smoke", action="store_true", help="the tiny model dir of omni_gpu.py / qwen3_omni_gpu.py --smoke")
+    p.add_argument("--talker", choices=["released", "default"], default="released", help="as benchmarks.omni_gpu's")
+    p.add_argument("--smoke", action="store_true", help="the tiny model dirs of the omni_mp benchmarks' --smoke")
     p.add_argument("--work-dir", type=Path, default=None, help="default: the omni_mp benchmark's, same model dir")
     p.add_argument("--out", type=Path, default=None, help="default: outputs/omni_gpu or outputs/qwen3_omni_gpu")
     p.add_argument("--deadline-s", type=float, help="the child (and its stages) is killed after this; results kept")
@@ -812,7 +749,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         one_frame = (fam.samples_per_code - 1) / (args.talker_codes * fam.samples_per_code)
         args.audio_tolerance = one_frame if fam.streams else 0.0
     args.work_dir = args.work_dir or Path(tempfile.gettempdir()) / fam.work_dir
-    args.out = args.out or omni_gpu.REPO / "outputs" / (
+    args.out = args.out or REPO / "outputs" / (
         "omni_gpu" if args.family == "qwen2_5_omni" else "qwen3_omni_gpu"
     )
     return args

@@ -1,7 +1,8 @@
 """Qwen3-Omni-30B-A3B at the released sizes (random weights): omni_mp's thinker -> talker (with its
 code predictor) -> streaming code2wav on one H200, against the published numbers (issue 22).
 
-The pipeline is omni_mp/stage_configs/qwen3_omni.yaml's, on a checkpoint dir written here:
+The pipeline is omni_mp/stage_configs/qwen3_omni.yaml's, on a checkpoint dir written by
+benchmarks.common.checkpoints:
   config.json   `released_config()` (omni_mp.models.qwen3_omni.tiny): every size of the released
                 Qwen3-Omni-30B-A3B-Instruct written explicitly (thinker 48 layers x 128 experts,
                 hidden 2048; talker 20 layers x 128 experts, hidden 1024; code predictor 5 layers;
@@ -21,8 +22,9 @@ format (the talker reads the user and assistant turns), the thinker writes exact
 --thinker-tokens tokens (`ignore_eos`), the talker exactly --talker-frames frames (every codec
 control id suppressed, so it never stops early and code2wav gets only codes; 12.5 frames = 1 s).
 
-Per concurrency level (--concurrency, default 1 8 32 64; one warm-up round at the highest
-first): first audio p50/p90 (submit to the first audio chunk at the client), RTF (per
+Per concurrency level (--concurrency, default 1 8 32 64), in order: one unmeasured warm-up
+round at that level (its batch shapes' first runs: benchmarks.common.warmup), then one measured
+round: first audio p50/p90 (submit to the first audio chunk at the client), RTF (per
 request: submit to its last audio over the audio's length, mean), audio seconds per second,
 thinker tokens/s; and the per-stage timeline (OMNI_MP_PROFILE_DIR: each stage's engine steps,
 step time and how busy it was in the level's last round; the thinker -> talker transport per
@@ -38,17 +40,17 @@ of it (thinker ~57 GiB of bf16 weights without towers + KV; talker + code predic
 code2wav priority (below normal) by default, both flags to compare:
   ENV = export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 \
         VLLM_WORKER_MULTIPROC_METHOD=spawn HF_HUB_OFFLINE=1
-  $ENV && python3 benchmarks/qwen3_omni_gpu.py --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
+  $ENV && python3 -m benchmarks.qwen3_omni_gpu --phases stream --deadline-s 570 --out $OUT/qwen3_omni_gpu
 Two GPUs (kind nvidia-h200-x2; omni_mp/stage_configs/qwen3_omni.yaml's two-GPU layout): the thinker on GPU
 0 with 0.86 of it, talker + code2wav on GPU 1 with 0.72 / 0.17 of it: the same command with
-`--gpus 2`. Either way ENV needs omni_mp's own wheels beside vLLM's in /tmp/site
-(launch/gpu-wheels.txt: soundfile, soxr).
+`--gpus 2`. Either way ENV needs omni_mp's own wheels beside vLLM's in /tmp/site (the GPU host
+recipe, scripts/gpu/: soundfile, soxr).
 vllm-omni's Qwen3-Omni pipeline on the same GPU, model dir, prompts and lengths:
-benchmarks/peer_vllm_omni.py --family qwen3_omni (its docstring has the command); the report
+benchmarks.peer_vllm_omni --family qwen3_omni (its docstring has the command); the report
 and plot show its result files (vllm_omni_qwen3_omni_*.json) from --out next to omni_mp's.
-Locally, to re-render from fetched phase files: python benchmarks/qwen3_omni_gpu.py --phases '' --out DIR
+Locally, to re-render from fetched phase files: python -m benchmarks.qwen3_omni_gpu --phases '' --out DIR
 CPU smoke of the whole path on the tiny checkpoint (the same stage configs, fp32, eager):
-  PYTHONPATH=$PWD python benchmarks/qwen3_omni_gpu.py --smoke --out /tmp/q3_smoke
+  PYTHONPATH=$PWD python -m benchmarks.qwen3_omni_gpu --smoke --out /tmp/q3_smoke
 """
 
 from __future__ import annotations
@@ -57,31 +59,30 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.omni_gpu import (  # noqa: E402
-    _round,
+from benchmarks.common.checkpoints import qwen3_omni_dir
+from benchmarks.common.peer_report import peer_docs, peer_table
+from benchmarks.common.phases import (
+    REPO,
     add_gpu_sharing_arg,
-    check_round,
-    closed_loop_round,
     device_name,
-    playback_line,
-    read_timelines,
-    stage_step_summary,
-    stage_steps_table,
-    transport_summary,
+    devices_of,
+    phase_results,
+    run_child_phase,
+    run_phase_process,
+    split_phases,
 )
+from benchmarks.common.report import make_say, ms, pyplot
+from benchmarks.common.rounds import chat_prompts, check_round, closed_loop_round, measure_levels, playback_line
+from benchmarks.common.timelines import read_timelines, stage_step_summary, stage_steps_table, transport_summary
+from benchmarks.common.warmup import warmup_line
 
-REPO = Path(__file__).resolve().parent.parent
 PHASES = ["stream", "nostream"]
 T_START = time.perf_counter()
 RENDER_MARGIN_S = 15
@@ -110,74 +111,7 @@ PUBLISHED = {
     "vllm-omni, 2x H100 (RTF)": {1: (None, 0.118), 8: (None, 0.200), 32: (None, 0.420)},
 }
 QWEN_REPORT_FIRST_PACKET_S = 0.234  # Qwen's report, one request
-
-
-def say(msg: str) -> None:
-    print(f"[qwen3_omni_gpu] {msg}", flush=True)
-
-
-def model_dir(args: argparse.Namespace) -> Path:
-    """The checkpoint dir: released shapes (config + code2wav tensors), or for --smoke a view of
-    the tiny checkpoint (same layout, real small weights)."""
-    out = args.work_dir / ("qwen3_omni-smoke" if args.smoke else "qwen3_omni-released")
-    if (out / "config.json").is_file():
-        return out
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if args.smoke:
-        from omni_mp.models.registry import resolve_model
-
-        src = Path(resolve_model("tiny-qwen3-omni"))
-        for f in src.iterdir():
-            if f.name != "config.json":
-                (tmp / f.name).symlink_to(f)
-        config = json.loads((src / "config.json").read_text())
-    else:
-        config = write_released_dir(tmp)
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    tmp.rename(out)
-    return out
-
-
-def write_released_dir(out: Path) -> dict[str, Any]:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import GenerationConfig
-    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
-
-    from omni_mp.models.qwen3_omni.tiny import RELEASED_TOKEN_IDS, released_config
-
-    config = released_config()
-    config.save_pretrained(out)
-    GenerationConfig(eos_token_id=RELEASED_TOKEN_IDS["im_end_token_id"]).save_pretrained(out)
-    torch.manual_seed(0)
-    code2wav = Qwen3OmniMoeCode2Wav._from_config(config.code2wav_config, dtype=torch.float32).eval()
-    tensors = {f"code2wav.{k}": v.detach().contiguous() for k, v in code2wav.state_dict().items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return json.loads((out / "config.json").read_text())
-
-
-def chat_prompts(config: dict[str, Any], n: int, length: int, seed: int) -> list[list[int]]:
-    """Distinct random user turns in the chat format the talker reads: <|im_start|>user\\n ...
-    <|im_end|>\\n<|im_start|>assistant\\n, `length` ids in all (random text ids in between)."""
-    newline = 198 if config["thinker_config"]["text_config"]["vocab_size"] > 150_000 else 10
-    head = [config["im_start_token_id"], config["user_token_id"], newline]
-    tail = [config["im_end_token_id"], newline, config["im_start_token_id"], config["assistant_token_id"], newline]
-    special = {config[k] for k in config if k.endswith("_token_id") and isinstance(config[k], int)}
-    special |= {config["thinker_config"][k] for k in ("audio_token_id", "image_token_id", "video_token_id")}
-    top = min(special) if min(special) > 1000 else config["thinker_config"]["text_config"]["vocab_size"] // 2
-    rng = random.Random(seed)
-    body = max(1, length - len(head) - len(tail))
-    out = []
-    for _ in range(n):
-        ids = []
-        while len(ids) < body:
-            t = rng.randrange(11, top)
-            if t not in special:
-                ids.append(t)
-        out.append(head + ids + tail)
-    return out
+say = make_say("qwen3_omni_gpu")
 
 
 def capture_sizes(max_num_seqs: int, prefill: bool, budget: int) -> list[int]:
@@ -278,7 +212,15 @@ def stage_memory_now(coord: Any) -> dict[str, str]:
     return out
 
 
+def model_dir(args: argparse.Namespace) -> Path:
+    """The checkpoint dir: released shapes (config + code2wav tensors), or for --smoke a view of
+    the tiny checkpoint (same layout, real small weights)."""
+    return qwen3_omni_dir(args.work_dir, args.smoke)
+
+
 def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
+    """One phase: the cold start, each level warmed up and then measured (`measure_levels`),
+    the closed loops (--closed-loop), and what the stage timelines say of the measured rounds."""
     from omni_mp.config.validate import parse_config
     from omni_mp.control.embedded import embedded_pipeline
     from omni_mp.stage.timeline import PROFILE_DIR_ENV
@@ -288,14 +230,8 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     config = json.loads((Path(model_dir(args)) / "config.json").read_text())
     profile_dir = Path(tempfile.mkdtemp(prefix="qwen3_omni_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
-    out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name(), "gpus": args.gpus}
-    if args.gpus > 1 and not args.smoke:
-        out["device"] = f"{args.gpus}x {out['device']}"
-    out["layer"] = int(config["talker_config"]["accept_hidden_layer"])
-    out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
-    out["graph_sizes"] = cfg.stages[0].engine_args.get("compilation_config", {}).get("cudagraph_capture_sizes")
+    out = pipeline_facts(args, cfg, config)
     t0 = time.perf_counter()
-    t_last = time.time()
     with embedded_pipeline(cfg, progress=say) as coord:
         out["cold_start_s"] = time.perf_counter() - t0
         out["gpu_sharing"] = coord.sharing_note
@@ -304,28 +240,23 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
             str(sid): h.run.info.get("gpu_memory") for sid, h in coord.stages.items() if h.run is not None
         }
         say(f"{name}: pipeline ready in {out['cold_start_s']:.1f}s")
-        batch = chat_prompts(config, max(args.concurrency), args.prompt_len, 1)
-        warm = asyncio.run(_round(coord.client_endpoint, batch))
-        out["warmup_wall_s"] = warm["wall_s"]
-        say(f"warm-up round of {max(args.concurrency)} requests: {warm['wall_s']:.1f}s")
-        windows: dict[int, tuple[float, float]] = {}
-        for c in args.concurrency:
-            t_last = time.time()
-            best = asyncio.run(_round(coord.client_endpoint, chat_prompts(config, c, args.prompt_len, 1000 * c)))
-            windows[c] = (t_last, time.time())
-            out[str(c)] = best
-            say(
-                f"{name} c={c}: first audio p50 {best['first_audio_p50_s'] * 1000:.0f} ms, "
-                f"p90 {best['first_audio_p90_s'] * 1000:.0f} ms, RTF {best['rtf_mean']:.3f}, "
-                f"{best['audio_s_per_s']:.2f} audio s/s, {best['thinker_tok_s']:.0f} thinker tok/s, "
-                f"{best['audio_s_per_request']:.2f} s audio/request"
-            )
-        if args.closed_loop:
+        levels, windows, warmups = measure_levels(
+            coord.client_endpoint,
+            args.concurrency,
+            1,
+            lambda c, seed: chat_prompts(config, c, args.prompt_len, seed),
+            None,
+            say,
+            name,
+        )
+        out.update(levels)
+        out["warmup"] = warmups.to_json()
+        if args.closed_loop:  # each level above 1 was warmed up by its burst rounds
             out["closed"], closed_windows = closed_loops(args, coord.client_endpoint, config)
         out["stage_memory_after"] = stage_memory_now(coord)
     # from the first measured round on (the closed loops ran after the rounds)
     timelines = read_timelines(profile_dir, min((t0 for t0, _ in windows.values()), default=0.0))
-    out["transport"] = transport_summary(timelines, t_last)
+    out["transport"] = transport_summary(timelines, max(windows.values(), default=(0.0, 0.0))[0])
     out["stage_steps"] = stage_step_summary(timelines, windows)
     if args.closed_loop:
         out["closed_stage_steps"] = stage_step_summary(timelines, closed_windows)
@@ -334,10 +265,22 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     return out
 
 
+def pipeline_facts(args: argparse.Namespace, cfg: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """What the report names of the pipeline before it starts: device(s), the talker's layer,
+    memory budgets, CUDA graph sizes."""
+    out: dict[str, Any] = {"pipeline": cfg.name, "device": device_name(), "gpus": args.gpus}
+    if args.gpus > 1 and not args.smoke:
+        out["device"] = f"{args.gpus}x {out['device']}"
+    out["layer"] = int(config["talker_config"]["accept_hidden_layer"])
+    out["budgets_gib"] = [s.memory.gpu_gib for s in cfg.stages if s.memory is not None]
+    out["graph_sizes"] = cfg.stages[0].engine_args.get("compilation_config", {}).get("cudagraph_capture_sizes")
+    return out
+
+
 def closed_loops(
     args: argparse.Namespace, endpoint: str, config: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[int, tuple[float, float]]]:
-    """Per level above 1: --closed-loop x c requests with c in flight (omni_gpu.closed_loop: the
+    """Per level above 1: --closed-loop x c requests with c in flight (rounds.closed_loop: the
     published vllm-omni figures' method), each request's lengths checked. Levels of 1 are
     skipped: one request at a time is what the burst round of 1 measures already."""
 
@@ -367,6 +310,7 @@ def closed_loops(
 
 
 def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> str:
+    """The markdown report of the phases in `results`."""
     st, ns = results.get("stream", {}), results.get("nostream", {})
     audio_s = args.talker_frames / FRAMES_PER_S
     lines = [
@@ -377,15 +321,12 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     ]
     if st.get("budgets_gib"):
         lines.append(f"GPU memory budgets, thinker / talker / code2wav: {' / '.join(map(str, st['budgets_gib']))} GiB")
+    lines += [line for phase in PHASES if (line := warmup_line(results.get(phase, {}).get("warmup"), phase))]
     lines += [
         "",
         "| concurrency | first audio p50 / p90 (stream) | no stream p50 | RTF (stream) | audio s/s | thinker tok/s |",
         "|---|---|---|---|---|---|",
     ]
-
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{x * 1000:.0f} ms"
-
     for c in args.concurrency:
         a, b = st.get(str(c), {}), ns.get(str(c), {})
         p = f"{ms(a.get('first_audio_p50_s'))} / {ms(a.get('first_audio_p90_s'))}" if a else "-"
@@ -404,6 +345,16 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     )
     lines += closed_loop_lines(st)
     lines += target_lines(st)
+    lines += stage_lines(st, args)
+    lines += peer_table(args.out, args.concurrency, st, "qwen3_omni")  # vllm-omni's Qwen3-Omni runs in --out
+    failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
+    lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
+    return "\n".join(lines)
+
+
+def stage_lines(st: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The stages in the stream phase: transport, steps per level, cold start, settings, memory."""
+    lines = []
     tr = st.get("transport", {})
     if "thinker" in tr:
         t = tr["thinker"]
@@ -440,12 +391,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             lines.append(f"{STAGE_NAMES[int(sid)]} GPU memory once started: {note}{later}")
     if st.get("graph_sizes"):
         lines.append(f"thinker and talker CUDA graph sizes (tokens per step): {st['graph_sizes']}")
-    from peer_vllm_omni import peer_table  # vllm-omni's Qwen3-Omni runs in --out, if any
-
-    lines += peer_table(args.out, args.concurrency, st, "qwen3_omni")
-    failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
-    lines += [f"\nphase {k} failed: {e}" for k, e in failed.items()]
-    return "\n".join(lines)
+    return lines
 
 
 def closed_loop_lines(st: dict[str, Any]) -> list[str]:
@@ -508,12 +454,8 @@ def _published(levels: dict[int, tuple[float | None, float]]) -> list[str]:
 
 
 def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for phase, label in (("stream", "omni_mp, streaming"), ("nostream", "omni_mp, no streaming")):
@@ -526,9 +468,7 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
         xs = [int(c) for c in closed]
         ax.plot(xs, [r["first_audio_p50_s"] for r in closed.values()], marker="o", ls=":", label="omni_mp, closed loop")
         ax2.plot(xs, [r["rtf_mean"] for r in closed.values()], marker="o", ls=":", label="omni_mp, closed loop")
-    from peer_vllm_omni import peer_docs  # vllm-omni's Qwen3-Omni runs in --out, if any
-
-    for config, peer in peer_docs(args.out, "qwen3_omni").items():
+    for config, peer in peer_docs(args.out, "qwen3_omni").items():  # vllm-omni's Qwen3-Omni runs in --out, if any
         xs = [c for c in args.concurrency if str(c) in peer]
         if xs:
             label = f"vllm-omni {config}, same GPU"
@@ -551,32 +491,6 @@ def plot(results: dict[str, Any], args: argparse.Namespace, path: Path, device: 
     return True
 
 
-def run_phase_process(args: argparse.Namespace, phase: str, deadline: float | None) -> None:
-    result = args.out / f"{phase}.json"
-    timeout = args.phase_timeout_s
-    if deadline is not None:
-        timeout = min(timeout, deadline - time.perf_counter() - RENDER_MARGIN_S)
-        if timeout < 30:
-            result.write_text(json.dumps({"error": "skipped: --deadline-s reached"}))
-            return
-    say(f"phase {phase} (limit {timeout:.0f}s) ...")
-    t0 = time.perf_counter()
-    try:
-        code: int | str = subprocess.run(
-            [sys.executable, __file__, "--phase", phase, *sys.argv[1:]], cwd=REPO, timeout=timeout
-        ).returncode
-    except subprocess.TimeoutExpired:
-        code = f"timeout after {timeout:.0f}s"
-    if code != 0 or not result.exists():
-        result.write_text(json.dumps({"error": f"exit code {code}"}))
-        say(f"phase {phase} failed: exit code {code}")
-        return
-    data = json.loads(result.read_text())
-    data["phase_s"] = time.perf_counter() - t0
-    result.write_text(json.dumps(data))
-    say(f"phase {phase} done in {data['phase_s']:.0f}s")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, the tiny checkpoint, small lengths")
@@ -593,6 +507,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--thinker-tokens", type=int, default=None)
     p.add_argument("--talker-frames", type=int, default=None)
+    add_stage_args(p)
+    p.add_argument(
+        "--closed-loop",
+        type=int,
+        default=0,
+        metavar="X",
+        help="after the rounds, per level c > 1: X x c requests with c in flight, each finished one replaced "
+        "(vLLM bench serve's --max-concurrency c --num-prompts X*c, the published figures' method); 0: off",
+    )
+    p.add_argument("--deadline-s", type=float, default=None, help="stop starting phases past this (whole run)")
+    p.add_argument("--phase-timeout-s", type=float, default=1800)
+    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3_omni_gpu")
+    p.add_argument("--out", type=Path, default=REPO / "outputs" / "qwen3_omni_gpu")
+    args = p.parse_args(argv)
+    # GPU defaults: the published benchmark's 2500-token prompts; replies shortened from 900 to
+    # fit a 10-minute device call at 64 requests (RTF and first audio do not depend on length).
+    small = {"concurrency": [1, 4], "prompt_len": 48, "thinker_tokens": 12, "talker_frames": 16}
+    full = {"concurrency": [1, 8, 32, 64], "prompt_len": 2500, "thinker_tokens": 200, "talker_frames": 200}
+    for k, v in (small if args.smoke else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
+def add_stage_args(p: argparse.ArgumentParser) -> None:
+    """The stages' settings: prefill graphs and step budget, code2wav's precision, priority,
+    graphs and chunks, GPU sharing, the AR stages' memory reserve."""
     p.add_argument(
         "--prefill-graphs",
         choices=("on", "off"),
@@ -660,27 +601,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="later chunks double up to this many frames (streaming.max_chunk; stage_configs/qwen3_omni.yaml's: 12); "
         "0: all --code2wav-chunk",
     )
-    p.add_argument(
-        "--closed-loop",
-        type=int,
-        default=0,
-        metavar="X",
-        help="after the rounds, per level c > 1: X x c requests with c in flight, each finished one replaced "
-        "(vLLM bench serve's --max-concurrency c --num-prompts X*c, the published figures' method); 0: off",
-    )
-    p.add_argument("--deadline-s", type=float, default=None, help="stop starting phases past this (whole run)")
-    p.add_argument("--phase-timeout-s", type=float, default=1800)
-    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3_omni_gpu")
-    p.add_argument("--out", type=Path, default=REPO / "outputs" / "qwen3_omni_gpu")
-    args = p.parse_args(argv)
-    # GPU defaults: the published benchmark's 2500-token prompts; replies shortened from 900 to
-    # fit a 10-minute device call at 64 requests (RTF and first audio do not depend on length).
-    small = {"concurrency": [1, 4], "prompt_len": 48, "thinker_tokens": 12, "talker_frames": 16}
-    full = {"concurrency": [1, 8, 32, 64], "prompt_len": 2500, "thinker_tokens": 200, "talker_frames": 200}
-    for k, v in (small if args.smoke else full).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    return args
 
 
 def main() -> int:
@@ -688,23 +608,21 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.phase:
-        data = run_pipeline(args, args.phase == "stream")
-        (args.out / f"{args.phase}.json").write_text(json.dumps(data))
-        return 0
-    phases = list(filter(None, args.phases.split(",")))
-    unknown = [p for p in phases if p not in PHASES]
-    if unknown:
-        raise SystemExit(f"unknown phases {unknown}; known: {PHASES}")
+    if args.phase:  # a child: run one phase, write its result (or its error, for the report)
+        return run_child_phase(args.out / f"{args.phase}.json", lambda: run_pipeline(args, args.phase == "stream"))
+    phases = split_phases(args.phases, PHASES)
     if phases:
         t0 = time.perf_counter()
         path = model_dir(args)
         say(f"model dir {path} ready in {time.perf_counter() - t0:.1f}s")
     deadline = T_START + args.deadline_s if args.deadline_s else None
     for phase in phases:
-        run_phase_process(args, phase, deadline)
-    results = {f.stem: json.loads(f.read_text()) for f in sorted(args.out.glob("*.json")) if f.stem in PHASES}
-    device = " / ".join(sorted({r["device"] for r in results.values() if r.get("device")})) or "unknown device"
+        run_phase_process(
+            "benchmarks.qwen3_omni_gpu", phase, args.out, timeout_s=args.phase_timeout_s, say=say,
+            deadline=deadline, margin_s=RENDER_MARGIN_S,
+        )  # fmt: skip
+    results = phase_results(args.out, PHASES)
+    device = devices_of(results)
     text = report(results, args, device)
     doc = {"device": device, "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
     (args.out / "qwen3_omni_gpu.json").write_text(json.dumps(doc, indent=1, default=str))

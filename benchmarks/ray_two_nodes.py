@@ -2,7 +2,7 @@
 `placement: ray` on a local two-node Ray cluster (loopback; tcp + CURVE between the stages,
 no shared memory), and every stage's per-step timeline counts the bytes it sent downstream.
 
-    python benchmarks/ray_two_nodes.py [--requests 8]
+    python -m benchmarks.ray_two_nodes [--requests 8]
 
 Prints, per pipeline: bytes per step and per request from stage 0 to stage 1, and the part
 that is hidden-state rows (rows x hidden size x bytes per value), so the figure scales to
@@ -20,15 +20,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # see omni_mp.control.ray_local
 
-from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
-from omni_mp.config.validate import parse_config  # noqa: E402
-from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
-from omni_mp.control.ray_local import local_cluster  # noqa: E402
-from omni_mp.stage.timeline import PROFILE_DIR_ENV  # noqa: E402
-from omni_mp.wire.keys import client_identity, generate  # noqa: E402
+from omni_mp.client.omni_client import AsyncOmniClient
+from omni_mp.config.validate import parse_config
+from omni_mp.control.embedded import embedded_pipeline
+from omni_mp.control.ray_local import local_cluster
+from omni_mp.stage.timeline import PROFILE_DIR_ENV
+from omni_mp.wire.keys import client_identity, generate
 
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 16, "seed": 0}
 SAMPLING = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 32}
@@ -73,7 +72,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=8)
     args = p.parse_args()
-    os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
+    os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))  # stages import this tree
     work = Path(tempfile.mkdtemp(prefix="omni_mp-ray-bench-"))
     keys = work / "keys"
     generate(keys, ["bench"])

@@ -9,7 +9,7 @@ so allocations of C libraries and torch count too. The old resampler is run only
 Where both run, the relative L2 difference of their outputs on an in-band signal (tones at
 440 Hz and 3 kHz, away from the edges) is reported too.
 
-    python benchmarks/resample.py [--seconds 60] [--out DIR]
+    python -m benchmarks.resample [--seconds 60] [--out DIR]
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from omni_mp.media.audio_io import resample  # noqa: E402
+from benchmarks.common.phases import REPO, module_cmd
+from omni_mp.media.audio_io import resample
 
 TARGET = 16_000
 RATES = (44_100, 48_000, 22_050, 8_000, 44_101)
@@ -94,8 +93,8 @@ def child(impl: str, rate: int, seconds: float) -> None:
 
 
 def run_child(impl: str, rate: int, seconds: float) -> dict:
-    cmd = [sys.executable, __file__, "--child", impl, str(rate), "--seconds", str(seconds)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+    cmd = module_cmd("benchmarks.resample", "--child", impl, str(rate), "--seconds", str(seconds))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -11,23 +11,19 @@ coordinator, tokens only (no request asked for rows: `pack(chunks, rows_for=())`
 and encoded. No sockets:
 the bytes on the wire are one small body and one row buffer, whatever N.
 
-    python benchmarks/step_metadata.py [--requests 1,8,32,64] [--width 3584] [--steps 300]
+    python -m benchmarks.step_metadata [--requests 1,8,32,64] [--width 3584] [--steps 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from omni_mp.wire.codec import decode, encode  # noqa: E402
-from omni_mp.wire.messages import HiddenRows, StageOutputBatch, StageOutputChunk  # noqa: E402
+from omni_mp.wire.codec import decode, encode
+from omni_mp.wire.messages import HiddenRows, StageOutputBatch, StageOutputChunk
 
 
 def one_step(n: int, rows: torch.Tensor, step: int) -> dict[str, float]:

@@ -12,9 +12,9 @@ On a GPU two engines run side by side: `eager` (cuda_graphs off) and `graphs` (t
 each solver step padded to a batch/length bucket and replayed from a CUDA graph, the vocoder
 too); the tables give both and their ratio. On a CPU only the eager engine runs.
 
-CPU (tiny checkpoint):   python benchmarks/token2wav.py
+CPU (tiny checkpoint):   python -m benchmarks.token2wav
 One GPU (token2wav at transformers' default size, random weights; built once, ~1.7 GB):
-                         python benchmarks/token2wav.py --gpu [--matmul high]
+                         python -m benchmarks.token2wav --gpu [--matmul high]
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -115,6 +112,7 @@ def main() -> None:
             run_engine(e, [_codes(args.codes, vocab, 50 + i) for i in range(b)], stream=False)
         for c in levels:
             run_engine(e, [_codes(args.codes, vocab, 70 + i) for i in range(c)], stream=True)
+    print("# warm-up: transformers one request; each engine one unmeasured run of every batch and level first")
 
     cols = " | ".join(f"{n} req/s | {n} RTF" for n in engines)
     ratio = " | graphs vs eager" if "graphs" in engines else ""

@@ -29,7 +29,7 @@ next to raw pyzmq doing the same with 16 bytes.
 The shm path uses a 512 MiB pool (room for several 64 MiB messages in flight) and the
 default threshold (64 KiB): below it that link sends frames too.
 
-Usage: python benchmarks/transport.py [--quick] [--json FILE] [--rounds N] [--paths ...]
+Usage: python -m benchmarks.transport [--quick] [--json FILE] [--rounds N] [--paths ...]
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ from typing import Any
 
 import torch
 import zmq
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omni_mp.wire.codec import PayloadError
 from omni_mp.wire.messages import Heartbeat, PromptEmbeds, Shutdown, StageOutputChunk

@@ -1,6 +1,6 @@
 """Audio files and resampling (omni_mp/audio_io.py): the formats a client may send, read as mono
 float32; broken files refused with an error naming the file; the CLI's WAV readable by Python's
-`wave`; resampling that keeps length and pitch at every rate of benchmarks/resample.py, in
+`wave`; resampling that keeps length and pitch at every rate of benchmarks.resample, in
 bounded time and memory whatever the two rates' common factors.
 
 Fixtures are written with soundfile itself (no sox or ffmpeg on the test machines)."""
@@ -23,7 +23,7 @@ from omni_mp.client.media import multi_modal_input
 from omni_mp.media.audio_io import AudioFileError, read_audio, resample, write_wav
 
 REPO = Path(__file__).resolve().parent.parent
-RATES = (44_100, 48_000, 22_050, 8_000, 44_101)  # benchmarks/resample.py's inputs
+RATES = (44_100, 48_000, 22_050, 8_000, 44_101)  # benchmarks.resample's inputs
 TARGET = 16_000
 
 
@@ -179,9 +179,9 @@ def test_resampling_keeps_length_and_pitch(rate: int) -> None:
 @pytest.mark.parametrize("rate", [44_101, 383_999])
 def test_resampling_memory_is_bounded_whatever_the_rates(rate: int) -> None:
     """Coprime rates cost what ordinary ones do: the rise of peak RSS of one call on 60 s
-    (benchmarks/resample.py's measurement, in its own process) stays near the output's size."""
-    cmd = [sys.executable, str(REPO / "benchmarks" / "resample.py"), "--child", "soxr", str(rate), "--seconds", "60"]
-    got = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout)
+    (benchmarks.resample's measurement, in its own process) stays near the output's size."""
+    cmd = [sys.executable, "-m", "benchmarks.resample", "--child", "soxr", str(rate), "--seconds", "60"]
+    got = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True, timeout=300).stdout)
     print(f"{rate} Hz -> {TARGET} Hz, 60 s: {got['time_s'] * 1e3:.1f} ms, peak +{got['peak_mb']:.1f} MB")
     output_mb = got["n_out"] * 4 / 2**20
     assert got["n_out"] == round(60 * TARGET) and got["peak_mb"] < output_mb + 32

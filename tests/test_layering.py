@@ -98,3 +98,60 @@ def test_the_checks_see_imports_inside_functions_and_relative_ones() -> None:
     assert {n for n in names if is_vllm_hooks(n)} == {"omni_mp.engines.vllm_hooks_talker"}
     assert {"omni_mp.stage.io_threads.Inbox", "omni_mp.utils.procs"} <= names
     assert len(STAGE) >= 5 and "omni_mp.control.coordinator" in CONTROL  # the walk found the packages
+
+
+# ---- benchmarks/ and tests/ (issue 46) ------------------------------------------------------------
+BENCHMARKS = {
+    ("benchmarks." + str(p.relative_to(REPO / "benchmarks").with_suffix("")).replace("/", ".")).removesuffix(
+        ".__init__"
+    ): p
+    for p in sorted((REPO / "benchmarks").rglob("*.py"))
+}
+RUNNERS = {name for name in BENCHMARKS if name.count(".") == 1 and not name.startswith("benchmarks.common")}
+
+
+@pytest.mark.parametrize("module", sorted(BENCHMARKS))
+def test_a_benchmark_imports_no_other_runner_and_nothing_of_the_tests(module: str) -> None:
+    """What runners share lives in benchmarks.common: a runner imports no other runner (no import
+    circle, no module loaded twice under two names), common imports no runner, and nothing in
+    benchmarks/ imports tests/ (the tests may import benchmarks, not the other way)."""
+    named = named_imports(BENCHMARKS[module].read_text(), module)
+    assert not {n for n in named if n.split(".")[0] == "tests"}, module
+    runners = {n for n in named if n in RUNNERS or n.rsplit(".", 1)[0] in RUNNERS} - {module}
+    assert not runners, f"{module} imports {sorted(runners)}"
+    top = {n.split(".")[0] for n in named}
+    assert not top & {p.stem for p in (REPO / "benchmarks").glob("*.py")}, f"{module}: a runner imported by bare name"
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "tests"])
+def test_no_sys_path_insert(folder: str) -> None:
+    """Runners run as `python -m benchmarks.<name>` from the checkout, tests under pytest: neither
+    edits sys.path."""
+
+    def edits_sys_path(node: ast.AST) -> bool:  # sys.path.insert(...) / .append(...)
+        f = getattr(node, "func", None)
+        return isinstance(f, ast.Attribute) and ast.unparse(f.value) == "sys.path" and f.attr in ("insert", "append")
+
+    found = [
+        str(p.relative_to(REPO))
+        for p in sorted((REPO / folder).rglob("*.py"))
+        if any(edits_sys_path(n) for n in ast.walk(ast.parse(p.read_text())))
+    ]
+    assert found == [], found
+
+
+def test_tests_import_no_private_benchmark_names() -> None:
+    """What a test needs of benchmarks/ is public there (benchmarks.common): no `_name` imported."""
+    private = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks"):
+                private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert private == []
+
+
+def test_every_runner_is_a_module_of_the_package() -> None:
+    """benchmarks/ is a package (run as `python -m benchmarks.<name>`), benchmarks/common too."""
+    assert (REPO / "benchmarks" / "__init__.py").is_file()
+    assert (REPO / "benchmarks" / "common" / "__init__.py").is_file()
+    assert "benchmarks.omni_gpu" in RUNNERS and "benchmarks.common.rounds" not in RUNNERS

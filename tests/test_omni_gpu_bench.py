@@ -1,6 +1,7 @@
-"""benchmarks/omni_gpu.py on the CPU at tiny sizes (`--smoke`): the stage timelines' account of
-one request (`critical_path`) against what the pipeline actually did, and a phase that fails
-reported with the reason its stage gave. Real stage processes, real engines, real sockets."""
+"""benchmarks.omni_gpu on the CPU at tiny sizes (`--smoke`): the stage timelines' account of
+one request (`critical_path`) against what the pipeline actually did, every level warmed up
+before it is measured, and a phase that fails reported with the reason its stage gave. Real
+stage processes, real engines, real sockets."""
 
 from __future__ import annotations
 
@@ -11,28 +12,41 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from benchmarks.common.timelines import stage_timeline
+from benchmarks.common.warmup import order_problems
+
 REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO / "benchmarks" / "omni_gpu.py"
 
 
 def _bench(tmp_path: Path, *extra: str, concurrency: str = "1") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, str(BENCH), "--smoke", "--phases", "stream", "--concurrency", concurrency, *extra]
-    cmd += ["--out", str(tmp_path), "--work-dir", str(tmp_path / "models")]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    cmd = [sys.executable, "-m", "benchmarks.omni_gpu", "--smoke", "--phases", "stream", "--concurrency", concurrency]
+    cmd += [*extra, "--out", str(tmp_path), "--work-dir", str(tmp_path / "models")]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_one_request_path_through_the_stages(tmp_path: Path) -> None:
-    """One request of 8 thinker tokens and 36 codes, streamed in two chunks (12 codes, then the
-    rest): the timelines place each stage's part in the order the pipeline's data flow forces;
-    then three at once (`burst_path`), in the same order."""
+@pytest.fixture(scope="module")
+def levels_1_and_3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One stream phase at levels 1 and 3 (the tests below read its --out): requests of 8
+    thinker tokens and 36 codes, streamed in two chunks (12 codes, then the rest)."""
+    tmp_path = tmp_path_factory.mktemp("omni_gpu")
     run = _bench(
         tmp_path,
         *("--token2wav-first-chunk", "12", "--talker-priority", "below_normal"),
-        *("--torch-profile", "1:30:12"),  # the talker's steps 30..41: inside the warm-up round or the next
+        *("--torch-profile", "1:30:12"),  # the talker's steps 30..41: in level 1's warm-up round or the next
         concurrency="1,3",
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return tmp_path
+
+
+def test_one_request_path_through_the_stages(levels_1_and_3: Path) -> None:
+    """One request of 8 thinker tokens and 36 codes, streamed in two chunks (12 codes, then the
+    rest): the timelines place each stage's part in the order the pipeline's data flow forces;
+    then three at once (`burst_path`), in the same order."""
+    tmp_path = levels_1_and_3
     stream = json.loads((tmp_path / "stream.json").read_text())
     assert stream["1"]["audio_s_per_request"] == 36 * 480 / 24000  # the fixed lengths held
     cp = stream["critical_path_c1"]
@@ -73,6 +87,30 @@ def test_one_request_path_through_the_stages(tmp_path: Path) -> None:
     assert not list((tmp_path / "profile-stream").glob("torch-stage0-*"))  # only the stage named
 
 
+def test_every_level_is_warmed_up_before_it_is_measured(levels_1_and_3: Path) -> None:
+    """Level by level, in order: an unmeasured round of that level's requests, then its measured
+    round. The warm-up ran the level's shapes (the thinker's widest step in it holds every one
+    of the level's requests), and the report and the JSON say how each level was warmed."""
+    out = levels_1_and_3
+    warmup = json.loads((out / "stream.json").read_text())["warmup"]
+    assert order_problems(warmup) == []
+    levels = warmup["levels"]
+    assert list(levels) == ["1", "3"]
+    thinker = stage_timeline(out / "profile-stream", 0)
+    assert isinstance(thinker, list), thinker
+    before = 0.0  # the previous level's measured round ended
+    for c, level in levels.items():
+        (w0, w1), (m0, m1) = level["window"], level["measured"]
+        assert level["requests"] == int(c)
+        assert before <= w0 < w1 <= m0 < m1, level
+        assert max(r["reqs"] for r in thinker if w0 <= r["t"] <= w1) == int(c)
+        before = m1
+    md = (out / "omni_gpu.md").read_text()
+    assert "warm-up (stream): one unmeasured round at each level's concurrency" in md
+    assert "(1: 1 request, " in md and "; 3: 3 requests, " in md and "NOT WARMED FIRST" not in md
+    assert json.loads((out / "omni_gpu.json").read_text())["results"]["stream"]["warmup"] == warmup
+
+
 def test_a_failed_phase_is_reported_with_its_stage_error(tmp_path: Path) -> None:
     """A first chunk token2wav cannot take (not a multiple of its 12-code attention block): the
     stage exits at start-up, and the report names the reason, not only an exit code."""
@@ -90,7 +128,6 @@ def test_token2wav_budget_has_a_floor_taken_from_its_neighbours() -> None:
     ran out of memory at 64 requests) token2wav gets the floor, the stages beside it give it up
     in their shares' ratio, and the device's budgeted total stays the same; where the share is
     enough (an H200) the split is the shares."""
-    sys.path.insert(0, str(REPO))
     from benchmarks.omni_gpu import SHARES, T2W_MIN_GIB, split_budgets
 
     for gpus in (1, 2):

@@ -1,12 +1,12 @@
-"""The side-by-side benchmark's shared model dir (benchmarks/omni_bench_dir.py) and the vllm-omni
-driver (benchmarks/peer_vllm_omni.py) on this CPU host.
+"""The side-by-side benchmark's shared model dir (benchmarks.common.omni_bench_dir) and the vllm-omni
+driver (benchmarks.peer_vllm_omni) on this CPU host.
 
 vllm-omni itself is never installed in the project's environment; the tests that run it need it
 in a directory of its own, named by PEER_SITE (e.g. `pip install --no-deps --target
 /tmp/peer-site vllm_omni==0.25.0rc1` + benchmarks/peer/wheels.txt), and skip without it.
 vllm-omni 0.25.0rc1 has no CPU platform: here its run fails at its first stage, and what is
 checked is that the driver writes that failure, with its error, into the result file and that
-omni_gpu.py's report shows it.
+benchmarks.omni_gpu's report shows it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 PEER_SITE = Path(os.environ.get("PEER_SITE", "/tmp/peer-site"))
 needs_peer = pytest.mark.skipif(
@@ -30,8 +29,7 @@ needs_peer = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from omni_bench_dir import with_processor
-
+    from benchmarks.common.omni_bench_dir import with_processor
     from omni_mp.models.qwen2_5_omni.shapes import OmniShapesSpec, build_omni_shapes
 
     shapes = build_omni_shapes(OmniShapesSpec(scale=28), cache_dir=tmp_path_factory.mktemp("models"))
@@ -69,11 +67,11 @@ def test_bench_dir_is_the_shapes_dir_plus_a_released_layout_tokenizer(bench_dir:
 
 
 def test_round_check_and_fields() -> None:
-    import omni_gpu
-    import peer_vllm_omni as peer
+    from benchmarks import peer_vllm_omni as peer
+    from benchmarks.common.rounds import token_prompts
 
     args = peer.parse_args(["--thinker-tokens", "8", "--talker-codes", "50"])
-    batch = omni_gpu.prompts(3, 16, 5)
+    batch = token_prompts(3, 16, 5)
     found = "audio (Tensor, shapes [(24000,)]); keys ['audio']"  # what one_request records
     one = {"audio_s": 1.0, "thinker_tokens": 8, "sample_rate": 24000, "audio_outputs": 1, "found": found}
     reqs = [{"first_s": t, "last_audio_s": t, "done_s": t, **one} for t in (1.0, 2.0, 4.0)]
@@ -93,7 +91,7 @@ def test_round_check_and_fields() -> None:
 @needs_peer
 def test_overlays_resolve_with_vllm_omnis_loader(tmp_path: Path) -> None:
     """The overlays, loaded by vllm-omni's own deploy loader (in a child with PEER_SITE on its path)."""
-    import peer_vllm_omni as peer
+    from benchmarks import peer_vllm_omni as peer
 
     code = (
         "import json, sys\n"
@@ -119,8 +117,8 @@ def test_overlays_resolve_with_vllm_omnis_loader(tmp_path: Path) -> None:
 
 @needs_peer
 def test_empty_vllm_plugins_keeps_vllm_omni_out() -> None:
-    """omni_gpu.py sets VLLM_PLUGINS="": even with vllm-omni importable, vLLM loads none of its plugins."""
-    import peer_vllm_omni as peer
+    """benchmarks.omni_gpu sets VLLM_PLUGINS="": even with vllm-omni importable, vLLM loads none of its plugins."""
+    from benchmarks import peer_vllm_omni as peer
 
     code = (
         "import sys\n"
@@ -141,16 +139,17 @@ def test_failed_run_is_written_with_its_error_and_reported(tmp_path: Path) -> No
     """vllm-omni on this CPU host: its run fails; the result file holds the error, and omni_gpu's
     report lists it next to omni_mp's levels."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, str(REPO / "benchmarks" / "peer_vllm_omni.py"), "--smoke", "--peer-site", str(PEER_SITE)]
+    cmd = [sys.executable, "-m", "benchmarks.peer_vllm_omni", "--smoke", "--peer-site", str(PEER_SITE)]
     cmd += ["--out", str(tmp_path), "--work-dir", str(tmp_path / "models"), "--deadline-s", "300"]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     doc = json.loads((tmp_path / "vllm_omni_shipped.json").read_text())
     assert doc["system"].startswith("vllm-omni ") and doc["config"] == "shipped"
     assert "NotImplementedError" in doc["error"] and "1" not in doc  # no level was measured
     assert doc["yaml_sha256"]["qwen2_5_omni.yaml"] and Path(doc["model_dir"]).is_dir()
     report = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "omni_gpu.py"), "--smoke", "--phases", "", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.omni_gpu", "--smoke", "--phases", "", "--out", str(tmp_path)],
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
@@ -163,7 +162,7 @@ def test_failed_run_is_written_with_its_error_and_reported(tmp_path: Path) -> No
 def test_parts_of_one_config_merge_in_the_report(tmp_path: Path) -> None:
     """Levels of one config measured in separate device calls (--part) make one table; every
     error stays, whichever call it came from."""
-    import peer_vllm_omni as peer
+    from benchmarks.common import peer_report as peer
 
     def level(p50: float) -> dict[str, float]:
         return {"wall_s": 10.0, "first_audio_p50_s": p50, "first_audio_p90_s": p50 * 1.5, "rtf_mean": 2.0,
@@ -188,7 +187,7 @@ def test_parts_of_one_config_merge_in_the_report(tmp_path: Path) -> None:
 def test_qwen3_round_check_allows_a_short_tail_only() -> None:
     """Qwen3-Omni: 200 frames x 1920 samples = 16.0 s; less than one frame short passes (vllm-omni's
     causal decoder leaves a tail off), a frame short or any sample more fails the round."""
-    import peer_vllm_omni as peer
+    from benchmarks import peer_vllm_omni as peer
 
     args = peer.parse_args(["--family", "qwen3_omni", "--thinker-tokens", "8"])
     assert (args.prompt_len, args.talker_codes, args.concurrency) == (2500, 200, [1, 8, 32, 64])
@@ -205,7 +204,7 @@ def test_qwen3_round_check_allows_a_short_tail_only() -> None:
 
 
 def test_peer_docs_keep_families_apart(tmp_path: Path) -> None:
-    import peer_vllm_omni as peer
+    from benchmarks.common import peer_report as peer
 
     (tmp_path / "vllm_omni_shipped.json").write_text(json.dumps({"config": "shipped", "error": "q25"}))
     doc = {"config": "shipped", "family": "qwen3_omni", "error": "q3"}
@@ -218,9 +217,9 @@ def test_peer_docs_keep_families_apart(tmp_path: Path) -> None:
 
 def test_qwen3_bench_dir_has_the_released_special_ids(tmp_path: Path) -> None:
     """The Qwen3-Omni processor files beside a config dir: every config id names the released token."""
-    from omni_bench_dir import with_processor
     from transformers import AutoProcessor, AutoTokenizer
 
+    from benchmarks.common.omni_bench_dir import with_processor
     from omni_mp.models.qwen3_omni.tiny import RELEASED_TOKEN_IDS
 
     src = tmp_path / "released"
@@ -238,7 +237,7 @@ def test_qwen3_bench_dir_has_the_released_special_ids(tmp_path: Path) -> None:
 
 @needs_peer
 def test_qwen3_overlay_resolves_on_one_device(tmp_path: Path) -> None:
-    import peer_vllm_omni as peer
+    from benchmarks import peer_vllm_omni as peer
 
     code = (
         "import json, sys\n"
@@ -261,13 +260,13 @@ def test_qwen3_overlay_resolves_on_one_device(tmp_path: Path) -> None:
 
 
 def test_closed_loop_keeps_c_in_flight_and_times_each_request_from_its_submit() -> None:
-    """omni_gpu.closed_loop (vLLM bench serve's --max-concurrency): never more than c requests in
+    """rounds.closed_loop (vLLM bench serve's --max-concurrency): never more than c requests in
     flight, each prompt run once, the next submitted as one finishes, each request's times from its
     own submission."""
     import asyncio
     import time
 
-    import omni_gpu
+    from benchmarks.common import rounds
 
     running, peak, submits = 0, 0, []
 
@@ -281,16 +280,16 @@ def test_closed_loop_keeps_c_in_flight_and_times_each_request_from_its_submit() 
         return {"prompt": prompt[0], "first_s": time.perf_counter() - t0}
 
     batch = [[i] for i in range(10)]
-    reqs, wall = asyncio.run(omni_gpu.closed_loop(one, batch, 3))
+    reqs, wall = asyncio.run(rounds.closed_loop(one, batch, 3))
     assert peak == 3 and sorted(r["prompt"] for r in reqs) == list(range(10))
     assert all(0.02 <= r["first_s"] < 0.2 for r in reqs)  # from its own submission, not the loop's start
     assert max(submits) - min(submits) > 0.03 and wall >= 0.02 * 10 * 2 / 3 - 1e-3  # staggered, not a burst
-    reqs, _ = asyncio.run(omni_gpu.closed_loop(one, batch[:2], 8))  # fewer prompts than c: no idle workers
+    reqs, _ = asyncio.run(rounds.closed_loop(one, batch[:2], 8))  # fewer prompts than c: no idle workers
     assert sorted(r["prompt"] for r in reqs) == [0, 1]
 
 
 def test_closed_loop_rows_beside_omni_mps_and_merged_from_parts(tmp_path: Path) -> None:
-    import peer_vllm_omni as peer
+    from benchmarks.common import peer_report as peer
 
     def closed(mean: float, rtf: float, audio: float) -> dict[str, float]:
         return {"requests": 128, "first_audio_mean_s": mean, "first_audio_p50_s": mean * 0.9,
@@ -312,12 +311,12 @@ def test_closed_loop_rows_beside_omni_mps_and_merged_from_parts(tmp_path: Path) 
 
 
 def test_playback_counts_the_silence_a_listener_hears() -> None:
-    """omni_gpu.Playback: a player starting at the first chunk; a chunk that arrives after the
+    """rounds.Playback: a player starting at the first chunk; a chunk that arrives after the
     audio before it has played out adds the gap as silence, one that arrives in time adds none."""
-    import omni_gpu
+    from benchmarks.common import rounds
 
     start, first, second = 10.0, 0.08, 1.0
-    p = omni_gpu.Playback()
+    p = rounds.Playback()
     p.chunk(start, first)
     p.chunk(start + first / 2, second)  # arrives while the first chunk plays
     assert p.stall_s == 0 and p.stalls == 0

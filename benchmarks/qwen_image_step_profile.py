@@ -13,10 +13,10 @@ once under torch.profiler: its CUDA kernels by total time (top --top). The same 
 `import vllm` (the stage process has it imported: vLLM's CUDA platform module sets backend
 flags at import) to see whether anything of vLLM's changes the kernels.
 
-    python3 launch/gpu_qwen_image_step_profile.py [--sizes 1024,512] [--out DIR]
-    python3 launch/gpu_qwen_image_step_profile.py --ab 5 --sizes 512      # cuDNN attention on/off, alternated
-    python3 launch/gpu_qwen_image_step_profile.py --parts-ab 5            # a step in parts of 10 blocks / whole
-    python3 launch/gpu_qwen_image_step_profile.py --shrink --sizes 64   # a CPU check of the script
+    python3 -m benchmarks.qwen_image_step_profile [--sizes 1024,512] [--out DIR]
+    python3 -m benchmarks.qwen_image_step_profile --ab 5 --sizes 512      # cuDNN attention on/off, alternated
+    python3 -m benchmarks.qwen_image_step_profile --parts-ab 5            # a step in parts of 10 blocks / whole
+    python3 -m benchmarks.qwen_image_step_profile --shrink --sizes 64     # a CPU check of the script
 """
 
 from __future__ import annotations
@@ -32,76 +32,27 @@ from typing import Any
 import msgspec
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.image_gpu import DIT_CONFIG, SHRINK, VAE_CONFIG, _build_on_device  # noqa: E402
-from omni_mp.engines.diffusion.batcher import StepPlan, TrajectorySpec  # noqa: E402
-from omni_mp.engines.diffusion.chunking import one_shot  # noqa: E402
-from omni_mp.engines.diffusion.model import Window  # noqa: E402
-from omni_mp.engines.diffusion.runner import DiffusionRunner  # noqa: E402
-from omni_mp.models.qwen_image.dit import ImageInputs, QwenImageModel, QwenImageOptions  # noqa: E402
-from omni_mp.models.qwen_image.params import ImageParams  # noqa: E402
-from omni_mp.models.qwen_image.schedule import FlowSchedule  # noqa: E402
+from benchmarks.common.cuda_timing import kernels, timed
+from benchmarks.common.qwen_image_dir import DIT_CONFIG, SHRINK, VAE_CONFIG, build_on_device
+from benchmarks.common.report import make_say
+from omni_mp.engines.diffusion.batcher import StepPlan, TrajectorySpec
+from omni_mp.engines.diffusion.chunking import one_shot
+from omni_mp.engines.diffusion.model import Window
+from omni_mp.engines.diffusion.runner import DiffusionRunner
+from omni_mp.models.qwen_image.dit import ImageInputs, QwenImageModel, QwenImageOptions
+from omni_mp.models.qwen_image.params import ImageParams
+from omni_mp.models.qwen_image.schedule import FlowSchedule
 
 CFG_SCALE = 4.0
 
 
-def say(msg: str) -> None:
-    print(f"[step_profile] {msg}", flush=True)
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn: Any, steps: int) -> float:
-    """ms per call of `fn` (CUDA events; wall on a CPU), after 2 warm-up calls."""
-    for _ in range(2):
-        fn()
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        return (time.perf_counter() - t0) * 1000 / steps
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(steps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / steps
-
-
-def kernels(fn: Any, top: int) -> dict[str, Any]:
-    """One call of `fn` under torch.profiler: how many CUDA kernels it launched, their device
-    time, and the `top` kernels by total device time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = torch.cuda.is_available()
-    sync()
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        fn()
-        sync()
-    rows = []
-    want = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    for e in prof.key_averages():
-        dev = e.self_device_time_total if cuda else e.self_cpu_time_total
-        if dev > 0 and e.device_type == want and (cuda or e.key.startswith("aten::")):
-            rows.append({"name": e.key[:110], "count": e.count, "ms": dev / 1000})
-    rows.sort(key=lambda r: -r["ms"])
-    total = sum(r["ms"] for r in rows)
-    say(f"  kernels: {sum(r['count'] for r in rows)} launches, {total:.1f} ms of device time")
-    for r in rows[:top]:
-        say(f"    {r['ms']:8.2f} ms  x{r['count']:<5d} {r['name']}")
-    return {"launches": sum(r["count"] for r in rows), "device_ms": total, "top": rows[:top]}
+say = make_say("step_profile")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1024,512")
-    ap.add_argument("--text-len", type=int, default=75, help="prompt rows (benchmarks/image_gpu.py's prompt: 75)")
+    ap.add_argument("--text-len", type=int, default=75, help="prompt rows (benchmarks.image_gpu's prompt: 75)")
     ap.add_argument("--neg-len", type=int, default=6, help="negative prompt rows (' ': 6)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--top", type=int, default=12)
@@ -120,8 +71,8 @@ def main() -> int:
     dit_cfg = {**DIT_CONFIG, **SHRINK["dit"]} if args.shrink else DIT_CONFIG
     vae_cfg = {**VAE_CONFIG, **SHRINK["vae"]} if args.shrink else VAE_CONFIG
     t0 = time.perf_counter()
-    transformer = _build_on_device(_dit_class(), dit_cfg, device, dtype)
-    vae = _build_on_device(_vae_class(), vae_cfg, device, dtype)
+    transformer = build_on_device(_dit_class(), dit_cfg, device, dtype)
+    vae = build_on_device(_vae_class(), vae_cfg, device, dtype)
     billions = sum(p.numel() for p in transformer.parameters()) / 1e9
     say(f"built the DiT ({billions:.1f}B) in {time.perf_counter() - t0:.0f}s")
     model = QwenImageModel(transformer, vae, FlowSchedule(), QwenImageOptions())
@@ -201,7 +152,7 @@ def one_size(
         for name, fn in (("diffusers", diffusers_step), ("model", model_step), ("runner", runner_step)):
             ms = timed(fn, args.steps)
             say(f"  {name}: {ms:.1f} ms per step")
-            out[name] = {"ms_per_step": ms, "kernels": kernels(fn, args.top)}
+            out[name] = {"ms_per_step": ms, "kernels": kernels(fn, args.top, say)}
     say(f"  model / diffusers {out['model']['ms_per_step'] / out['diffusers']['ms_per_step']:.3f}, "
         f"runner / diffusers {out['runner']['ms_per_step'] / out['diffusers']['ms_per_step']:.3f}")  # fmt: skip
     return out

@@ -18,8 +18,8 @@ kernels may round differently, and a flip changes what follows) and exits 1 if a
 replay gives other codes than its eager run, or the fused kernels' layer 0 is further from a
 float32 run of it than the separate kernels' (`layer_errors`).
 
-    python3 launch/gpu_qwen3_code_predictor_profile.py [--rows 1,8,32,64] [--out FILE]
-    python3 launch/gpu_qwen3_code_predictor_profile.py --tiny --rows 1,2   # CPU check of the script
+    python3 -m benchmarks.qwen3_code_predictor_profile [--rows 1,8,32,64] [--out FILE]
+    python3 -m benchmarks.qwen3_code_predictor_profile --tiny --rows 1,2   # CPU check of the script
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from launch.gpu_qwen_image_step_profile import kernels, sync, timed  # noqa: E402
+from benchmarks.common.cuda_timing import kernels, sync, timed
+from benchmarks.common.report import make_say
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 64}  # fmt: skip
@@ -43,8 +42,7 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
 MODES = ("native", "ops", "fused")  # EagerKernels' modes, the first the reference
 
 
-def say(msg: str) -> None:
-    print(f"[cp_profile] {msg}", flush=True)
+say = make_say("cp_profile")
 
 
 def vllm_config() -> Any:
@@ -104,7 +102,7 @@ def measure(frame: Any, device: str, args: argparse.Namespace) -> tuple[dict[str
         sync()
         res["graph_equals_eager"] = bool(torch.equal(out[0], eager_codes))
         msg += f", graph replay {res['graph_ms']:.3f} ms, graph == eager: {res['graph_equals_eager']}"
-    res["kernels"] = kernels(frame, args.top)
+    res["kernels"] = kernels(frame, args.top, say)
     say(msg)
     return res, eager_codes
 

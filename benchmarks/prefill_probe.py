@@ -1,6 +1,6 @@
 """Does a prefill step of the Qwen3-Omni thinker cost what its tokens cost? (issue 22)
 
-In the pipeline's timeline (benchmarks/qwen3_omni_gpu.py, one H200) the thinker's prefill
+In the pipeline's timeline (benchmarks.qwen3_omni_gpu, one H200) the thinker's prefill
 chunks took 63 ms for 2048 tokens and 71 ms for 452, and the talker's about the same: a cost
 per prefill step rather than per token, most of the first audio. This runs the thinker alone,
 outside omni_mp's stage loop: vLLM's `LLM` on the same model part (`model_part:
@@ -13,9 +13,11 @@ Found with it: a step above vLLM's largest CUDA graph size (2 x max_num_seqs by 
 outside any graph at 50-75 ms whatever its size; `--capture-sizes` adds prompt-chunk sizes
 (docs/benchmarks.md, "CUDA graphs for prefill steps").
 
-    python3 launch/gpu_prefill_probe.py --model-dir /tmp/qwen3_omni_gpu/qwen3_omni-released \
+    python3 -m benchmarks.prefill_probe --model-dir /tmp/qwen3_omni_gpu/qwen3_omni-released \
         [--max-num-seqs 64] [--capture-sizes 1,2,4,8,...,128,192,256,384,512,768,1024,1280,1536,1792,2048]
-    (the dir benchmarks/qwen3_omni_gpu.py writes; it writes one when it is missing)
+    (the dir benchmarks.qwen3_omni_gpu writes, benchmarks.common.checkpoints; written here when missing)
+
+Each prompt length runs once unmeasured (its shapes' first run) before its --reps measured runs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common.checkpoints import qwen3_omni_dir
+
 # The engine core in this process, where omni_mp registered the thinker's architecture (as in a stage).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -39,7 +42,7 @@ def main() -> int:
     p.add_argument("--model-dir", type=Path, default=Path("/tmp/qwen3_omni_gpu/qwen3_omni-released"))
     p.add_argument("--lengths", default="16,128,452,1024,2048,2500")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--max-num-seqs", type=int, default=64, help="the stage's (benchmarks/qwen3_omni_gpu.py)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="the stage's (benchmarks.qwen3_omni_gpu)")
     p.add_argument(
         "--capture-sizes",
         default="",
@@ -48,9 +51,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("prefill_probe.json"))
     args = p.parse_args()
     if not (args.model_dir / "config.json").is_file():
-        from benchmarks.qwen3_omni_gpu import model_dir
-
-        args.model_dir = model_dir(argparse.Namespace(work_dir=args.model_dir.parent, smoke=False))
+        args.model_dir = qwen3_omni_dir(args.model_dir.parent)
     from vllm import LLM, SamplingParams
 
     from omni_mp.models.qwen3_omni.vllm_hooks_thinker import thinker_engine_model

@@ -1,5 +1,5 @@
-"""The Qwen2.5-Omni model dir that every system of benchmarks/omni_gpu.py runs (omni_mp,
-transformers, vllm-omni via benchmarks/peer_vllm_omni.py): the config-only checkpoint of
+"""The Qwen2.5-Omni model dir that every system of benchmarks.omni_gpu runs (omni_mp,
+transformers, vllm-omni via benchmarks.peer_vllm_omni): the config-only checkpoint of
 omni_mp/models/qwen2_5_omni/shapes.py (its config.json, random token2wav tensors, spk_dict.pt,
 generation_config.json, hard-linked or copied, byte-identical) plus what a text tokenizer and
 processor need, which shapes.py does not write (omni_mp's thinker starts with
@@ -19,7 +19,7 @@ processor need, which shapes.py does not write (omni_mp's thinker starts with
 
 Cached next to the shapes dir (omni_mp.models.cache), keyed by the shapes dir's name.
 
-Qwen3-Omni (`qwen3_with_processor`, for benchmarks/qwen3_omni_gpu.py's released dir and
+Qwen3-Omni (`with_processor(dir, "qwen3_omni")`, for benchmarks.qwen3_omni_gpu's released dir and
 vllm-omni's Qwen3-Omni pipeline): the same byte-level BPE of 151643 regular tokens with the
 released Qwen3-Omni tokenizer's 33 special tokens at their ids 151643..151675 (`<|im_start|>` =
 151644, `<|vision_start|>` = 151652, `<|image_pad|>` = 151655, `<|audio_start|>` = 151669,

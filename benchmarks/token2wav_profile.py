@@ -2,9 +2,9 @@
 vocoder call cost as much as three DiT solver steps, far more than its arithmetic needs; at one
 window a solver step is bound by kernel latency, not arithmetic).
 
-    python launch/gpu_token2wav_profile.py                      # default size, TF32, compiled
-    python launch/gpu_token2wav_profile.py --dit-dtype bfloat16 # the opt-in bf16 DiT
-    python launch/gpu_token2wav_profile.py --tiny --cpu         # a CPU smoke run
+    python -m benchmarks.token2wav_profile                      # default size, TF32, compiled
+    python -m benchmarks.token2wav_profile --dit-dtype bfloat16 # the opt-in bf16 DiT
+    python -m benchmarks.token2wav_profile --tiny --cpu         # a CPU smoke run
 
 The vocoder, per batch of b windows of `--frames` mel frames (148: a steady streamed decode span):
 - its wall time (best of 5, synchronized), eager and replayed from a CUDA graph, with the
@@ -24,29 +24,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.omni_gpu import T2W_COMPILE  # noqa: E402
-from launch.gpu_token2wav_graphs_check import open_device, wall_ms  # noqa: E402
-from omni_mp.engines.diffusion.graphs import GraphSet  # noqa: E402
-from omni_mp.engines.diffusion.model import Window  # noqa: E402
-from omni_mp.engines.diffusion.params import DiffusionParams  # noqa: E402
-from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav  # noqa: E402
-from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel  # noqa: E402
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def best_ms(fn: Any, n: int = 5) -> float:
-    return min(wall_ms(fn) for _ in range(n))
+from benchmarks.common.cuda_timing import best_ms, open_device, sync
+from benchmarks.common.token2wav_options import T2W_COMPILE
+from omni_mp.engines.diffusion.graphs import GraphSet
+from omni_mp.engines.diffusion.model import Window
+from omni_mp.engines.diffusion.params import DiffusionParams
+from omni_mp.models.qwen2_5_omni.tiny import TOKEN2WAV_SPECS, build_token2wav
+from omni_mp.models.qwen2_5_omni.token2wav import Token2WavModel
 
 
 def conv_tflop(model: Token2WavModel, b: int, frames: int) -> float:
