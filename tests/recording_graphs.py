@@ -2,7 +2,7 @@
 captured: it records the graph keys a runner or model would capture (`ready`, the start-up
 warm-up) and replay (each call), and runs every call eagerly. The tests check with it that a
 stream's padded calls only use shapes warmed up at start-up; capture and replay themselves are
-checked on a GPU (launch/gpu_token2wav_graphs_check.py, launch/gpu_code2wav_graphs_check.py)."""
+checked on a GPU (tests/gpu/test_token2wav_graphs.py, tests/gpu/test_code2wav_graphs.py)."""
 
 from __future__ import annotations
 

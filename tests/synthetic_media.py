@@ -1,4 +1,4 @@
-"""Deterministic media for Qwen2.5-Omni prompts (tests and launch/gpu_omni_check.py)."""
+"""Deterministic media for Qwen2.5-Omni prompts (the CPU tests and tests/gpu)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (what the graphs replay) must leave the real rows' results as the unpadded eager pass's, the
 vocoder's device forward must be transformers' BigVGAN forward, and a CPU runner stays eager.
 
-Graph capture and replay themselves are CUDA-only: launch/gpu_token2wav_graphs_check.py
+Graph capture and replay themselves are CUDA-only: tests/gpu/test_token2wav_graphs.py
 checks them on a GPU (graph == eager at the bucket shape, bit for bit, and the speed).
 Here `EagerBuckets` stands in for the GraphSet's `wrap` (it returns the function itself), so
 the runner pads every step to a bucket exactly as it does on a GPU, and runs it eagerly.

@@ -1,6 +1,6 @@
 """GPU sharing (omni_mp.control.mps): which stages run as MPS clients, what their processes'
 environment says, and how a daemon that cannot start is reported. The daemon itself needs an
-NVIDIA GPU: launch/gpu_mps_check.py runs it on one (clients, equal outputs, nothing left after
+NVIDIA GPU: tests/gpu/test_mps.py runs it on one (clients, equal outputs, nothing left after
 a shutdown or a SIGKILLed coordinator)."""
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class DiffusionStageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     # (vLLM's models hit a crash with it); diffusers and transformers run their modules with it
     # on, and on Hopper it is the fastest bf16 kernel, masked or not. Qwen-Image at 1024x1024 on
     # an H100: 42 ms of attention per CFG step with it against 72 ms (flash) without, the whole
-    # step 369 vs 406 ms (launch/gpu_qwen_image_step_profile.py). fp32 attention never uses it.
+    # step 369 vs 406 ms (benchmarks.qwen_image_step_profile). fp32 attention never uses it.
     cudnn_attention: bool = True
     # On CUDA, for models that support it: each solver step's batch is padded to a bucket
     # (batch size from graph_batch_sizes, frames to whole attention blocks up to

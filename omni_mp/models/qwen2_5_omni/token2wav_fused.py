@@ -8,7 +8,7 @@ replicate pad, a depthwise transposed convolution, a scale, five elementwise ops
 another pad and a depthwise convolution, each a full pass over a tensor twice the input's
 length. Compiled, a block's elementwise work becomes a few fused kernels around the matmuls and
 attention, and an activation two or three kernels that write the activated signal once.
-Measured on an H100 (TF32, CUDA graphs, `launch/gpu_token2wav_graphs_check.py --compile
+Measured on an H100 (TF32, CUDA graphs, `tests/gpu/test_token2wav_graphs.py` and `benchmarks.token2wav_graphs --compile
 off|all`): a solver step of 32 windows 131 -> 111 ms (its DiT-only steps 63 -> 54 ms: now
 matmul-bound), the vocoder for 32 windows 410 -> 282 ms, one window's solver step 15.4 ->
 11.5 ms.
@@ -21,7 +21,7 @@ matmul-bound), the vocoder for 32 windows 410 -> 282 ms, one window's solver ste
   call computes all 23 modulations in one matmul from one SiLU instead of 23 of each; the
   modules' parameters become views of it (one copy of the weights). At one window a velocity
   call is ~450 kernels of 3-4 us (bound by their count, not arithmetic). Measured on an H200
-  (`launch/gpu_token2wav_profile.py`, one velocity call from its CUDA graph, one machine
+  (`benchmarks.token2wav_profile`, one velocity call from its CUDA graph, one machine
   session): 1.70 -> 1.59 ms at one window with the bf16 DiT, 2.67 -> 2.45 ms in TF32; at 8 and
   32 windows within run-to-run noise (3.97 -> 3.95, 12.5 -> 13.0 ms bf16). Tried and dropped:
   q, k and v from one matmul as well. The matmuls got faster (32 windows: 4.8 -> 4.4 ms), but
@@ -167,7 +167,7 @@ class AntialiasedSnake:
 # downsampling filter. Compiled as one, inductor fused SnakeBeta into the downsampling kernel
 # and evaluated it once per filter tap (12 sines per input sample): on an H200 the activations
 # took 177 of the vocoder's 245 ms for 32 windows of 148 frames, their sine kernel alone 100 ms
-# (launch/gpu_token2wav_profile.py).
+# (benchmarks.token2wav_profile).
 def up_snake(
     x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, up_taps: tuple[tuple[tuple[int, float], ...], ...],
     up_pad: int,

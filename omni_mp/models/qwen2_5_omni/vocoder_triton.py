@@ -4,7 +4,7 @@ kernels, the CUDA form of `token2wav_fused.AntialiasedSnake` (the same polyphase
 Why not `torch.compile` of the polyphase functions: with dynamic shapes inductor indexes the
 flat tensor with 64-bit divisions by the runtime length, and its kernels ran at a fifth of the
 memory bandwidth. On an H200 (TF32, 32 windows of 148 mel frames) the activations took 150 of
-the vocoder's 217 ms, 1.4 ms each for a tensor of 109 MB (launch/gpu_token2wav_profile.py).
+the vocoder's 217 ms, 1.4 ms each for a tensor of 109 MB (benchmarks.token2wav_profile).
 Here each program takes one row (batch x channel) and a tile of samples, so the index
 arithmetic is a few 32-bit operations, and the kernels only read and write what they must:
 

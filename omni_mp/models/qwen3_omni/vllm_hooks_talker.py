@@ -103,7 +103,7 @@ class EagerKernels:
       (vLLM's `fused_qk_norm_rope`, what its compile pass puts in Qwen3 decoders; bf16 and fp16
       only, others fall back to `ops`), whose output keeps K and V side by side, so they go
       to the cache in one copy: 225 of a frame's 1354 kernels fewer
-      (launch/gpu_qwen3_code_predictor_profile.py)."""
+      (benchmarks.qwen3_code_predictor_profile)."""
 
     def __init__(self, mode: KernelMode) -> None:
         self.mode = mode

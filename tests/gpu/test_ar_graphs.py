@@ -1,34 +1,25 @@
-"""CUDA graphs check: the tiny thinker -> talker chain (fp32) with `enforce_eager: true` and
-with vLLM's default (torch.compile + CUDA graphs), side by side, and both against
-transformers on the same checkpoints. Per request it prints whether the thinker tokens,
-the talker tokens and the streamed hidden states (last layer and layer 1) agree.
-
-    python launch/gpu_graphs_check.py                 # both stages on GPU 0
-    python launch/gpu_graphs_check.py --gpus 2        # stage 0 on GPU 0, stage 1 on GPU 1
-    python launch/gpu_graphs_check.py --cpu           # CPU: torch.compile without graphs
-
-Exit code 0 when everything agrees, 1 otherwise.
+"""CUDA graphs of the AR stages (was launch/gpu_graphs_check.py): the tiny thinker -> talker chain
+(fp32) with `enforce_eager: true` and with vLLM's default (torch.compile + CUDA graphs), side by
+side, and both against transformers on the same checkpoints (CPU). Per request: the thinker
+tokens, the talker tokens and the streamed hidden states (last layer and layer 1) must agree:
+graphs == eager token for token, graphs == transformers but at a near tie, hidden states within
+RTOL of eager and 10 x RTOL of transformers. Both stages on GPU 0, and on GPUs 0 and 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.gpu.helpers import gpus
+from tests.hf_oracle import greedy, greedy_hidden, talker_greedy, tokenize
 
-from omni_mp.client.omni_client import AsyncOmniClient  # noqa: E402
-from omni_mp.config.validate import parse_config  # noqa: E402
-from omni_mp.control.embedded import embedded_pipeline  # noqa: E402
-from omni_mp.models.registry import resolve_model  # noqa: E402
-from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk  # noqa: E402
-from tests.hf_oracle import greedy, greedy_hidden, talker_greedy, tokenize  # noqa: E402
+pytestmark = pytest.mark.gpu
 
 # Hidden states, eager vs graphs: max |difference| / max |value|. fp32, but compiled kernels
 # fuse and reorder float sums (and GPU matmuls may use TF32), so not bit-exact.
@@ -94,6 +85,9 @@ def lengths(i: int) -> tuple[int, int]:
 
 
 async def run_requests(endpoint: str) -> list[dict[str, Any]]:
+    from omni_mp.client.omni_client import AsyncOmniClient
+    from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
+
     async def one(i: int, client: AsyncOmniClient) -> dict[str, Any]:
         n0, n1 = lengths(i)
         sampling = {
@@ -118,6 +112,8 @@ async def run_requests(endpoint: str) -> list[dict[str, Any]]:
 
 
 def oracle(i: int) -> dict[str, Any]:
+    from omni_mp.models.registry import resolve_model
+
     thinker, talker = resolve_model("tiny-qwen2"), resolve_model("tiny-qwen2-b")
     ids = tokenize(thinker, PROMPTS[i])
     n0, n1 = lengths(i)
@@ -158,13 +154,42 @@ def vs_transformers(got: list[int], want: list[int], margins: list[float]) -> tu
     )
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--gpus", type=int, default=1, choices=[1, 2])
-    p.add_argument("--cpu", action="store_true", help="run on the CPU (torch.compile, no CUDA graphs)")
-    args = p.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    devices: tuple[list[int], list[int]] = ([], []) if args.cpu else ([0], [0] if args.gpus == 1 else [1])
+def compare(results: dict[str, list[dict[str, Any]]], ref: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """One printed row per request, and what disagrees (empty: everything agrees)."""
+    rows, failures = [], []
+    for i in range(len(PROMPTS)):
+        e, g, h = results["eager"][i], results["graphs"][i], ref[i]
+        cells = []
+        agree_rows = None
+        for stage in (0, 1):
+            same = e["tokens"][stage] == g["tokens"][stage]
+            hf_ok, hf_text, first = vs_transformers(g["tokens"][stage], h["tokens"][stage], h["margins"][stage])
+            cells.append(f"eager==graphs {same}, {hf_text} ({len(g['tokens'][stage])} tokens)")
+            if not (same and hf_ok):
+                failures.append(f"request {i} stage {stage}: eager==graphs {same}, {hf_text}")
+            if stage == 0:  # states of the prompt and of the tokens before the first difference
+                agree_rows = h["prompt_len"] + first
+        rows_want = h["prompt_len"] + len(h["tokens"][0]) - 1  # the prompt and every token but the last
+        for key in ("hidden_states", "hidden_states.layer1"):
+            counts = [r["hidden"][key].shape[0] if key in r["hidden"] else 0 for r in (e, g)]
+            if counts != [rows_want, rows_want]:
+                cells.append(f"{key}: {counts} rows (eager, graphs), want {rows_want}")
+                failures.append(f"request {i}: {cells[-1]}")
+            d_eg = rel_diff(e["hidden"].get(key), g["hidden"].get(key))
+            d_hf = rel_diff(g["hidden"].get(key), h["hidden"][key], agree_rows)
+            cells.append(f"{d_eg:.1e}, {d_hf:.1e}")
+            if not (d_eg <= RTOL and d_hf <= 10 * RTOL):
+                failures.append(f"request {i} {key}: eager-graphs {d_eg:.1e}, graphs-HF {d_hf:.1e} ({RTOL=})")
+        rows.append(f"{i} | " + " | ".join(cells))
+    return rows, failures
+
+
+@pytest.mark.parametrize("n_gpus", [1, pytest.param(2, marks=gpus(2))])
+def test_graphs_agree_with_eager_and_transformers(n_gpus: int, report: Callable[[dict[str, Any]], Path]) -> None:
+    from omni_mp.config.validate import parse_config
+    from omni_mp.control.embedded import embedded_pipeline
+
+    devices: tuple[list[int], list[int]] = ([0], [0] if n_gpus == 1 else [1])
     results = {}
     for eager in (True, False):
         name = "eager" if eager else "graphs"
@@ -174,36 +199,8 @@ def main() -> int:
             results[name] = asyncio.run(run_requests(coord.client_endpoint))
     print("[check] transformers oracle ...", flush=True)
     ref = [oracle(i) for i in range(len(PROMPTS))]
-    ok = True
-    print(
-        f"\nreq | thinker tokens | talker tokens | hidden last: rel. diff eager-graphs, graphs-HF | layer 1 ({RTOL=})"
-    )
-    for i in range(len(PROMPTS)):
-        e, g, h = results["eager"][i], results["graphs"][i], ref[i]
-        cells = []
-        agree_rows = None
-        for stage in (0, 1):
-            same = e["tokens"][stage] == g["tokens"][stage]
-            hf_ok, hf_text, first = vs_transformers(g["tokens"][stage], h["tokens"][stage], h["margins"][stage])
-            cells.append(f"eager==graphs {same}, {hf_text} ({len(g['tokens'][stage])} tokens)")
-            ok &= same and hf_ok
-            if stage == 0:  # states of the prompt and of the tokens before the first difference
-                agree_rows = h["prompt_len"] + first
-        rows = h["prompt_len"] + len(h["tokens"][0]) - 1  # the prompt and every token but the last
-        for key in ("hidden_states", "hidden_states.layer1"):
-            counts = [r["hidden"][key].shape[0] if key in r["hidden"] else 0 for r in (e, g)]
-            if counts != [rows, rows]:
-                cells.append(f"{key}: {counts} rows (eager, graphs), want {rows}")
-                ok = False
-            d_eg = rel_diff(e["hidden"].get(key), g["hidden"].get(key))
-            d_hf = rel_diff(g["hidden"].get(key), h["hidden"][key], agree_rows)
-            cells.append(f"{d_eg:.1e}, {d_hf:.1e}")
-            ok &= d_eg <= RTOL and d_hf <= 10 * RTOL
-        print(f"{i} | " + " | ".join(cells))
-    device = "CPU" if args.cpu else torch.cuda.get_device_name(0) if torch.cuda.is_available() else "?"
-    print(f"\n[check] {device}: {'ALL AGREE' if ok else 'MISMATCH'}")
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    rows, failures = compare(results, ref)
+    print(f"\nreq | thinker | talker | hidden last: rel. diff eager-graphs, graphs-HF | layer 1 ({RTOL=})")
+    print("\n".join(rows), flush=True)
+    report({"gpus": n_gpus, "rows": rows, "failures": failures})
+    assert not failures, "\n".join(failures)
