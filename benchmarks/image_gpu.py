@@ -65,15 +65,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common.phases import (
-    REPO,
-    device_name,
-    devices_of,
-    phase_results,
-    run_child_phase,
-    run_phase_process,
-    split_phases,
-)
+from benchmarks.common import phases
 from benchmarks.common.qwen_image_dir import (
     build_on_device,
     build_qwen_image_dir,
@@ -306,7 +298,7 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
         say(f"omni: pipeline ready in {out['cold_start_s']:.1f}s")
         for side, steps in args.sizes:
             pending[size_key(side, steps)] = omni_size(coord.client_endpoint, side, steps, dit, args)
-    out["device"] = device_name()  # (after the stages: no CUDA context of this process beside them)
+    out["device"] = phases.device_name()  # (after the stages: no CUDA context of this process beside them)
     records = stage_timeline(profile_dir, dit)  # the stage processes have exited: timelines written
     if isinstance(records, str):
         raise RuntimeError(records)
@@ -456,7 +448,7 @@ def run_diffusers(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     pipe = diffusers_pipeline(args)
     pipe.set_progress_bar_config(disable=True)
-    out: dict[str, Any] = {"device": device_name(), "cfg": args.cfg, "mode": mode(args), "sizes": {},
+    out: dict[str, Any] = {"device": phases.device_name(), "cfg": args.cfg, "mode": mode(args), "sizes": {},
                            "build_s": time.perf_counter() - t0, "warmup_how": WARMUP}  # fmt: skip
     for side, steps in args.sizes:
         key = size_key(side, steps)
@@ -668,12 +660,12 @@ def _svg(results: dict[str, Any], keys: list[str], path: Path, device: str) -> P
 
 
 # ---- orchestration ------------------------------------------------------------------------------
-def preflight(args: argparse.Namespace, phases: list[str]) -> list[str]:
+def preflight(args: argparse.Namespace, wanted: list[str]) -> list[str]:
     import importlib.util
 
     need = {"torch": "everything", "transformers": "the text encoder", "diffusers": "the DiT, VAE and baseline",
             "safetensors": "the checkpoint", "yaml": "the pipeline config"}  # fmt: skip
-    if "omni" in phases:
+    if "omni" in wanted:
         need.update({"vllm": "the text-encoder stage", "zmq": "omni_mp", "msgspec": "omni_mp"})
     missing = [f"python module {m!r} (for {why})" for m, why in need.items() if importlib.util.find_spec(m) is None]
     for name in ("tiny_qwen_image.yaml", "qwen_image.yaml"):
@@ -732,7 +724,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="CPU, the tiny checkpoint: a check that every phase runs")
     p.add_argument("--shrink", action="store_true", help="CPU, the real path at toy widths: a check of this script")
     p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "image_gpu-models")
-    p.add_argument("--out", type=Path, default=REPO / "outputs" / "image_gpu")
+    p.add_argument("--out", type=Path, default=phases.REPO / "outputs" / "image_gpu")
     p.add_argument("--phase-timeout-s", type=float, default=3000)
     p.add_argument("--deadline-s", type=float, help="the whole invocation's limit: phases that cannot start skip")
     args = p.parse_args(argv)
@@ -757,25 +749,25 @@ def main() -> int:
         if args.phase == "build":
             ckpt = checkpoint_dir(args)
             build = (lambda: {"skipped": "tiny"}) if args.tiny else (lambda: build_qwen_image_dir(ckpt, args.shrink))
-            return run_child_phase(result, build)
+            return phases.run_child_phase(result, build)
         run = run_omni if args.phase == "omni" else run_diffusers
-        return run_child_phase(result, lambda: run(args), lambda data: merge_into(result, data))
-    phases = split_phases(args.phases, PHASES)
-    if phases:
-        missing = preflight(args, phases)
+        return phases.run_child_phase(result, lambda: run(args), lambda data: merge_into(result, data))
+    todo = phases.split_phases(args.phases, PHASES)
+    if todo:
+        missing = preflight(args, todo)
         if missing:
             say("PREFLIGHT FAILED, this host lacks:")
             for m in missing:
                 say(f"  - {m}")
             return 2
     deadline = T_START + args.deadline_s if args.deadline_s else None
-    for phase in phases:
-        run_phase_process(
+    for phase in todo:
+        phases.run_phase_process(
             "benchmarks.image_gpu", phase, args.out, timeout_s=args.phase_timeout_s, say=say, deadline=deadline,
             margin_s=RENDER_MARGIN_S, min_s=20, write_errors=phase != "build",
         )  # fmt: skip
-    results = phase_results(args.out, PHASES)
-    device = devices_of(results)
+    results = phases.phase_results(args.out, PHASES)
+    device = phases.devices_of(results)
     text = report(results, device)
     (args.out / "image_gpu.json").write_text(json.dumps({"device": device, "results": results}, indent=1))
     figure = plot(results, args.out / "image_gpu", device)

@@ -1,9 +1,8 @@
 """The tiny omni pipelines of omni_mp/stage_configs/ on the GPU in two modes side by side (CUDA
 graphs against eager, or async scheduling against synchronous), eight concurrent requests of
-text, audio and image prompts: what tests/gpu/test_qwen2_5_omni_graphs.py,
-test_qwen3_omni_graphs.py and test_mps.py run. With OMNI_MP_GPU_ORACLE=1 the Qwen tests also
-compare each request with transformers on the CPU (reported, not asserted: a GPU token may
-flip at a near tie)."""
+text, audio and image prompts: what tests/gpu/test_omni_graphs.py and test_mps.py run. With
+OMNI_MP_GPU_ORACLE=1 test_omni_graphs also compares each request with transformers on the CPU
+(reported, not asserted: a GPU token may flip at a near tie)."""
 
 from __future__ import annotations
 
@@ -42,15 +41,12 @@ QWEN2_5_REQUESTS: list[dict[str, Any]] = [
     {"text": "What colour is it?", "image": True, "speaker": "Ethan"},
     {"text": "Count to five.", "speaker": "Chelsie"},
 ]
+# the same prompts with Qwen3-Omni's three speakers
 QWEN3_REQUESTS: list[dict[str, Any]] = [
-    {"text": "Tell me a short story about the sea.", "speaker": "ethan"},
-    {"text": "What do you hear?", "audio": True, "speaker": "chelsie"},
-    {"text": "Describe the picture.", "image": True, "speaker": "aiden"},
-    {"text": "Hello there, how are you?", "speaker": "chelsie"},
-    {"text": "Listen and look.", "audio": True, "image": True, "speaker": "ethan"},
-    {"text": "Graphs must not change the answer.", "speaker": "aiden"},
-    {"text": "What colour is it?", "image": True, "speaker": "ethan"},
-    {"text": "Count to five.", "speaker": "chelsie"},
+    {**r, "speaker": speaker}
+    for r, speaker in zip(
+        QWEN2_5_REQUESTS, ("ethan", "chelsie", "aiden", "chelsie", "ethan", "aiden", "ethan", "chelsie"), strict=True
+    )
 ]
 
 
@@ -95,6 +91,46 @@ async def run(
             t0 = time.perf_counter()
             done = await asyncio.gather(*(client.generate(text, **kw) for text, kw in jobs))
             return list(done), time.perf_counter() - t0
+
+
+def run_modes(yaml_name: str, modes: tuple[str, str], gpus: int, jobs: list[tuple[str, dict[str, Any]]]) -> dict:
+    """The jobs through the shipped tiny config in each mode, one pipeline after the other."""
+    results = {}
+    for label in modes:
+        print(f"[check] {label} ({gpus} GPU(s))", flush=True)
+        results[label], wall = asyncio.run(run(tiny_config(yaml_name, label, gpus), jobs))
+        print(f"[check] {label}: {len(jobs)} requests in {wall:.1f}s", flush=True)
+    return results
+
+
+def agreement(
+    results: dict[str, list[Any]],
+    modes: tuple[str, str],
+    requests: list[dict[str, Any]],
+    codes: str,
+    oracle: Callable[[int, dict[str, Any], list[int], list[int], torch.Tensor], dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per request of the two modes: thinker tokens equal, talker `codes` ("codes", or Qwen3's
+    group-0 "frames") equal, audio within AUDIO_RTOL (relative L2); a row each (with `oracle`'s
+    fields where given) and what disagrees."""
+    rows, failures = [], []
+    for i, r in enumerate(requests):
+        (te, ce, ae), (tg, cg, ag) = outputs(results[modes[0]][i]), outputs(results[modes[1]][i])
+        rel = rel_l2(ae, ag)
+        row: dict[str, Any] = {
+            "request": i,
+            "prompt": r["text"] + (" +audio" if r.get("audio") else "") + (" +image" if r.get("image") else ""),
+            "speaker": r["speaker"], "thinker_tokens": len(te), codes: len(ce), "audio_s": ae.numel() / 24_000,
+            "thinker_equal": te == tg, f"{codes}_equal": ce == cg, "audio_rel_l2": rel,
+        }  # fmt: skip
+        if oracle is not None:
+            row.update(oracle(i, r, te, ce, ae))
+        agree = te == tg and ce == cg and rel <= AUDIO_RTOL
+        print(f"[check] req{i} {'AGREE' if agree else 'DIFFER'}: {row}", flush=True)
+        rows.append(row)
+        if not agree:
+            failures.append(f"request {i}: {row}")
+    return rows, failures
 
 
 def outputs(done: Any) -> tuple[list[int], list[int], torch.Tensor]:

@@ -3,7 +3,7 @@ launch/gpu_mps_check.py):
 
 1. The tiny Qwen3-Omni pipeline (omni_mp/stage_configs/tiny_qwen3_omni.yaml, fp32, CUDA graphs,
    every stage on GPU 0) serves the same 8 concurrent requests time-sliced and under MPS: thinker
-   tokens, frames and audio must agree (test_qwen3_omni_graphs's criteria). Under MPS the private
+   tokens, frames and audio must agree (test_omni_graphs's criteria). Under MPS the private
    daemon must list every stage process as its client while it serves.
 2. After each shutdown: no MPS process (`nvidia-cuda-mps-*`) and no `omni-mps-*` directory left.
 3. A process that started a daemon (tests/gpu/mps_owner.py: what the coordinator does) and has a
