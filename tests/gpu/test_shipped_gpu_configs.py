@@ -1,6 +1,7 @@
 """Every shipped config that runs on GPUs serves with the launcher's defaults (issue 46, item 7; the
 CPU side, the tiny_* configs, is tests/test_shipped_configs.py): `python -m omni_mp.launch
---config <it> --prompt ...` exits 0 with every request succeeded.
+--config <it> --prompt ... --output-dir DIR` exits 0 with every request succeeded and its
+outputs written (a WAV for a final stage that speaks, a PNG for one that draws).
 
 The configs whose stages name GPUs (`devices`) are found in omni_mp/stage_configs/: the tiny
 *_gpu ones run as shipped (their built-in tiny checkpoints); the released-size ones
@@ -76,19 +77,25 @@ def on_random_weights(name: str, raw: dict[str, Any], out: Path) -> Path:
 def test_shipped_config_serves_with_the_launchers_defaults(
     name: str, tmp_path: Path, report: Callable[[dict[str, Any]], Path]
 ) -> None:
-    from omni_mp.models.registry import names
+    from omni_mp.config.validate import load_config
+    from omni_mp.models.registry import makes_images, names
     from omni_mp.stage_configs import shipped_config
 
-    config = shipped_config(name)
-    raw = yaml.safe_load(config.read_text())
+    config = name  # a shipped config by name, as a user names it
+    raw = yaml.safe_load(shipped_config(name).read_text())
     models = {s["model"] for s in raw["stages"]}
     if not models <= set(names("builtin_models")):
         assert name in RELEASED, f"{name}: no random-weight checkpoint of {sorted(models)} for this test"
-        config = on_random_weights(name, raw, tmp_path / f"{name}.yaml")
-    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(config), "--prompt", PROMPT]
-    run = subprocess.run(
-        [*cmd, "--output-dir", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=3000
-    )
-    print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
+        config = str(on_random_weights(name, raw, tmp_path / f"{name}.yaml"))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", config, "--prompt", PROMPT, "--output-dir", str(out)]
+    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=3000)
+    tail = run.stdout[-2000:] + run.stderr[-4000:]
+    print(tail)
     report({"config": name, "returncode": run.returncode, "stdout": run.stdout[-4000:], "stderr": run.stderr[-8000:]})
-    assert run.returncode == 0 and "1/1 requests succeeded" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
+    assert run.returncode == 0 and "1/1 requests succeeded" in run.stdout + run.stderr, tail
+    cfg = load_config(shipped_config(name), check_engine_args=False)
+    wanted = {".json"} | {
+        ".png" if makes_images(s.diffusion.model_type) else ".wav" for s in cfg.final_stages if s.kind == "diffusion"
+    }
+    assert wanted <= {p.suffix for p in out.iterdir()}, (sorted(p.name for p in out.iterdir()), tail)
