@@ -91,10 +91,8 @@ PROMPT = (
 
 
 say = make_say("image_gpu")
-WARMUP = (
-    "before each level is measured, --warmup x c unmeasured requests with c in flight (omni_mp) or --warmup calls of "
-    "c prompts (diffusers)"
-)
+WARMUP_OMNI = "before each level c is measured, --warmup x c unmeasured requests with c in flight"
+WARMUP_DIFFUSERS = "before each level c is measured, --warmup unmeasured calls of c prompts"
 
 
 def parse_sizes(spec: str) -> list[tuple[int, int]]:
@@ -290,7 +288,7 @@ def run_omni(args: argparse.Namespace) -> dict[str, Any]:
     dit = image_stage_id(cfg)
     profile_dir = Path(tempfile.mkdtemp(prefix="image_gpu-profile-"))
     os.environ[PROFILE_DIR_ENV] = str(profile_dir)  # inherited by the stage processes
-    out: dict[str, Any] = {"cfg": args.cfg, "mode": mode(args), "sizes": {}, "warmup_how": WARMUP}
+    out: dict[str, Any] = {"cfg": args.cfg, "mode": mode(args), "sizes": {}, "warmup_how": WARMUP_OMNI}
     pending: dict[str, Any] = {}
     t0 = time.perf_counter()
     with embedded_pipeline(cfg, progress=say) as coord:
@@ -315,13 +313,13 @@ def omni_size(ep: str, side: int, steps: int, dit: int, args: argparse.Namespace
     images/s measured (which the levels have warmed up)."""
     key = size_key(side, steps)
     res: dict[str, Any] = {"levels": {}}
-    warmups = Warmups(WARMUP)
+    warmups = Warmups(WARMUP_OMNI)
     for c in args.concurrency:
         if args.warmup:
             t0 = time.time()
             w = asyncio.run(_closed_loop(ep, args.warmup * c, c, side, steps, dit, args, seed0=3_000_000 * c + side))
             warmups.warmed(c, t0, args.warmup * c)
-            say(f"omni {key} c={c}: warm-up {w['wall_s']:.2f}s ({args.warmup * c} requests, not measured)")
+            say(f"omni {key} c={c}: warm-up of {args.warmup * c} requests {w['wall_s']:.2f}s (not measured)")
         n = c * args.rounds if c > 1 else max(2, args.rounds)
         t0 = time.time()
         level = asyncio.run(_closed_loop(ep, n, c, side, steps, dit, args))
@@ -449,7 +447,7 @@ def run_diffusers(args: argparse.Namespace) -> dict[str, Any]:
     pipe = diffusers_pipeline(args)
     pipe.set_progress_bar_config(disable=True)
     out: dict[str, Any] = {"device": phases.device_name(), "cfg": args.cfg, "mode": mode(args), "sizes": {},
-                           "build_s": time.perf_counter() - t0, "warmup_how": WARMUP}  # fmt: skip
+                           "build_s": time.perf_counter() - t0, "warmup_how": WARMUP_DIFFUSERS}  # fmt: skip
     for side, steps in args.sizes:
         key = size_key(side, steps)
         res: dict[str, Any] = {"levels": {}}
@@ -465,7 +463,7 @@ def run_diffusers(args: argparse.Namespace) -> dict[str, Any]:
 
 def diffusers_level(pipe: Any, side: int, steps: int, c: int, args: argparse.Namespace) -> dict[str, Any]:
     """One level of diffusers: --warmup unmeasured calls of c prompts, then the measured ones."""
-    warmups = Warmups(WARMUP)
+    warmups = Warmups(WARMUP_DIFFUSERS)
     if args.warmup:
         t0 = time.time()
         for i in range(args.warmup):
@@ -591,7 +589,7 @@ def _series(results: dict[str, Any], side: str, key: str) -> tuple[list[int], li
 def warmup_lines(results: dict[str, Any]) -> list[str]:
     """How each side's levels were warmed up (the per-level records of benchmarks.common.warmup)."""
     lines = []
-    for side, label in (("omni", "omni_mp"), ("diffusers", "diffusers")):
+    for side, label, how in (("omni", "omni_mp", WARMUP_OMNI), ("diffusers", "diffusers", WARMUP_DIFFUSERS)):
         res = results.get(side, {})
         levels = {
             f"{key} c={c}": lv["warmup"]
@@ -599,7 +597,7 @@ def warmup_lines(results: dict[str, Any]) -> list[str]:
             for c, lv in size.get("levels", {}).items()
             if "warmup" in lv
         }
-        line = warmup_line({"how": res.get("warmup_how", WARMUP), "levels": levels}, label) if levels else None
+        line = warmup_line({"how": res.get("warmup_how", how), "levels": levels}, label) if levels else None
         if line:
             lines.append(line)
     return lines
