@@ -42,7 +42,7 @@ the preflight lists anything missing), then, one device call each (ENV: the expo
 HF_HUB_OFFLINE=1`, written out), e.g.
   ENV && python3 -m benchmarks.image_gpu --phases build,omni --sizes 512:20 --out /tmp/image_gpu --deadline-s 560
   ENV && python3 -m benchmarks.image_gpu --phases diffusers --sizes 512:20 --out /tmp/image_gpu
-(docs/benchmarks.md#qwen-image: the whole split over device calls and the time of each).
+(docs/benchmarks/qwen_image.md: the whole split over device calls and the time of each).
 Locally, to re-render from fetched phase files: python -m benchmarks.image_gpu --phases '' --out DIR
 CPU checks of every phase (~3-4 min each on 2 cores): the tiny checkpoint (fp32, 64x64, 3 steps),
 and the real-size path (build, dummy-loaded encoder, diffusers' side built in memory) at toy widths:

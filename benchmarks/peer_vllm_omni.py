@@ -53,7 +53,7 @@ chunk). Result file: `<out>/vllm_omni_qwen3_omni_<config>[.<part>].json` (same f
 "qwen3_omni"); benchmarks.qwen3_omni_gpu's report and plot read it from their --out.
 
 GPU command (one H200, kind nvidia-h200, carry [".gpu/peer1"]: vllm-omni installed into
-/tmp/peer-site from benchmarks/peer/wheels.txt's wheels, as docs/benchmarks.md's PEER line does):
+/tmp/peer-site from benchmarks/peer/wheels.txt's wheels, built by scripts/gpu/build_wheels.sh):
   export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn \
          HF_HUB_OFFLINE=1 VLLM_MM_HASHER_ALGORITHM=sha256
   (test -d /tmp/peer-site/vllm_omni || (mkdir -p /tmp/peer-whl && cat .gpu/peer1/peerpart* | tar x -C /tmp/peer-whl \
@@ -66,7 +66,7 @@ GPU command (one H200, kind nvidia-h200, carry [".gpu/peer1"]: vllm-omni install
   --phases '' --out DIR.)
 CPU check of the Qwen3-Omni path (fails at vllm-omni's first stage, as below; the tiny
 checkpoint's dir, the overlay, the prompts and the sampling parameters are exercised):
-  PYTHONPATH=$PWD python -m benchmarks.peer_vllm_omni --family qwen3_omni --smoke --peer-site /work/peer-site \
+  PYTHONPATH=$PWD python -m benchmarks.peer_vllm_omni --family qwen3_omni --smoke --peer-site /tmp/peer-site \
       --out /tmp/peer3_smoke
 
 Isolation: vllm-omni registers a vLLM plugin that patches vLLM classes. It is never installed in
@@ -78,10 +78,10 @@ which loads no plugin, for omni_mp's runs).
 The parent process (this script) needs no vllm-omni: it builds the model dir, renders the
 overlay next to a copy of the installed base YAML, runs the measurement in a child process
 (`--child`, its own session, killed with its stage processes at --deadline-s), and writes the
-result file (merging what the child wrote before a timeout). GPU commands: docs/benchmarks.md.
+result file (merging what the child wrote before a timeout). GPU commands: docs/benchmarks/ (each family's page).
 CPU check (vllm-omni has no CPU platform: the run fails at its first stage and the file records
 that error; the model dir, overlay resolution and sampling parameters are exercised):
-  PYTHONPATH=$PWD python -m benchmarks.peer_vllm_omni --smoke --peer-site /work/peer-site --out /tmp/peer_smoke
+  PYTHONPATH=$PWD python -m benchmarks.peer_vllm_omni --smoke --peer-site /tmp/peer-site --out /tmp/peer_smoke
 """
 
 from __future__ import annotations

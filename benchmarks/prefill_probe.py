@@ -11,7 +11,7 @@ the model's kernels; if not, it is in the pipeline around them.
 
 Found with it: a step above vLLM's largest CUDA graph size (2 x max_num_seqs by default) ran
 outside any graph at 50-75 ms whatever its size; `--capture-sizes` adds prompt-chunk sizes
-(docs/benchmarks.md, "CUDA graphs for prefill steps").
+(docs/benchmarks/journal.md, "CUDA graphs for prefill steps").
 
     python3 -m benchmarks.prefill_probe --model-dir /tmp/qwen3_omni_gpu/qwen3_omni-released \
         [--max-num-seqs 64] [--capture-sizes 1,2,4,8,...,128,192,256,384,512,768,1024,1280,1536,1792,2048]

@@ -99,7 +99,7 @@ LAYOUT = {1: "all three stages on GPU 0", 2: "thinker on GPU 0, talker + code2wa
 PREFILL_GRAPH_SIZES = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 3072, 4096, 6144, 8192)
 # Thinker's and talker's tokens per step (--prefill-budget), as omni_mp/stage_configs/qwen3_omni.yaml: a
 # burst of 2500-token prompts prefills in fewer, fuller steps (one H200, 32 requests: RTF 0.317
-# at 2048 -> 0.292 at 8192, with code2wav below normal priority; docs/benchmarks.md). vLLM's
+# at 2048 -> 0.292 at 8192, with code2wav below normal priority; docs/benchmarks/journal.md). vLLM's
 # online default is 2048. Their budgets then keep AR_RESERVE_GIB beside the KV cache.
 MAX_BATCHED_TOKENS = 8192
 AR_RESERVE_GIB = 9.0

@@ -9,7 +9,7 @@ setting). Needs no vLLM.
 
 The script printed the differences without a bound; the test holds them, in exact fp32, to
 FP32_ATOL (measured on an H200: graphed - eager 6.6e-5 to 7.4e-5, graphed - one shot 6.2e-5 to
-7.8e-5: docs/results/code2wav_graphs_check_h200.json) and, in TF32, to TF32_ATOL (1.6e-2 to
+7.8e-5: docs/results/qwen3_omni/code2wav_graphs_check_h200.json) and, in TF32, to TF32_ATOL (1.6e-2 to
 2.2e-2 measured: ..._h200_tf32.json); and every graph captured at warm-up must be replayed.
 """
 
