@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omni_mp.client.omni_client import AsyncOmniClient, RequestError
+from omni_mp.client.omni_client import AsyncOmniClient, ClientClosed, RequestError
 from omni_mp.http.audio_out import SAMPLE_RATE, b64, streaming_wav_header, wav_bytes
 from omni_mp.http.chat import AudioDelta, ChatEnd, ChatJob, TextDelta, check_voice, parse_chat, run_chat
 from omni_mp.http.errors import ApiError, bad_request, from_request_error, from_validation, too_large
@@ -158,6 +158,8 @@ def _routes(app: FastAPI, srv: Server) -> None:
             status = await srv.omni.status(timeout_s=5.0)
         except TimeoutError:
             return _json({"status": "unavailable", "reason": "the coordinator does not answer"}, 503)
+        except ClientClosed as err:  # this server can answer no request any more
+            return _json({"status": "unavailable", "reason": f"the coordinator client is closed: {err}"}, 503)
         down = [s for s in status.stages if not (s.alive and s.ready)]
         stages = [
             {"stage_id": s.stage_id, "alive": s.alive, "ready": s.ready, "restarts": s.restarts, "failed": s.failed}
@@ -181,7 +183,7 @@ def _routes(app: FastAPI, srv: Server) -> None:
     async def metrics() -> Response:
         try:
             status = await srv.omni.status(timeout_s=5.0)
-        except TimeoutError:
+        except (TimeoutError, ClientClosed):
             status = None
         return Response(srv.metrics.render(status), media_type="text/plain; version=0.0.4")
 
@@ -301,6 +303,10 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> Response:
         return _json(err.body, err.status, err.headers)
+
+    @app.exception_handler(ClientClosed)
+    async def client_closed(request: Request, err: ClientClosed) -> Response:
+        return _json(ApiError(503, str(err), type="server_error", code="client_closed").body, 503)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, err: Exception) -> Response:  # a bug here, not the client's fault
