@@ -51,6 +51,7 @@ from omni_mp.http.schemas import (
     to_json,
 )
 from omni_mp.http.sse import AbortingStream, ChunkMeta, cancel_on_disconnect, chat_events
+from omni_mp.http.transcriptions import add_transcription_route
 from omni_mp.wire.messages import StageStatus
 
 log = logging.getLogger("omni_mp.http")
@@ -338,4 +339,5 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
     _error_handlers(app)
     _routes(app, srv)
     _image_routes(app, srv, [Depends(srv.require_key)])
+    add_transcription_route(app, srv, [Depends(srv.require_key)], _body)
     return app
