@@ -32,6 +32,8 @@ from tests.test_client_failure import _free_port
 pytestmark = pytest.mark.engine
 
 QWEN25_SYSTEM = "You are a speech recognition model."
+KEY = "transcribe-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Served:
 def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     config = CONFIG_DIR / f"{request.param}.yaml"
     url = f"http://127.0.0.1:{_free_port()}"
-    with serve(config, "--http", url.removeprefix("http://")) as pipeline:
+    with serve(config, "--http", url.removeprefix("http://"), "--api-key", KEY) as pipeline:
         deadline = time.monotonic() + 300
         while True:
             try:
@@ -60,7 +62,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
             time.sleep(0.5)
         view = PipelineView.of(load_config(config))
         assert view.text_stage is not None
-        api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+        api = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
         yield Served(request.param, pipeline, url, view, load_tokenizer(view.text_stage.model), api)
 
 
@@ -200,8 +202,8 @@ def test_stream_sends_deltas_then_done_with_usage(served: Served, zmq: OmniClien
     _assert_usage(served, done.usage, want)
 
 
-def _post(served: Served, **kwargs: Any) -> httpx.Response:
-    return httpx.post(f"{served.url}/v1/audio/transcriptions", timeout=60, **kwargs)
+def _post(served: Served, headers: dict[str, str] = AUTH, **kwargs: Any) -> httpx.Response:
+    return httpx.post(f"{served.url}/v1/audio/transcriptions", headers=headers, timeout=60, **kwargs)
 
 
 def _refused(call: Callable[[], Any], param: str | None, *words: str) -> None:
@@ -249,6 +251,8 @@ def test_bad_input_is_a_400_naming_it(served: Served, zmq: OmniClient) -> None:
     assert got.status_code == 400 and got.json()["error"]["param"] == "file"
     got = _post(served, files={"file": ("a.wav", wav)})
     assert got.status_code == 400 and got.json()["error"]["param"] == "model"
+    got = _post(served, headers={}, files={"file": ("a.wav", wav), "model": (None, m)})
+    assert got.status_code == 401 and got.json()["error"]["code"] == "invalid_api_key"
     # curl's form (`-F include=...` without brackets) reads as the SDK's does.
     got = _post(served, files={"file": ("a.wav", wav), "model": (None, m), "include": (None, "logprobs")})
     assert got.status_code == 400 and got.json()["error"]["param"] == "include"
