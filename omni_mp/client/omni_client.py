@@ -21,7 +21,9 @@ Nothing waits silently: every argument is checked before anything is sent (an
 waits at most `connect_timeout_s` (default 10 s) for a connection to the endpoint (a
 `TimeoutError` naming it); a CURVE handshake that fails (missing, wrong or unlisted keys)
 raises `HandshakeError` at once, saying what to check; a connection lost mid-request fails
-the requests in flight with a `ConnectionError`.
+the requests in flight with a `ConnectionError`. A client whose reply reader fails (anything
+but a corrupt message, which is dropped) is closed: every request in flight fails at once
+with `ClientClosed` naming the cause, `closed` says so, and every later call raises it.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import zmq
@@ -64,12 +67,16 @@ ArrayKind = Literal["numpy", "torch"]
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "AsyncOmniClient",
+    "ClientClosed",
     "HandshakeError",
     "ImageChunk",
     "InvalidRequest",
     "OmniClient",
     "RequestError",
 ]
+
+
+log = logging.getLogger("omni_mp.client")
 
 
 def _array_codec(kind: ArrayKind | None) -> ArrayCodec:
@@ -111,6 +118,11 @@ def _request_error(event: ErrorEvent) -> RequestError:
     return InvalidRequest(event) if event.code == "invalid_input" else RequestError(event)
 
 
+class ClientClosed(ConnectionError):
+    """The client serves no more requests: `close()` was called, or a task it needs (the reply
+    reader, the link watcher) failed; the message names why, `__cause__` is the failure."""
+
+
 class _Lost(NamedTuple):
     """Queued for a request whose connection broke: the error it raises."""
 
@@ -123,6 +135,7 @@ _Event = StageOutputChunk | Finished | ErrorEvent
 # stream (while others keep theirs going) ends that request with `slow_consumer` instead of
 # growing memory. Non-streaming requests get a single event.
 STREAM_QUEUE = 4096
+_MAX_CAUSE = 500  # characters of a failure's message quoted in `closed_reason`
 
 
 class AsyncOmniClient:
@@ -159,25 +172,68 @@ class AsyncOmniClient:
         self._reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
+        self._failure: BaseException | None = None  # what ended a task the client needs
+        self._closed_why: str | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` was called or the client failed (`closed_reason` says which)."""
+        return self._closed_why is not None
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._closed_why
+
+    def _closed_error(self) -> ClientClosed:
+        """A new error for each caller (one instance raised in many tasks would pile up tracebacks)."""
+        err = ClientClosed(f"{self.endpoint}: the client is closed: {self._closed_why}")
+        err.__cause__ = self._failure
+        return err
+
+    def _check_open(self) -> None:
+        if self._closed_why is not None:
+            raise self._closed_error()
 
     def _ensure_reader(self) -> None:
         if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read())
-            self._watcher = asyncio.get_running_loop().create_task(self._link.run(self._fail_all))
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read())
+            self._watcher = loop.create_task(self._link.run(self._fail_all))
+            self._reader.add_done_callback(lambda t: self._task_ended("reply reader", t))
+            self._watcher.add_done_callback(lambda t: self._task_ended("link watcher", t))
+
+    def _task_ended(self, what: str, task: asyncio.Task[None]) -> None:
+        """Neither task ends while the client is open: if one does, no answer (or no lost link)
+        would ever reach a caller again, so the client closes itself and says why."""
+        if task.cancelled():
+            return
+        err = task.exception()  # (retrieved either way: no "never retrieved" warning)
+        if self._closed_why is not None:
+            return
+        self._failure = err
+        cause = "it returned" if err is None else f"{type(err).__name__}: {str(err)[:_MAX_CAUSE]}"
+        self._closed_why = f"its {what} failed ({cause})"
+        log.error("%s: client closed: its %s failed", self.endpoint, what, exc_info=err)
+        self._fail_waiters(self._closed_error)
 
     def _fail_all(self, error: Exception) -> None:
         """The link broke: every waiting caller gets `error` (no answer can come any more)."""
+        self._fail_waiters(lambda: error)
+
+    def _fail_waiters(self, error: Callable[[], Exception]) -> None:
         for q in self._queues.values():
             if q.full():
                 q.get_nowait()
-            q.put_nowait(_Lost(error))
+            q.put_nowait(_Lost(error()))
         self._queues.clear()
         for fut in self._status.values():
             if not fut.done():
-                fut.set_exception(error)
+                fut.set_exception(error())
         self._status.clear()
 
     async def _read(self) -> None:
+        """Route replies to their callers. Anything but a corrupt message ends this task, and
+        with it the client (`_task_ended`): never a silent reader that answers no one."""
         while True:
             frames = await self._sock.recv_multipart(copy=False)
             try:
@@ -280,6 +336,7 @@ class AsyncOmniClient:
     async def _answer(self, rid: str, submit: Submit, timeout_s: float | None) -> AsyncIterator[_Event]:
         """Send `submit` and yield its events up to `Finished`; a request left before its end
         (an error, a consumer that stops) is aborted in the pipeline."""
+        self._check_open()
         self._ensure_reader()
         await self._link.ready()
         q: asyncio.Queue[_Event | _Lost] = asyncio.Queue(STREAM_QUEUE + 1)
@@ -305,7 +362,7 @@ class AsyncOmniClient:
         finally:
             if self._queues.get(rid) is q:
                 del self._queues[rid]
-            if not finished and not self._closed and self._link.connected:  # (else no one can get it)
+            if not finished and not self.closed and self._link.connected:  # (else no one can get it)
                 await self._send(Abort(request_id=rid, reason="cancelled by the client"))
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> Finished:
@@ -329,11 +386,13 @@ class AsyncOmniClient:
                 yield got
 
     async def abort(self, request_id: str, reason: str = "aborted by the client") -> None:
+        self._check_open()
         await self._send(Abort(request_id=request_id, reason=reason))
 
     async def status(self, timeout_s: float = 10.0) -> StatusReply:
         """The pipeline's status; TimeoutError naming the endpoint after `timeout_s`."""
         check_seconds("timeout_s", timeout_s)
+        self._check_open()
         self._ensure_reader()
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_s
@@ -351,19 +410,20 @@ class AsyncOmniClient:
             self._status.pop(tag, None)
 
     async def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
+        self._closed_why = self._closed_why or "close() was called"
         for rid, q in list(self._queues.items()):  # callers still waiting get an answer
             if q.full():
                 q.get_nowait()
             q.put_nowait(ErrorEvent(request_id=rid, stage_id=None, code="client_closed", message="client closed"))
         self._queues.clear()
         for task in (self._reader, self._watcher):
-            if task is not None:
+            if task is not None and not task.done():  # (a failed one was handled by _task_ended)
                 task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
-                except asyncio.CancelledError:
-                    pass
         self._link.close()
         self._sock.close(linger=0)
         self._ctx.term()
@@ -456,6 +516,15 @@ class OmniClient:
 
     def status(self, timeout_s: float = 10.0) -> StatusReply:
         return self._call(self._async.status(timeout_s))
+
+    @property
+    def closed(self) -> bool:
+        """True once closed, or once the client failed (`closed_reason` says which)."""
+        return self._loop.is_closed() or self._async.closed
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._async.closed_reason
 
     def close(self) -> None:
         if self._loop.is_closed():

@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omni_mp.client.omni_client import AsyncOmniClient, RequestError
+from omni_mp.client.omni_client import AsyncOmniClient, ClientClosed, RequestError
 from omni_mp.http.audio_out import SAMPLE_RATE, b64, streaming_wav_header, wav_bytes
 from omni_mp.http.chat import AudioDelta, ChatEnd, ChatJob, TextDelta, check_voice, parse_chat, run_chat
 from omni_mp.http.errors import ApiError, bad_request, from_request_error, from_validation, too_large
@@ -51,6 +51,7 @@ from omni_mp.http.schemas import (
     to_json,
 )
 from omni_mp.http.sse import AbortingStream, ChunkMeta, cancel_on_disconnect, chat_events
+from omni_mp.http.transcriptions import add_transcription_route
 from omni_mp.wire.messages import StageStatus
 
 log = logging.getLogger("omni_mp.http")
@@ -158,6 +159,8 @@ def _routes(app: FastAPI, srv: Server) -> None:
             status = await srv.omni.status(timeout_s=5.0)
         except TimeoutError:
             return _json({"status": "unavailable", "reason": "the coordinator does not answer"}, 503)
+        except ClientClosed as err:  # this server can answer no request any more
+            return _json({"status": "unavailable", "reason": f"the coordinator client is closed: {err}"}, 503)
         down = [s for s in status.stages if not (s.alive and s.ready)]
         stages = [
             {"stage_id": s.stage_id, "alive": s.alive, "ready": s.ready, "restarts": s.restarts, "failed": s.failed}
@@ -181,7 +184,7 @@ def _routes(app: FastAPI, srv: Server) -> None:
     async def metrics() -> Response:
         try:
             status = await srv.omni.status(timeout_s=5.0)
-        except TimeoutError:
+        except (TimeoutError, ClientClosed):
             status = None
         return Response(srv.metrics.render(status), media_type="text/plain; version=0.0.4")
 
@@ -302,6 +305,10 @@ def _error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, err: ApiError) -> Response:
         return _json(err.body, err.status, err.headers)
 
+    @app.exception_handler(ClientClosed)
+    async def client_closed(request: Request, err: ClientClosed) -> Response:
+        return _json(ApiError(503, str(err), type="server_error", code="client_closed").body, 503)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, err: Exception) -> Response:  # a bug here, not the client's fault
         log.exception("%s %s failed", request.method, request.url.path)
@@ -332,4 +339,5 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
     _error_handlers(app)
     _routes(app, srv)
     _image_routes(app, srv, [Depends(srv.require_key)])
+    add_transcription_route(app, srv, [Depends(srv.require_key)], _body)
     return app

@@ -50,7 +50,9 @@ class PipelineView:
     @classmethod
     def of(cls, cfg: PipelineConfig) -> PipelineView:
         finals = cfg.final_stages
-        text = [s for s in finals if s.kind == "ar" and s.model_part is None]
+        # Text: a final AR stage that runs a checkpoint whole, or that reads the prompt itself
+        # (an omni thinker of our own model part, e.g. Qwen3-Omni's); not a talker (its codes).
+        text = [s for s in finals if s.kind == "ar" and (s.model_part is None or not s.inputs)]
         diffusion = [s for s in finals if s.kind == "diffusion"]
         images = [s for s in diffusion if makes_images(s.diffusion.model_type)]
         audio = [s for s in diffusion if s not in images]

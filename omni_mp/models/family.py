@@ -64,8 +64,10 @@ class PromptFormat(Protocol):
         would be cut); None: no such limit."""
         ...
 
-    def render(self, text: str, n_audio: int, n_image: int) -> str:
-        """The prompt for one user turn: `text` with one placeholder per audio and per image."""
+    def render(self, text: str, n_audio: int, n_image: int, system: str | None = None) -> str:
+        """The prompt for one user turn: `text` with one placeholder per audio and per image;
+        `system`: the system turn instead of the format's default (ValueError where the
+        format has none to replace)."""
         ...
 
     def companions(self, params: Mapping[str, Any] | None) -> list[str]:

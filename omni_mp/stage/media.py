@@ -14,6 +14,7 @@ from omni_mp.media.audio_io import resample
 from omni_mp.media.limits import MediaError, check_media_sizes, stage_media_limits
 from omni_mp.models.processor import StageInput
 from omni_mp.models.registry import prompt_format
+from omni_mp.models.transcription import SYSTEM_PROMPT_PARAM
 from omni_mp.wire.messages import MultiModalInput
 
 __all__ = ["MediaError", "build_entry_input", "check_media"]
@@ -53,8 +54,11 @@ def build_entry_input(
         data["audio"] = [resample(a.samples.numpy(), a.sample_rate, fmt.audio_rate) for a in media.audios]
     if media.images:
         data["image"] = [img.pixels.clone().numpy() for img in media.images]
+    system = (params or {}).get(SYSTEM_PROMPT_PARAM)
     try:
-        prompt = fmt.render(text, n_audio=len(media.audios), n_image=len(media.images))
+        if system is not None and not isinstance(system, str):
+            raise ValueError(f"params[{SYSTEM_PROMPT_PARAM!r}] must be a string, got {type(system).__name__}")
+        prompt = fmt.render(text, n_audio=len(media.audios), n_image=len(media.images), system=system)
         companions = [StageInput(prompt_text=c) for c in fmt.companions(params)]
     except ValueError as err:
         raise MediaError(str(err)) from None

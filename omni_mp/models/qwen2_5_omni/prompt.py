@@ -9,7 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from omni_mp.models.transcription import TranscriptionPrompt, instruction
+
 SYSTEM_PROMPT = "You are a helpful assistant who can hear, see and speak."
+ASR_SYSTEM_PROMPT = "You are a speech recognition model."  # the cookbook's, for transcription
 AUDIO_SLOT = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 IMAGE_SLOT = "<|vision_bos|><|IMAGE|><|vision_eos|>"
 VIDEO_SLOT = "<|vision_bos|><|VIDEO|><|vision_eos|>"
@@ -72,8 +75,12 @@ class OmniPromptFormat:
             return float(fe["n_samples"]) / float(fe.get("sampling_rate", self.audio_rate))
         return float(fe.get("chunk_length", DEFAULT_AUDIO_WINDOW_S))
 
-    def render(self, text: str, n_audio: int, n_image: int) -> str:
-        return omni_prompt_text(text, n_audio=n_audio, n_image=n_image)
+    def render(self, text: str, n_audio: int, n_image: int, system: str | None = None) -> str:
+        return omni_prompt_text(text, n_audio=n_audio, n_image=n_image, system=system or SYSTEM_PROMPT)
+
+    def transcription(self, language: str | None, context: str | None) -> TranscriptionPrompt:
+        """The cookbook's recognition prompt (omni_mp.models.transcription)."""
+        return TranscriptionPrompt(instruction(language, context), "<|AUDIO|>", ASR_SYSTEM_PROMPT)
 
     def companions(self, params: Any) -> list[str]:
         return []

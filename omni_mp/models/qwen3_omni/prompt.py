@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from omni_mp.models.qwen3_omni.chat_template import AUDIO_SLOT, IMAGE_SLOT
+from omni_mp.models.transcription import TranscriptionPrompt, instruction
 
 
 def omni_prompt_text(text: str, n_audio: int = 0, n_image: int = 0, system: str | None = None) -> str:
@@ -37,8 +38,12 @@ class Qwen3OmniPromptFormat:
     def max_audio_s(self, model_dir: str) -> float | None:
         return None  # no window: see the module docstring
 
-    def render(self, text: str, n_audio: int, n_image: int) -> str:
-        return omni_prompt_text(text, n_audio=n_audio, n_image=n_image)
+    def render(self, text: str, n_audio: int, n_image: int, system: str | None = None) -> str:
+        return omni_prompt_text(text, n_audio=n_audio, n_image=n_image, system=system)
+
+    def transcription(self, language: str | None, context: str | None) -> TranscriptionPrompt:
+        """The README's recognition prompt, no system turn (omni_mp.models.transcription)."""
+        return TranscriptionPrompt(instruction(language, context), "<|audio_pad|>")
 
     def companions(self, params: Mapping[str, Any] | None) -> list[str]:
         return []  # no prompt runs beside a request's own

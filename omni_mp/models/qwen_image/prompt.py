@@ -32,7 +32,9 @@ class QwenImagePromptFormat:
     def max_audio_s(self, model_dir: str) -> float | None:
         return None
 
-    def render(self, text: str, n_audio: int, n_image: int) -> str:
+    def render(self, text: str, n_audio: int, n_image: int, system: str | None = None) -> str:
+        if system is not None:
+            raise ValueError("qwen_image's template has a fixed system part: no system prompt can replace it")
         return TEMPLATE.format(text)
 
     def companions(self, params: Mapping[str, Any] | None) -> list[str]:
