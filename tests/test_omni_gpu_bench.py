@@ -49,6 +49,9 @@ def test_one_request_path_through_the_stages(levels_1_and_3: Path) -> None:
     tmp_path = levels_1_and_3
     stream = json.loads((tmp_path / "stream.json").read_text())
     assert stream["1"]["audio_s_per_request"] == 36 * 480 / 24000  # the fixed lengths held
+    # the audio came in chunks, its first before the request's end (not all of it with Finished)
+    assert stream["1"]["streamed_requests"] == stream["1"]["requests"] == 1
+    assert stream["3"]["streamed_requests"] == stream["3"]["requests"] == 3
     cp = stream["critical_path_c1"]
     assert "error" not in cp, cp
     # one token a step at one request (a last step may carry only the final hidden rows)

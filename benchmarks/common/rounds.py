@@ -81,13 +81,14 @@ async def audio_request(client: Any, prompt: list[int], t0: float) -> dict[str, 
         if isinstance(ev, Finished):
             fin = ev
             break
-        got = chunk_audio(ev.additional_information)
+        got = chunk_audio(ev)
         if got is not None and got[0].numel():
             first = first if first is not None else now
             samples, rate = samples + got[0].numel(), got[1]
             playback.chunk(now, got[0].numel() / got[1])
     done = time.perf_counter()
     assert fin is not None
+    streamed = first is not None
     for out in fin.outputs:  # one-shot stages deliver the audio with Finished
         if out.audio is not None and out.sample_rate:
             samples, rate = max(samples, out.audio.numel()), out.sample_rate
@@ -99,6 +100,7 @@ async def audio_request(client: Any, prompt: list[int], t0: float) -> dict[str, 
         "audio_s": samples / rate,
         "thinker_tokens": entry.num_output_tokens,
         "stall_s": playback.stall_s,
+        "streamed": streamed,  # audio came in chunks before Finished (False: all of it at the end)
     }
 
 
@@ -132,6 +134,8 @@ def round_summary(reqs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         # silence a listener playing from the first chunk would hear (`Playback`), per request
         "stall_mean_s": statistics.fmean(r.get("stall_s", 0.0) for r in reqs),
         "stall_max_s": max(r.get("stall_s", 0.0) for r in reqs),
+        # requests whose audio came in chunks before their end (a stream phase wants all of them)
+        "streamed_requests": sum(bool(r.get("streamed")) for r in reqs),
     }
 
 
