@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 
-from omni_mp.client.omni_client import OmniClient
+from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.http.speech import SPEECH_REQUEST
 from omni_mp.media.audio_io import resample
 from omni_mp.models.registry import resolve_model
@@ -256,6 +256,16 @@ def test_bad_input_is_a_400_naming_the_field_and_nothing_else_is_affected(served
     r = served.post(every)
     assert r.status_code == 200 and r.headers["content-type"] == "audio/wav" and r.headers["x-request-id"]
     assert Decoded(r.content).samples.size > 0
+
+
+def test_a_given_reply_is_checked_before_any_stage_runs(zmq: OmniClient) -> None:
+    """Submit.forced_reply: refused by the coordinator with media (it takes a text-only prompt);
+    the client refuses an empty one or one without a text prompt (tests/test_client_checks.py)."""
+    with pytest.raises(RequestError, match="`forced_reply`: needs a text `prompt` and no media") as raised:
+        zmq.generate("Hear this.", forced_reply="Heard.", audios=[(np.zeros(16_000, np.float32), 16_000)])
+    assert raised.value.code == "invalid_input" and raised.value.stage_id is None
+    done = zmq.generate("Say hi.", forced_reply="Hi.", final_stages=[0], deadline_s=600)  # still serving
+    assert done.outputs[0].token_ids == reply_ids(resolve_model("tiny-qwen2_5-omni"), "Hi.")
 
 
 def _client_script(name: str, *args: str) -> dict:
