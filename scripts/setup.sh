@@ -12,6 +12,19 @@ PY=${PYTHON:-python3}
 STAMP=$VENV/.omni_mp_setup
 want=$(cat scripts/requirements-cpu.txt scripts/setup.sh pyproject.toml | sha256sum | cut -c1-16)
 
+# The stock clients the HTTP speech tests run (LiveKit, pipecat) in a virtualenv of their own:
+# their requirements pin other versions of packages .venv pins (scripts/requirements-clients.txt).
+CLIENTS=${OMNI_MP_CLIENTS_VENV:-$ROOT/.venv-clients}
+clients_want=$(sha256sum scripts/requirements-clients.txt | cut -c1-16)
+if [[ ! -f $CLIENTS/.omni_mp_setup || $(cat "$CLIENTS/.omni_mp_setup") != "$clients_want" ]]; then
+  echo "[setup] building $CLIENTS (scripts/requirements-clients.txt) ..."
+  t0=$(date +%s)
+  [[ -x $CLIENTS/bin/python ]] || "$PY" -m venv "$CLIENTS"
+  "$CLIENTS/bin/python" -m pip --disable-pip-version-check install -q --no-deps -r scripts/requirements-clients.txt
+  echo "$clients_want" > "$CLIENTS/.omni_mp_setup"
+  echo "[setup]   done in $(( $(date +%s) - t0 ))s"
+fi
+
 if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
   exit 0
 fi

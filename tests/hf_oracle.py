@@ -100,6 +100,40 @@ def talker_greedy(
     return codes, margins
 
 
+def reply_ids(model_dir: str | Path, text: str) -> list[int]:
+    """A given reply's ids as transformers' tokenizer makes them: `text` as plain text (special-
+    token strings in it stay text, no special tokens added), then the chat turn's end."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok(text, add_special_tokens=False, split_special_tokens=True).input_ids
+    return [*ids, tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+class ForceTokens:
+    """A logits processor for generate(): step k can only choose `ids[k]` (a reply given, not
+    generated: the model still computes every step as it would, fed these tokens)."""
+
+    def __init__(self, ids: list[int], prompt_len: int) -> None:
+        self.ids, self.prompt_len = ids, prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        k = input_ids.shape[1] - self.prompt_len
+        forced = torch.full_like(scores, -float("inf"))
+        forced[:, self.ids[k]] = 0.0
+        return forced
+
+
+def forced_thinker(ids: list[int] | None, prompt_len: int) -> dict[str, Any]:
+    """generate()'s thinker arguments that make its reply exactly `ids` (None: nothing)."""
+    from transformers import LogitsProcessorList
+
+    if ids is None:
+        return {}
+    return {"thinker_logits_processor": LogitsProcessorList([ForceTokens(ids, prompt_len)]),
+            "thinker_max_new_tokens": len(ids)}  # fmt: skip
+
+
 @functools.cache
 def _omni(model_dir: str) -> Any:
     from transformers import Qwen2_5OmniForConditionalGeneration
@@ -195,11 +229,13 @@ def omni_generate(
     seed: int = 0,
     thinker_max_new_tokens: int = 16,
     talker_max_new_tokens: int = 512,
+    forced_reply: list[int] | None = None,
 ) -> OmniResult:
     """transformers' full Qwen2.5-Omni generate() in fp32, greedy thinker and talker, the tiny
     codec stop ids. The token2wav noise comes from the global RNG, seeded with `seed` right
     before token2wav runs: the same noise as `torch.randn(..., generator=torch.Generator().
-    manual_seed(seed))`, which is how the diffusion engine draws it."""
+    manual_seed(seed))`, which is how the diffusion engine draws it. `forced_reply`: the
+    thinker's reply is exactly these ids (ForceTokens)."""
     from omni_mp.models.qwen2_5_omni.tiny import CODEC_STOP_IDS
 
     model = _omni(str(model_dir))
@@ -212,12 +248,13 @@ def omni_generate(
         model.token2wav.code2wav_bigvgan_model.register_forward_pre_hook(lambda _, args: mels.append(args[0])),
     ]
     extra = {"talker_pixel_values": None} if image is not None else {}  # generate() would pass them to the talker
+    extra |= {"thinker_max_new_tokens": thinker_max_new_tokens}
+    extra |= forced_thinker(forced_reply, inputs["input_ids"].shape[1])
     try:
         with _recording(model.thinker, thinker_out), _recording(model.talker, talker_out):
             _, wav = model.generate(
                 **inputs,
                 speaker=speaker,
-                thinker_max_new_tokens=thinker_max_new_tokens,
                 thinker_do_sample=False,
                 talker_max_new_tokens=talker_max_new_tokens,
                 talker_do_sample=False,

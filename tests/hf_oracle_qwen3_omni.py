@@ -130,12 +130,18 @@ def omni_generate(
     speaker: str = "Ethan",
     thinker_max_new_tokens: int = 16,
     talker_max_new_tokens: int = 256,
+    forced_reply: list[int] | None = None,
 ) -> OmniResult:
     """transformers' whole Qwen3-Omni generate() in fp32: greedy thinker, talker and code
     predictor (the talker's repetition penalty 1.05 and suppressed codec control ids as
-    generate() sets them), the thinker stopping on <|im_end|>."""
+    generate() sets them), the thinker stopping on <|im_end|>. `forced_reply`: the thinker's
+    reply is exactly these ids (tests.hf_oracle.ForceTokens)."""
+    from tests.hf_oracle import forced_thinker
+
     model = omni_model(str(model_dir))
     inputs = omni_inputs(model_dir, text, audio, image)
+    thinker_kwargs = {"thinker_max_new_tokens": thinker_max_new_tokens}
+    thinker_kwargs |= forced_thinker(forced_reply, inputs["input_ids"].shape[1])
     eos = int(model.config.im_end_token_id)
     thinker_out: list[Any] = []
     talker_out: list[Any] = []
@@ -147,7 +153,7 @@ def omni_generate(
         _, wav = model.generate(
             **inputs,
             speaker=speaker,
-            thinker_max_new_tokens=thinker_max_new_tokens,
+            **thinker_kwargs,
             thinker_eos_token_id=eos,
             thinker_do_sample=False,
             talker_max_new_tokens=talker_max_new_tokens,

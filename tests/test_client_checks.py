@@ -205,6 +205,8 @@ def _argument_cases(tmp_path: Path) -> list[tuple[dict[str, Any], str]]:
         ({"timeout_s": float("nan")}, "`timeout_s` must be a finite number"),
         ({"request_id": ""}, "`request_id` must be a non-empty string"),
         ({"speaker": 3}, "`speaker` must be a non-empty string"),
+        ({"forced_reply": " "}, "`forced_reply` must be a non-empty string"),
+        ({"prompt": None, "prompt_token_ids": [1, 2], "forced_reply": "Hi"}, "`forced_reply` follows a text `prompt`"),
     ]
     for name in ("cut_in_fmt.wav", "header_only.wav", "channels_65535.wav", "nan.wav", "missing"):
         cases.append(({"audios": [broken[name]]}, f"audios[0]: {broken[name]}: "))

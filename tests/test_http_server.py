@@ -32,7 +32,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.config.validate import load_config
-from omni_mp.http.app import SPEECH_PROMPT
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg
 from tests.launcher import ServedPipeline, serve, settled_client
@@ -274,24 +273,7 @@ def test_image_input_equals_the_zmq_client(served: Served, zmq: OmniClient) -> N
     assert got.choices[0].message.content == _text(want)
 
 
-@pytest.mark.parametrize("fmt", ["wav", "pcm"])
-def test_speech_streams_the_pipeline_audio(served: Served, zmq: OmniClient, fmt: str) -> None:
-    with served.openai.audio.speech.with_streaming_response.create(
-        model="tiny",
-        voice="Ethan",
-        input="Good morning.",
-        response_format=fmt,  # type: ignore[arg-type]
-    ) as r:
-        assert r.headers["content-type"] == f"audio/{fmt}"
-        parts = list(r.iter_bytes())
-    data = b"".join(parts)
-    if fmt == "wav":
-        samples, rate = _decode_wav(data)
-        assert rate == 24_000
-    else:
-        samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
-    want = zmq.generate(SPEECH_PROMPT.format(input="Good morning."), speaker="Ethan", deadline_s=600)
-    _assert_pcm_equal(samples, _audio(want))
+# /v1/audio/speech: tests/test_http_speech.py
 
 
 def _auth() -> dict[str, str]:

@@ -62,6 +62,13 @@ def check_names(request_id: Any, speaker: Any) -> None:
     _check_text("speaker", speaker)
 
 
+def check_forced_reply(reply: Any, prompt: Any) -> None:
+    """A given reply: non-empty text, after a text prompt."""
+    _check_text("forced_reply", reply)
+    if reply is not None and prompt is None:
+        raise ValueError("`forced_reply` follows a text `prompt`: give one")
+
+
 def stage_sampling(sampling: Mapping[int, SamplingParamsMsg | Mapping[str, Any]] | None) -> list[StageSampling]:
     """Per-stage overrides, each value checked against SamplingParamsMsg's bounds (a Struct's
     constructor checks none: the coordinator would refuse the whole message undecoded). A

@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import zmq
 import zmq.asyncio
 
-from omni_mp.client.args import check_names, check_prompt, check_seconds, request_params, stage_sampling
+from omni_mp.client.args import (
+    check_forced_reply,
+    check_names,
+    check_prompt,
+    check_seconds,
+    request_params,
+    stage_sampling,
+)
 from omni_mp.client.link import DEFAULT_CONNECT_TIMEOUT_S, HandshakeError, LinkWatch
 from omni_mp.client.media import AudioLike, ImageLike, multi_modal_input
 from omni_mp.wire.codec import NUMPY_ARRAYS, ArrayCodec, Limits, PayloadError, decode, encode, torch_arrays
@@ -280,6 +287,7 @@ class AsyncOmniClient:
         timeout_s: float | None = None,
         final_stages: Sequence[int] = (),
         hidden_states: bool = False,
+        forced_reply: str | None = None,
         _stream: bool = True,
     ) -> AsyncIterator[StageOutputChunk | Finished]:
         """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
@@ -296,7 +304,9 @@ class AsyncOmniClient:
         `final_stages`: the outputs wanted (default: every final stage); only those stages
         and the ones upstream of them run the request. `hidden_states`: the chunks of final
         stages that emit hidden states (`hidden_states:` in their config) carry them (`hidden`);
-        streaming only, since `generate` returns no per-step rows.
+        streaming only, since `generate` returns no per-step rows. `forced_reply`: the entry
+        stage's reply to the text `prompt`, given rather than generated (Submit.forced_reply:
+        e.g. a talker then voices exactly this text).
         Bad arguments raise `InvalidRequest` (a ValueError, and a RequestError with code
         `invalid_input`) naming them: before anything is sent, or, for what only the pipeline
         knows (a stage id it lacks, a prompt too long), from its answer.
@@ -305,6 +315,7 @@ class AsyncOmniClient:
         try:
             check_prompt(prompt, prompt_token_ids, prompt_embeds)
             check_names(request_id, speaker)
+            check_forced_reply(forced_reply, prompt)
             check_seconds("deadline_s", deadline_s)
             check_seconds("timeout_s", timeout_s)
             if rid in self._queues:
@@ -319,6 +330,7 @@ class AsyncOmniClient:
                 # Media files are read off the event loop: a large one must not hold up the
                 # replies of the other requests in flight on this client.
                 multi_modal=(await asyncio.to_thread(multi_modal_input, audios, images)) if audios or images else None,
+                forced_reply=forced_reply,
                 speaker=speaker,
                 params=request_params(params),
                 sampling=stage_sampling(sampling),

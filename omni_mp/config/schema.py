@@ -196,6 +196,14 @@ class GpuSharingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     mode: Literal["auto", "mps", "time_slice"] = "auto"
 
 
+class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The OpenAI-compatible HTTP server's settings (omni_mp.http)."""
+
+    # Voice names a request may use for one of the model's voices, e.g. {alloy: Chelsie}: added
+    # to (or replacing) the defaults that map each of OpenAI's voice names (omni_mp.http.voices).
+    voice_aliases: dict[Annotated[str, Meta(min_length=1, max_length=64)], str] = {}
+
+
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
     stages: Annotated[list[StageConfig], Meta(max_length=MAX_STAGES)]
@@ -206,6 +214,7 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     security: SecurityConfig = SecurityConfig()
     placement: PlacementConfig = PlacementConfig()
     gpu_sharing: GpuSharingConfig = GpuSharingConfig()
+    http: HttpConfig = HttpConfig()
 
     def stage(self, stage_id: int) -> StageConfig:
         for s in self.stages:

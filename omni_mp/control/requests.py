@@ -58,6 +58,8 @@ def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMs
         )
     if msg.multi_modal is not None:
         _check_media_sizes(cfg, msg.multi_modal)
+    if msg.forced_reply is not None:
+        _check_forced_reply(cfg, msg)
     sampling: dict[int, SamplingParamsMsg] = {}
     ids = {s.id for s in cfg.stages}
     for s in msg.sampling:
@@ -78,6 +80,17 @@ def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMs
     if msg.hidden_states:
         _check_hidden_states(cfg, msg)
     return sampling
+
+
+def _check_forced_reply(cfg: PipelineConfig, msg: Submit) -> None:
+    """A given reply follows a text prompt in an AR entry stage's chat format (the stage
+    checks that its format has an end of turn)."""
+    if not (msg.forced_reply or "").strip():
+        raise Rejected("invalid_input", "`forced_reply` is empty")
+    if msg.prompt is None or msg.multi_modal is not None:
+        raise Rejected("invalid_input", "`forced_reply`: needs a text `prompt` and no media")
+    if any(s.kind != "ar" or s.prompt_format is None for s in cfg.entry_stages):
+        raise Rejected("invalid_input", "`forced_reply`: the entry stage must be an AR stage with a `prompt_format`")
 
 
 def _check_hidden_states(cfg: PipelineConfig, msg: Submit) -> None:

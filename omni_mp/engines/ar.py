@@ -60,6 +60,15 @@ class PreparedAR:
     prompt: PromptIds
     hooked: HookedRequest | None
     companions: list[PreparedAR] = field(default_factory=list)  # StageInput.companions, prepared
+    forced: list[int] = field(default_factory=list)  # StageInput.forced_reply but its last id
+
+
+@dataclass
+class _Forced:
+    """A started request's given reply (StageInput.forced_reply): what its first output reports."""
+
+    ids: list[int]  # reported as output tokens before the sampled one
+    prompt_len: int  # the prompt as reported: its M-RoPE positions are cut to it
 
 
 COMPANION_SEP = "#"  # vLLM ids of companion sequences: "<request id>#<k>" (never a client id)
@@ -156,15 +165,18 @@ class AREngine:
         self.uses_mrope: bool = bool(vllm_config.model_config.uses_mrope)
         self.dtype: torch.dtype = vllm_config.model_config.dtype
         self._groups: dict[str, _Group] = {}  # requests with companion sequences
+        self._forced: dict[str, _Forced] = {}  # started requests with a given reply not yet reported
         self._member_of: dict[str, str] = {}  # a group member's vLLM id -> its request id
 
     @property
     def tokenizer(self) -> Any | None:
         return self._inputs.tokenizer
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, *, literal: bool = False) -> list[int]:
         if self.tokenizer is None:
             raise EngineInputError("this stage has no tokenizer (skip_tokenizer_init): send prompt_token_ids")
+        if literal:
+            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
         return list(self.tokenizer.encode(text))
 
     def decode(self, token_ids: list[int]) -> str | None:
@@ -174,10 +186,11 @@ class AREngine:
     def speakers(self) -> frozenset[str] | None:
         return None  # an AR stage's voice, if any, is its processor's business
 
-    def to_vllm_sampling(self, p: SamplingParamsMsg) -> Any:
+    def to_vllm_sampling(self, p: SamplingParamsMsg, only: list[int] | None = None) -> Any:
+        """vLLM's sampling parameters; `only`: the ids that may be sampled (all others never)."""
         from vllm import SamplingParams
 
-        allowed, extra = None, None
+        allowed, extra = only, None
         if p.suppress_token_ids:
             suppressed = set(p.suppress_token_ids)
             outside = sorted(t for t in suppressed if t >= self.vocab_size)
@@ -253,6 +266,11 @@ class AREngine:
         """Validate and process with vLLM's own input processor (media included). `positions`:
         M-RoPE positions of the prompt's first rows and the offset of every later one. With
         `step_embeds`, decode step k adds extra row k to its input embedding and waits for it."""
+        forced: list[int] = []
+        only = None
+        if stage_input.forced_reply:
+            only = stage_input.forced_reply[-1:]
+            stage_input, sampling, forced = _given_reply(stage_input, sampling)
         prompt = self._vllm_prompt(stage_input)
         if stage_input.step_embeds and not self.features.step_embeds:
             raise EngineInputError("this stage does not take per-step embeddings")
@@ -263,7 +281,7 @@ class AREngine:
                 suppress_token_ids=sorted({*sampling.suppress_token_ids, *stage_input.suppress_token_ids}),
             )
         try:
-            params = self.to_vllm_sampling(sampling)
+            params = self.to_vllm_sampling(sampling, only)
             req = self._inputs.process(request_id, prompt, params)
         except (ValueError, TypeError, KeyError) as err:  # vLLM's processors raise all three on bad media
             raise EngineInputError(str(err)) from err
@@ -289,6 +307,10 @@ class AREngine:
                 self.prepare(f"{request_id}{COMPANION_SEP}{k}", sampling, c, speaker)
                 for k, c in enumerate(stage_input.companions, start=1)
             ]
+        if forced:  # the prompt as reported: the given reply's ids count as output
+            assert ids is not None
+            reported = PromptIds(prompt_len - len(forced), ids[: -len(forced)])
+            return PreparedAR(request_id, req, reported, hooked, forced=forced)
         return PreparedAR(request_id, req, PromptIds(prompt_len, ids), hooked, companions)
 
     def check_params(self, params: dict[str, Any] | None) -> None:
@@ -299,6 +321,8 @@ class AREngine:
             if p.hooked is not None:
                 self.io.requests[p.request_id] = p.hooked
             self.driver.add(p.request)
+        if prepared.forced:
+            self._forced[prepared.request_id] = _Forced(prepared.forced, prepared.prompt.length)
         if prepared.companions:
             members = [prepared.request_id, *(c.request_id for c in prepared.companions)]
             self._groups[prepared.request_id] = _Group(members, {m: [] for m in members})
@@ -387,6 +411,8 @@ class AREngine:
 
     def abort(self, request_ids: list[str]) -> None:
         ids = [vid for rid in request_ids for vid in self._end_group(rid)]
+        for rid in request_ids:
+            self._forced.pop(rid, None)
         self.driver.abort(ids)
         for vid in ids:
             self.io.release(vid)
@@ -418,6 +444,8 @@ class AREngine:
             if out is None and hidden is None:
                 continue
             reason = None if out is None or out.finish_reason is None else str(out.finish_reason)
+            if rid in self._forced:
+                new_ids, hidden = self._report_given(rid, new_ids, hidden)
             result.append(StepOutput(rid, new_ids, rid in finished, reason, hidden=hidden))
         for rid in finished:
             self.io.release(rid)
@@ -425,6 +453,19 @@ class AREngine:
 
     def step_progress(self) -> tuple[int, int]:
         return (1, 1) if self._executed else (0, 0)  # one forward pass a step
+
+    def _report_given(
+        self, rid: str, new_ids: list[int], hidden: HiddenRows | None
+    ) -> tuple[list[int], HiddenRows | None]:
+        """A request with a given reply, as if it had generated it: its first output reports the
+        reply's ids before any sampled one, and its M-RoPE positions are the reported prompt's
+        (the reply's positions are text positions, so the later-offset `delta` is the same)."""
+        given = self._forced[rid]
+        if hidden is not None and hidden.mrope is not None:
+            mrope = MRopePositions(hidden.mrope.positions[:, : given.prompt_len], hidden.mrope.delta)
+            hidden = HiddenRows(start=hidden.start, last=hidden.last, layers=hidden.layers, mrope=mrope)
+        del self._forced[rid]
+        return [*given.ids, *new_ids], hidden
 
     def _hidden_rows(
         self, rid: str, req: HookedRequest, captured: list[CapturedRows], limit: int | None
@@ -467,6 +508,22 @@ class AREngine:
 
     def shutdown(self) -> None:
         self.driver.shutdown()
+
+
+def _given_reply(inp: StageInput, sampling: SamplingParamsMsg) -> tuple[StageInput, SamplingParamsMsg, list[int]]:
+    """A prompt with a given reply -> the prompt vLLM runs (the reply but its last id appended),
+    one step that can only sample that last id (the turn's end), and the ids reported as output."""
+    if inp.prompt_token_ids is None or inp.prompt_embeds is not None or inp.prompt_text is not None:
+        raise EngineInputError("forced_reply: only after a token prompt")
+    if inp.companions or inp.step_embeds or inp.multi_modal or inp.positions is not None:
+        raise EngineInputError("forced_reply: not with companions, step embeddings, media or positions")
+    *given, end = inp.forced_reply
+    inp = msgspec.structs.replace(inp, prompt_token_ids=[*inp.prompt_token_ids, *given], forced_reply=[])
+    sampling = msgspec.structs.replace(
+        sampling, max_tokens=1, min_tokens=0, temperature=0.0, ignore_eos=False, stop_token_ids=[end],
+        suppress_token_ids=[],
+    )  # fmt: skip
+    return inp, sampling, given
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -44,6 +44,11 @@ class StageInput(msgspec.Struct):
     companions: list[StageInput] = []
     params: dict[str, Any] | None = None  # the client's model parameters (Submit.params)
     suppress_token_ids: list[int] = []  # never sampled
+    # A reply given, not generated (Submit.forced_reply; AR token prompts only): its ids but
+    # the last are prefilled after the prompt and reported as the request's first output
+    # tokens, as if generated; the last (the turn's end) is the one token sampled, the only
+    # one allowed. The request's hidden rows are then exactly a generated reply's.
+    forced_reply: list[int] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +95,9 @@ class StageEngine(Protocol):
         """The voices a request may pick (None: this engine does not speak)."""
         ...
 
-    def tokenize(self, text: str) -> list[int]:
-        """Text to prompt ids (safe on any thread). Raises EngineInputError."""
+    def tokenize(self, text: str, *, literal: bool = False) -> list[int]:
+        """Text to prompt ids (safe on any thread). `literal`: a continuation (no special
+        tokens added) whose special-token strings stay text. Raises EngineInputError."""
         ...
 
     def decode(self, token_ids: list[int]) -> str | None: ...

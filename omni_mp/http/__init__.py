@@ -4,6 +4,8 @@
 serves (`python -m omni_mp.http` on its own, given the coordinator's client endpoint).
 Modules: `app` (routes, auth, limits), `schemas` (the OpenAI request and response bodies),
 `pipeline` (which stage answers in text and which in audio, voices, sampling), `chat` (one
-request's text and audio as events), `detok` (incremental text, stop strings), `sse`,
-`media` (input audio and images), `audio_out` (PCM16 and WAV), `errors`, `metrics`.
+request's text and audio as events), `speech` (/v1/audio/speech: the input spoken exactly),
+`audio_encode` (mp3, opus, aac, flac and the speed, with PyAV), `voices` (voices and aliases),
+`detok` (incremental text, stop strings), `sse`, `media` (input audio and images), `audio_out`
+(PCM16 and WAV), `errors`, `metrics`.
 """

@@ -21,9 +21,10 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omni_mp.client.omni_client import AsyncOmniClient, ClientClosed, RequestError
-from omni_mp.http.audio_out import SAMPLE_RATE, b64, streaming_wav_header, wav_bytes
-from omni_mp.http.chat import AudioDelta, ChatEnd, ChatJob, TextDelta, check_voice, parse_chat, run_chat
-from omni_mp.http.errors import ApiError, bad_request, from_request_error, from_validation, too_large
+from omni_mp.http.audio_encode import MEDIA_TYPES
+from omni_mp.http.audio_out import SAMPLE_RATE, b64, wav_bytes
+from omni_mp.http.chat import AudioDelta, ChatEnd, ChatJob, TextDelta, parse_chat, run_chat
+from omni_mp.http.errors import ApiError, from_request_error, from_validation, too_large
 from omni_mp.http.events import ChatEvent, as_api_errors, primed, tracked
 from omni_mp.http.images import (
     image_events,
@@ -50,16 +51,15 @@ from omni_mp.http.schemas import (
     SpeechRequest,
     to_json,
 )
+from omni_mp.http.speech import parse_speech, run_speech, speech_bytes, speech_sse
 from omni_mp.http.sse import AbortingStream, ChunkMeta, cancel_on_disconnect, chat_events
 from omni_mp.http.transcriptions import add_transcription_route
+from omni_mp.http.voices import Voices
 from omni_mp.wire.messages import StageStatus
 
 log = logging.getLogger("omni_mp.http")
 T = TypeVar("T")
 
-# /v1/audio/speech: the model answers a chat turn, so it is asked to read the input aloud.
-SPEECH_PROMPT = "Read the following text aloud, word for word, and say nothing else:\n\n{input}"
-SPEECH_FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
 _PLAYGROUND = Path(__file__).resolve().parent / "static" / "playground.html"
 CLIENT_GONE = 499  # the answer to a client that disconnected (nobody reads it)
 AUDIO_EXPIRY_S = 3600  # message.audio.expires_at: nothing is stored, so only nominal
@@ -107,6 +107,8 @@ class Server:
         self.metrics = Metrics(view)
         self.sizes = MediaSizes(max_media_bytes=settings.max_media_bytes)
         self.client: AsyncOmniClient | None = None
+        self.voices = Voices([])  # once the stages serve: their voices and the aliases of them
+        self.started = int(time.time())
 
     @property
     def omni(self) -> AsyncOmniClient:
@@ -178,7 +180,14 @@ def _routes(app: FastAPI, srv: Server) -> None:
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> Response:
-        return _json(ModelList(data=[Model(id=srv.settings.model, created=int(time.time()), owned_by="omni_mp")]))
+        voices = srv.voices.names() if srv.view.audio_stage is not None else None
+        model = Model(id=srv.settings.model, created=srv.started, owned_by="omni_mp", voices=voices)
+        return _json(ModelList(data=[model]))
+
+    @app.get("/v1/audio/voices", dependencies=auth)
+    async def voices() -> Response:
+        """The model's voices, each with the aliases (OpenAI's voice names, ...) that mean it."""
+        return _json(srv.voices.listing(srv.started))
 
     @app.get("/metrics", dependencies=auth)
     async def metrics() -> Response:
@@ -224,15 +233,19 @@ def _routes(app: FastAPI, srv: Server) -> None:
         t0 = time.monotonic()
         try:
             req = _decode(await _body(request, srv.settings.max_body_bytes), SpeechRequest)
-            job = _speech_job(req, srv.view)
+            job = parse_speech(req, srv.view, srv.voices)
         except ApiError as err:
             srv.metrics.outcome("speech", err.code)
             raise
-        fmt = req.response_format or "wav"
-        events = await srv.guarded(request, primed(srv.events(job, "speech", t0)))
+        rid = f"http-{uuid.uuid4().hex}"
+        inner = as_api_errors(run_speech(srv.omni, srv.view, job, rid))
+        events = await srv.guarded(request, primed(tracked(srv.metrics, "speech", t0, inner)))
         if events is None:
             return Response(status_code=CLIENT_GONE)
-        return AbortingStream(_speech_bytes(fmt, events), media_type=SPEECH_FORMATS[fmt])
+        headers = {"x-request-id": rid}  # OpenAI's header: clients (LiveKit's plugin) log it
+        if job.sse:
+            return AbortingStream(speech_sse(job, events), media_type="text/event-stream", headers=headers)
+        return AbortingStream(speech_bytes(job, events), media_type=MEDIA_TYPES[job.fmt], headers=headers)
 
 
 def _image_routes(app: FastAPI, srv: Server, auth: list[Any]) -> None:
@@ -274,32 +287,6 @@ def playground_page(model: str, voices: list[str]) -> bytes:
     return _PLAYGROUND.read_bytes().replace(b"__OMNI_MP_CONFIG__", config)
 
 
-def _speech_job(req: SpeechRequest, view: PipelineView) -> ChatJob:
-    if view.audio_stage is None or view.text_stage is None:
-        raise bad_request(f"pipeline {view.cfg.name!r} cannot speak", "model", "unsupported_value")
-    fmt = req.response_format or "wav"
-    if fmt not in SPEECH_FORMATS:
-        raise bad_request(f"response_format {fmt!r}: supported are {sorted(SPEECH_FORMATS)}", "response_format")
-    if req.speed is not None and req.speed != 1.0:
-        raise bad_request("only speed 1.0 is supported", "speed", "unsupported_value")
-    if req.instructions:
-        raise bad_request("instructions are not supported", "instructions", "unsupported_value")
-    check_voice(req.voice, view, "voice")
-    return ChatJob(prompt=SPEECH_PROMPT.format(input=req.input), audio_out=True, voice=req.voice)
-
-
-async def _speech_bytes(fmt: str, events: AsyncIterator[ChatEvent]) -> AsyncIterator[bytes]:
-    """The audio as it comes: raw PCM16, or a WAV header of unknown length then PCM16."""
-    if fmt == "wav":
-        yield streaming_wav_header(SAMPLE_RATE)
-    try:
-        async for ev in events:
-            if isinstance(ev, AudioDelta):
-                yield ev.pcm
-    except ApiError as err:  # the status line is sent: the audio ends short
-        log.warning("speech request failed after its first bytes: %s", err)
-
-
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> Response:
@@ -329,6 +316,7 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         srv.client = client_factory() if client_factory is not None else AsyncOmniClient(settings.endpoint)
         view.voices = voices_of(await srv.client.status())  # the pipeline serves before this starts
+        srv.voices = Voices(view.voices, view.cfg.http.voice_aliases)  # a bad alias: the server does not start
         try:
             yield
         finally:

@@ -50,9 +50,8 @@ class PipelineView:
     @classmethod
     def of(cls, cfg: PipelineConfig) -> PipelineView:
         finals = cfg.final_stages
-        # Text: a final AR stage that runs a checkpoint whole, or that reads the prompt itself
-        # (an omni thinker of our own model part, e.g. Qwen3-Omni's); not a talker (its codes).
-        text = [s for s in finals if s.kind == "ar" and (s.model_part is None or not s.inputs)]
+        # The text answer: a whole AR model, or a family's thinker (an entry stage in its chat format).
+        text = [s for s in finals if s.kind == "ar" and (s.model_part is None or (not s.inputs and s.prompt_format))]
         diffusion = [s for s in finals if s.kind == "diffusion"]
         images = [s for s in diffusion if makes_images(s.diffusion.model_type)]
         audio = [s for s in diffusion if s not in images]

@@ -79,13 +79,22 @@ class ChatCompletionRequest(_Req):
     user: str | None = None
 
 
+class VoiceRef(_Req):
+    """OpenAI's custom-voice reference: here any voice or alias of the model, by name."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=256)]
+
+
 class SpeechRequest(_Req):
+    """Every field of OpenAI's speech request; omni_mp.http.speech says what each does here."""
+
     model: str
-    input: Annotated[str, Meta(min_length=1, max_length=4096)]
-    voice: str
-    response_format: str | None = "wav"
+    input: Annotated[str, Meta(min_length=1, max_length=4096)]  # OpenAI's bound
+    voice: Annotated[str, Meta(min_length=1, max_length=256)] | VoiceRef
+    response_format: str | None = None  # mp3, OpenAI's default
     speed: float | None = None
-    instructions: str | None = None
+    instructions: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+    stream_format: str | None = None
 
 
 class ImageGenerationRequest(_Req):
@@ -213,6 +222,7 @@ class Model(msgspec.Struct):
     created: int
     owned_by: str
     object: str = "model"
+    voices: list[str] | None = None  # omni_mp's: what a speech request may name (GET /v1/audio/voices)
 
 
 class ModelList(msgspec.Struct):

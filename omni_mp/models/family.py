@@ -58,6 +58,9 @@ class PromptFormat(Protocol):
     """An entry stage's chat format and what its model's processor takes as media."""
 
     audio_rate: int  # the sample rate audio is resampled to before the model's processor
+    # The token that ends the model's turn in this format (a reply given rather than generated
+    # ends with it: Submit.forced_reply); None: the format takes no given reply.
+    reply_end: str | None
 
     def max_audio_s(self, model_dir: str) -> float | None:
         """The longest audio (seconds) the checkpoint's processor takes whole (longer audio

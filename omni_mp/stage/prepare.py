@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from omni_mp.config.schema import StageConfig
 from omni_mp.engines.base import EngineInputError, PreparedRequest, StageEngine, StageInput
+from omni_mp.models.registry import prompt_format
 from omni_mp.stage.io_threads import Stopped
 from omni_mp.stage.media import MediaError, build_entry_input
 from omni_mp.wire.messages import SamplingParamsMsg, StageRequest
@@ -58,11 +59,35 @@ def entry_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> S
         return StageInput(prompt_embeds=msg.prompt_embeds.data.clone())
     if msg.prompt_token_ids is not None:
         return StageInput(prompt_token_ids=list(msg.prompt_token_ids))
+    if msg.forced_reply is not None:
+        return forced_reply_input(stage, engine, msg)
     if msg.prompt is not None and stage.prompt_format is not None:
         return build_entry_input(stage, msg.prompt, msg.multi_modal, msg.params)
     if msg.prompt is not None:
         return StageInput(prompt_token_ids=engine.tokenize(msg.prompt))
     raise EngineInputError("an entry stage needs a prompt, prompt_token_ids or prompt_embeds")
+
+
+def forced_reply_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> StageInput:
+    """A text prompt with its reply given (StageRequest.forced_reply): the prompt in the stage's
+    chat format, tokenized here so that the reply's ids follow it exactly as generated ids
+    would (tokenized apart, the reply's text as plain text: a special-token string in it
+    stays text and cannot end the turn early), then the format's end of turn."""
+    fmt = None if stage.prompt_format is None else prompt_format(stage.prompt_format)
+    if fmt is None or fmt.reply_end is None or msg.prompt is None or msg.forced_reply is None:
+        raise EngineInputError(f"stage {stage.id} takes no given reply (forced_reply): its prompt format has no turns")
+    if msg.multi_modal is not None:
+        raise EngineInputError("forced_reply: takes a text-only prompt")
+    prompt = build_entry_input(stage, msg.prompt, None, msg.params)
+    if prompt.companions or prompt.prompt_text is None:
+        raise EngineInputError("forced_reply: not with prompts run beside the request's own")
+    end = engine.tokenize(fmt.reply_end)
+    if len(end) != 1:
+        raise EngineInputError(f"the end of turn {fmt.reply_end!r} is not one token of stage {stage.id}'s tokenizer")
+    reply = engine.tokenize(msg.forced_reply, literal=True)
+    if not reply:
+        raise EngineInputError("forced_reply: no tokens")
+    return StageInput(prompt_token_ids=engine.tokenize(prompt.prompt_text), forced_reply=[*reply, *end])
 
 
 class Preparer(threading.Thread):

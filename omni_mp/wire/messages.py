@@ -241,6 +241,7 @@ class StageRequest(MessageBase):
     prompt_token_ids: TokenIds | None = None
     prompt_embeds: PromptEmbeds | None = None
     multi_modal: MultiModalInput | None = None  # entry stages only
+    forced_reply: str | None = None  # entry stages only (Submit.forced_reply)
     speaker: SpeakerName | None = None  # stages that speak use it; None: their default
     params: RequestParams | None = None  # the client's model parameters (Submit.params), for every stage
     additional_information: AdditionalInformation | None = None
@@ -567,6 +568,12 @@ class Submit(MessageBase):
     prompt_token_ids: TokenIds | None = None
     prompt_embeds: PromptEmbeds | None = None  # for entry stages with `prompt_embeds: true`
     multi_modal: MultiModalInput | None = None  # audio/images for an entry stage that takes them
+    # The entry stage's reply, given instead of generated (with a text `prompt`): the stage
+    # tokenizes it as plain text and prefills it after the prompt's chat format as if it had
+    # generated it (teacher-forced: causal attention gives the same hidden states), then
+    # generates only its format's end of turn. Downstream stages see it as that stage's
+    # output, so a talker voices exactly this text (omni_mp.stage.prepare.forced_reply_input).
+    forced_reply: str | None = None
     speaker: SpeakerName | None = None  # the voice of stages that speak (unknown: an error)
     # Model parameters the stages' family reads (e.g. omni_mp.models.qwen_image.ImageParams
     # as builtins); every stage of the request gets them.

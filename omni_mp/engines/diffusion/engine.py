@@ -108,7 +108,7 @@ class DiffusionEngine:
         except DiffusionInputError as err:
             raise EngineInputError(str(err)) from None
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, *, literal: bool = False) -> list[int]:
         raise EngineInputError("a diffusion stage takes codec ids (prompt_token_ids), not text")
 
     def decode(self, token_ids: list[int]) -> str | None:
@@ -119,6 +119,8 @@ class DiffusionEngine:
     ) -> PreparedDiffusion:
         """The ids known so far, the stage's default parameters, the request's seed
         (`sampling.seed`) and speaker. A RequestModel's request: what its `parse` makes of it."""
+        if stage_input.forced_reply:
+            raise EngineInputError("a diffusion stage generates no reply to give (forced_reply)")
         if self.owned:
             try:
                 params, inputs = self.model.parse(stage_input, sampling.seed)  # type: ignore[attr-defined]

@@ -66,6 +66,7 @@ class OmniPromptFormat:
     """`prompt_format: qwen2_5_omni` (omni_mp.models.family.PromptFormat)."""
 
     audio_rate = 16_000
+    reply_end = "<|im_end|>"  # the assistant turn's end, which generate() stops on
 
     def max_audio_s(self, model_dir: str) -> float | None:
         """The feature extractor's window: it pads or cuts every audio to `n_samples` samples

@@ -34,6 +34,7 @@ class Qwen3OmniPromptFormat:
     """`prompt_format: qwen3_omni` (omni_mp.models.family.PromptFormat)."""
 
     audio_rate = 16_000
+    reply_end = "<|im_end|>"  # the assistant turn's end, which generate() stops on
 
     def max_audio_s(self, model_dir: str) -> float | None:
         return None  # no window: see the module docstring

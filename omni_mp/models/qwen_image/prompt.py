@@ -28,6 +28,7 @@ class QwenImagePromptFormat:
     refused before anything is rendered; the template has no media placeholders."""
 
     audio_rate = 16_000  # unused: no audio reaches this format
+    reply_end = None  # an encoder: it replies nothing
 
     def max_audio_s(self, model_dir: str) -> float | None:
         return None

@@ -1,0 +1,72 @@
+"""What the speech tests share: a pipeline served with the HTTP server, PyAV decoding of every
+response format, and the oracle check of a given reply's talker codes and waveform."""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import yaml
+
+from tests.launcher import ServedPipeline, serve
+
+KEY = "speech-key"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_http(config: Path, tmp: Path, **top: Any) -> Iterator[tuple[ServedPipeline, str]]:
+    """The pipeline of `config` (with top-level keys `top` set) and its HTTP server; (pipeline, url)."""
+    raw = yaml.safe_load(config.read_text())
+    raw.update(top)
+    path = tmp / config.name
+    path.write_text(yaml.safe_dump(raw))
+    url = f"http://127.0.0.1:{_free_port()}"
+    with serve(path, "--http", url.removeprefix("http://"), "--api-key", KEY) as pipeline:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
+            time.sleep(0.5)
+        yield pipeline, url
+
+
+class Decoded:
+    """A response body decoded by PyAV (FFmpeg): mono float32 samples and what the stream says."""
+
+    def __init__(self, data: bytes) -> None:
+        with av.open(io.BytesIO(data)) as f:
+            stream = f.streams.audio[0]
+            self.codec = stream.codec_context.name
+            self.rate = stream.codec_context.sample_rate
+            self.channels = stream.codec_context.channels
+            parts = [fr.to_ndarray().reshape(-1) for fr in f.decode(stream)]  # (mono: no interleaving)
+        samples = np.concatenate(parts)
+        self.samples = samples / np.float32(32768) if samples.dtype == np.int16 else samples.astype(np.float32)
+
+
+def opus_input_rate(data: bytes) -> int:
+    """The input sample rate an Ogg Opus stream's OpusHead records (RFC 7845 5.1)."""
+    head = data.index(b"OpusHead")
+    return int.from_bytes(data[head + 12 : head + 16], "little")
+
+
+def pcm_samples(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
