@@ -224,6 +224,7 @@ class AsyncOmniClient:
         timeout_s: float | None = None,
         final_stages: Sequence[int] = (),
         hidden_states: bool = False,
+        chat_formatted: bool = False,
         _stream: bool = True,
     ) -> AsyncIterator[StageOutputChunk | Finished]:
         """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
@@ -240,7 +241,9 @@ class AsyncOmniClient:
         `final_stages`: the outputs wanted (default: every final stage); only those stages
         and the ones upstream of them run the request. `hidden_states`: the chunks of final
         stages that emit hidden states (`hidden_states:` in their config) carry them (`hidden`);
-        streaming only, since `generate` returns no per-step rows.
+        streaming only, since `generate` returns no per-step rows. `chat_formatted`: `prompt` is
+        already in the entry stage's chat format (e.g. a conversation rendered with the model's
+        chat template, one placeholder per medium, in the order of `audios` and `images`).
         Bad arguments raise `InvalidRequest` (a ValueError, and a RequestError with code
         `invalid_input`) naming them: before anything is sent, or, for what only the pipeline
         knows (a stage id it lacks, a prompt too long), from its answer.
@@ -270,6 +273,7 @@ class AsyncOmniClient:
                 stream=_stream,
                 final_stages=list(final_stages),
                 hidden_states=bool(hidden_states),
+                chat_formatted=bool(chat_formatted),
             )
         except ValueError as err:  # (AudioFileError and PayloadError are ValueErrors too)
             raise InvalidRequest.refused(rid, err) from None

@@ -176,6 +176,7 @@ class AREngine:
 
     def to_vllm_sampling(self, p: SamplingParamsMsg) -> Any:
         from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
         allowed, extra = None, None
         if p.suppress_token_ids:
@@ -190,6 +191,7 @@ class AREngine:
                 extra = suppress_args(suppressed)
             else:
                 allowed = [t for t in range(self.vocab_size) if t not in suppressed]
+        structured = None if p.structural_tag is None else StructuredOutputsParams(structural_tag=p.structural_tag)
         return SamplingParams(
             max_tokens=p.max_tokens,
             min_tokens=p.min_tokens,
@@ -202,6 +204,7 @@ class AREngine:
             ignore_eos=p.ignore_eos,
             allowed_token_ids=allowed,
             extra_args=extra,
+            structured_outputs=structured,
             detokenize=False,  # the stage decodes final text itself, once
             # Built for one request and never reused: vLLM need not deep-copy it (3.9 ms with an
             # 8k-id allowed list).

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from omni_mp.client.omni_client import RequestError
-from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta
+from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta, ToolCallsDelta
 from omni_mp.http.errors import ApiError, from_request_error
 from omni_mp.http.metrics import Metrics
 
-ChatEvent = TextDelta | AudioDelta | ChatEnd
+ChatEvent = TextDelta | ToolCallsDelta | AudioDelta | ChatEnd
 T = TypeVar("T")
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from omni_mp.config.schema import MediaLimits, PipelineConfig, StageConfig
+from omni_mp.models.family import ChatPolicy
 from omni_mp.models.registry import makes_images
 from omni_mp.wire.messages import SamplingParamsMsg, StatusReply
 
@@ -66,6 +67,23 @@ class PipelineView:
 
         entries = [stage_media_limits(s) for s in self.cfg.entry_stages] or [MediaLimits()]
         return MediaLimits(**{f: min(getattr(m, f) for m in entries) for f in MediaLimits.__struct_fields__})
+
+    @functools.cached_property
+    def chat_policy(self) -> ChatPolicy:
+        """The entry stage's chat format's policy for whole conversations (a default one for a
+        stage without a chat format)."""
+        from omni_mp.models.registry import prompt_format
+
+        names = [s.prompt_format for s in self.cfg.entry_stages if s.prompt_format is not None]
+        return prompt_format(names[0]).chat if names else ChatPolicy()
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The entry stage's context (its `max_model_len` engine arg), None when unset."""
+        for s in self.cfg.entry_stages:
+            if s.engine_args.get("max_model_len") is not None:
+                return int(s.engine_args["max_model_len"])
+        return None
 
     def sampling(self, s: Sampling, *, audio: bool) -> dict[int, SamplingParamsMsg]:
         """Per-stage overrides: the text stage gets the OpenAI fields; the seed also seeds
