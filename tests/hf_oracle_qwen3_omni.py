@@ -40,6 +40,17 @@ def omni_inputs(model_dir: str | Path, text: str, audio: Any = None, image: Any 
     )
 
 
+def conversation_inputs(
+    model_dir: str | Path, messages: list[dict[str, Any]], audios: list[Any], images: list[Any], tools: Any = None
+) -> Any:
+    """The processor's tensors for a whole conversation: its chat template
+    (`apply_chat_template`, template parts `{"type": "audio"}` / `{"type": "image"}`), then the
+    processor on that text with the media in order."""
+    proc = _processor(str(model_dir))
+    text = proc.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    return proc(text=text, audio=audios or None, images=images or None, return_tensors="pt")
+
+
 def _margin(scores: torch.Tensor) -> float:
     top = scores.topk(2).values
     return float(top[0] - top[1])
@@ -130,12 +141,13 @@ def omni_generate(
     speaker: str = "Ethan",
     thinker_max_new_tokens: int = 16,
     talker_max_new_tokens: int = 256,
+    inputs: Any = None,
 ) -> OmniResult:
     """transformers' whole Qwen3-Omni generate() in fp32: greedy thinker, talker and code
     predictor (the talker's repetition penalty 1.05 and suppressed codec control ids as
     generate() sets them), the thinker stopping on <|im_end|>."""
     model = omni_model(str(model_dir))
-    inputs = omni_inputs(model_dir, text, audio, image)
+    inputs = omni_inputs(model_dir, text, audio, image) if inputs is None else inputs  # (a conversation's)
     eos = int(model.config.im_end_token_id)
     thinker_out: list[Any] = []
     talker_out: list[Any] = []

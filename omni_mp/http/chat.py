@@ -14,7 +14,7 @@ import numpy as np
 from omni_mp.client.omni_client import AsyncOmniClient
 from omni_mp.http.audio_ids import AudioStore
 from omni_mp.http.audio_out import pcm16
-from omni_mp.http.conversation import Template, from_messages, render
+from omni_mp.http.conversation import Template, TextItem, from_messages, render
 from omni_mp.http.detok import Detokenizer
 from omni_mp.http.errors import bad_request
 from omni_mp.http.media import MediaSizes
@@ -121,6 +121,12 @@ def _conversation(req: ChatCompletionRequest, ctx: ChatContext, job: ChatJob) ->
     view = ctx.view
     policy = view.chat_policy
     conv = from_messages(req.messages, ctx.sizes, view.media_limits, ctx.audio_ids)
+    if not view.has_chat_format:  # a plain LM: one user message, its text as the prompt
+        turn = conv.turns[0]
+        if len(conv.turns) != 1 or conv.audios or conv.images or req.tools is not None:
+            raise bad_request("this pipeline has no chat format: one user text message per request", "messages")
+        job.prompt = "\n".join(it.text for it in turn.items if isinstance(it, TextItem))
+        return
     conv.tools = job.tools = _tools_of(req, policy)
     job.tool_choice = req.tool_choice if job.tools is not None else None
     prompt = render(conv, policy, ctx.template, speak=job.audio_out)

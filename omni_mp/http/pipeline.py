@@ -51,7 +51,10 @@ class PipelineView:
     @classmethod
     def of(cls, cfg: PipelineConfig) -> PipelineView:
         finals = cfg.final_stages
-        text = [s for s in finals if s.kind == "ar" and s.model_part is None]
+        # The text answer: a final AR stage that takes the client's prompt (an omni thinker,
+        # whatever checkpoint part it runs), else a final AR stage of a whole checkpoint.
+        text = [s for s in finals if s.kind == "ar" and not s.inputs]
+        text = text or [s for s in finals if s.kind == "ar" and s.model_part is None]
         diffusion = [s for s in finals if s.kind == "diffusion"]
         images = [s for s in diffusion if makes_images(s.diffusion.model_type)]
         audio = [s for s in diffusion if s not in images]
@@ -76,6 +79,12 @@ class PipelineView:
 
         names = [s.prompt_format for s in self.cfg.entry_stages if s.prompt_format is not None]
         return prompt_format(names[0]).chat if names else ChatPolicy()
+
+    @property
+    def has_chat_format(self) -> bool:
+        """The entry stages wrap the prompt in a model's chat format (`prompt_format`); without
+        one, the prompt is taken as plain text."""
+        return bool(self.cfg.entry_stages) and all(s.prompt_format is not None for s in self.cfg.entry_stages)
 
     @property
     def max_model_len(self) -> int | None:
