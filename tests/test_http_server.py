@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.config.validate import load_config
 from omni_mp.http.app import SPEECH_PROMPT
+from omni_mp.models.qwen2_5_omni.prompt import AUDIO_SLOT, SPEECH_SYSTEM_PROMPT, omni_prompt_text
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg
 from tests.launcher import ServedPipeline, serve, settled_client
@@ -128,6 +129,11 @@ def _audio(done: Finished) -> np.ndarray:
     return np.asarray(done.outputs[-1].audio, dtype=np.float32)
 
 
+def _spoken(text: str) -> dict[str, object]:
+    """The ZMQ request of a spoken one-message chat: Qwen2.5-Omni's speech system prompt."""
+    return {"prompt": omni_prompt_text(text, system=SPEECH_SYSTEM_PROMPT), "chat_formatted": True}
+
+
 def _text(done: Finished) -> str:
     return next(o.text for o in done.outputs if o.stage_id == 0)
 
@@ -178,7 +184,7 @@ def test_text_and_audio_wav_equals_the_zmq_client(served: Served, zmq: OmniClien
         model="tiny", messages=[{"role": "user", "content": prompt}], modalities=["text", "audio"],
         audio={"voice": "Ethan", "format": "wav"}, seed=7,
     )  # fmt: skip
-    want = zmq.generate(prompt, speaker="Ethan", sampling=_audio_sampling(served, 7), deadline_s=600)
+    want = zmq.generate(**_spoken(prompt), speaker="Ethan", sampling=_audio_sampling(served, 7), deadline_s=600)
     msg = got.choices[0].message
     assert msg.audio is not None and msg.content == _text(want) and msg.audio.transcript == msg.content
     samples, rate = _decode_wav(base64.b64decode(msg.audio.data))
@@ -226,7 +232,7 @@ def test_streaming_order_and_first_audio_before_the_last_token(served: Served, z
     assert kinds[-3:] == ["transcript", "finish", "usage"]
     sampling = _audio_sampling(served, 3)
     sampling[0] = msgspec.structs.replace(sampling[0], max_tokens=400)
-    want = zmq.generate(prompt, speaker="Chelsie", sampling=sampling, deadline_s=600)
+    want = zmq.generate(**_spoken(prompt), speaker="Chelsie", sampling=sampling, deadline_s=600)
     assert "".join(text) == transcript == _text(want)
     assert finish == next(o.finish_reason for o in want.outputs if o.stage_id == 0)
     assert usage is not None and usage.completion_tokens == len(want.outputs[0].token_ids)
@@ -255,9 +261,9 @@ def test_audio_input_in_any_format_equals_the_zmq_client(served: Served, zmq: Om
         "mp3": _b64_wav(samples, 16_000, "MP3", "MPEG_LAYER_III"),
     }[fmt]
     decoded, rate = soundfile.read(io.BytesIO(base64.b64decode(data.split(",")[-1])), dtype="float32")
-    content = [
-        {"type": "text", "text": "What do you hear?"},
+    content = [  # (parts render in order: the audio before the text, as the ZMQ client renders it)
         {"type": "input_audio", "input_audio": {"data": data, "format": fmt}},
+        {"type": "text", "text": "What do you hear?"},
     ]
     got = served.openai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}])
     want = zmq.generate("What do you hear?", audios=[(decoded, rate)], deadline_s=600)
@@ -554,7 +560,11 @@ def test_playground_page_streams_an_answer_in_a_real_browser(served: Served, zmq
         finally:
             browser.close()
     assert "first audio after" in status
-    want = zmq.generate("What do you hear?", audios=[(tone(), 16_000)], speaker="Ethan", deadline_s=600)
+    # The page sends the text part, then the audio: rendered in that order, spoken.
+    prompt = omni_prompt_text("What do you hear?", system=SPEECH_SYSTEM_PROMPT).replace(
+        "What do you hear?", "What do you hear?" + AUDIO_SLOT
+    )
+    want = zmq.generate(prompt, chat_formatted=True, audios=[(tone(), 16_000)], speaker="Ethan", deadline_s=600)
     assert answer == _text(want)
     assert duration == pytest.approx(_audio(want).size / 24_000, abs=1e-3)
 
