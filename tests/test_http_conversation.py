@@ -277,9 +277,11 @@ def test_conversations_of_1_2_and_4_turns_equal_transformers(served: Served) -> 
     conversation; the 2-turn one sends the first answer back by its audio id."""
     transcripts: dict[str, str] = {}
     first = _check_against_transformers(served, TURN1, transcripts)
-    two = [*TURN1, {"role": "assistant", "audio": {"id": first}}, LATER[0]]
+    # (No audio and image in one conversation: transformers' Qwen3-Omni talker fails on that
+    # mix in its rope index, 'Qwen3OmniMoeTalkerConfig' has no 'audio_config', 5.17.0.)
+    two = [LATER[0], {"role": "assistant", "audio": {"id": first}}, LATER[2]]
     _check_against_transformers(served, two, transcripts)
-    four = [{"role": "system", "content": "Answer briefly."}, *two, *LATER[1:]]
+    four = [{"role": "system", "content": "Answer briefly."}, *two, LATER[3], LATER[2], LATER[1], LATER[4]]
     _check_against_transformers(served, four, transcripts)
 
 
