@@ -97,6 +97,62 @@ def test_audio_store_bounds_expiry_and_foreign_ids() -> None:
     assert small.bytes <= 400 and small.count < 10
 
 
+# ---- forced calls and parallel_tool_calls (vLLM's parser and xgrammar, no pipeline) -------------
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": %s}\n</tool_call>'
+
+
+def _tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model("tiny-qwen3-omni"))
+
+
+def _accepts(tag: str, text: str) -> bool:
+    """Whether xgrammar (vLLM's structured-output backend), compiling `tag` for the tiny
+    checkpoint's tokenizer, accepts `text` as (a prefix of) the answer."""
+    import xgrammar
+
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(_tokenizer()))
+    return bool(xgrammar.GrammarMatcher(compiler.compile_structural_tag(tag)).accept_string(text))
+
+
+def test_a_forced_call_allows_no_run_of_whitespace_and_one_call_without_parallel_calls() -> None:
+    from omni_mp.http.vllm_hooks_tools import structural_tag
+
+    required = structural_tag(TOOLS, "required")
+    one = structural_tag(TOOLS, "required", parallel=False)
+    assert required is not None and one is not None
+    paris = '{"city": "Paris"}'
+    for tag in (required, one):
+        assert _accepts(tag, CALL % paris) and _accepts(tag, CALL % '{"city":"Paris"}')
+        assert not _accepts(tag, CALL % '{\r\r"city": "Paris"}')  # what padded the tiny model's call
+        assert not _accepts(tag, CALL % '{"city":  "Paris"}')
+    assert _accepts(required, CALL % paris + CALL % '{"city": "Oslo"}')  # parallel calls allowed
+    assert not _accepts(one, CALL % paris + "<tool_call>")  # the answer ends after one
+    named = structural_tag(TOOLS, {"type": "function", "function": {"name": "get_weather"}})
+    assert named is not None and not _accepts(named, CALL % paris + "<tool_call>")  # (vLLM's own rule)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_streamed_and_whole() -> None:
+    from omni_mp.http.vllm_hooks_tools import ToolCallReader
+
+    tok = _tokenizer()
+    text = "Let me check. " + CALL % '{"city": "Paris"}' + "\n" + CALL % '{"city": "Oslo"}'
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    for parallel, cities in ((True, ["Paris", "Oslo"]), (False, ["Paris"])):
+        reader = ToolCallReader(tok, TOOLS, "auto", parallel=parallel)
+        content, calls = reader.final(text)
+        assert content == "Let me check. " and [json.loads(c.function.arguments)["city"] for c in calls] == cities
+        streamed = ToolCallReader(tok, TOOLS, "auto", parallel=parallel)
+        args: dict[int, str] = {}
+        for k, t in enumerate(ids):  # one token at a time, as the thinker streams them
+            piece = tok.decode(ids[: k + 1]).removeprefix(tok.decode(ids[:k]))
+            for d in streamed.delta(piece, [t])[1]:
+                args[d.index] = args.get(d.index, "") + ((d.function and d.function.arguments) or "")
+        assert [json.loads(args[i])["city"] for i in sorted(args)] == cities
+
+
 # ---- the served pipeline -----------------------------------------------------------------------
 
 

@@ -42,6 +42,7 @@ class ChatJob:
     chat_formatted: bool = False  # `prompt` is a rendered conversation (omni_mp.http.conversation)
     tools: list[dict[str, Any]] | None = None  # the answer's tool calls are parsed (tool_choice not "none")
     tool_choice: Any = None
+    parallel_tool_calls: bool = True  # False: one call at most (the first)
 
 
 @dataclass
@@ -129,6 +130,7 @@ def _conversation(req: ChatCompletionRequest, ctx: ChatContext, job: ChatJob) ->
         return
     conv.tools = job.tools = _tools_of(req, policy)
     job.tool_choice = req.tool_choice if job.tools is not None else None
+    job.parallel_tool_calls = req.parallel_tool_calls is not False
     prompt = render(conv, policy, ctx.template, speak=job.audio_out)
     _check_context(prompt.text, ctx)
     job.prompt, job.audios, job.images, job.chat_formatted = prompt.text, prompt.audios, prompt.images, True
@@ -179,7 +181,7 @@ def parse_chat(req: ChatCompletionRequest, ctx: ChatContext) -> ChatJob:
     s = Sampling(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
     job.sampling = view.sampling(s, audio=job.audio_out)
     if job.tools is not None:
-        tag = structural_tag(job.tools, msgspec.to_builtins(job.tool_choice))
+        tag = structural_tag(job.tools, msgspec.to_builtins(job.tool_choice), parallel=job.parallel_tool_calls)
         if tag is not None:  # a forced call, written in the model's own format
             text_id = view.text_stage.id
             base = job.sampling.get(text_id, view.text_stage.sampling)
@@ -205,7 +207,10 @@ async def run_chat(
     the text goes through the tool parser: content deltas, then tool-call deltas."""
     assert view.text_stage is not None  # (parse_chat refused the request otherwise)
     detok = Detokenizer(tokenizer, job.stop)
-    reader = None if job.tools is None else ToolCallReader(tokenizer, job.tools, msgspec.to_builtins(job.tool_choice))
+    reader = None
+    if job.tools is not None:
+        choice = msgspec.to_builtins(job.tool_choice)
+        reader = ToolCallReader(tokenizer, job.tools, choice, parallel=job.parallel_tool_calls)
     prompt_tokens, reason, timings, spoken = 0, "stop", [], False
     events = client.stream(
         job.prompt,
