@@ -393,6 +393,13 @@ BAD: list[tuple[str, Any, str]] = [
     ("too many media", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "{png}"}}]}] * 5,
      "messages[4].content"),
     ("too long", [{"role": "user", "content": "word " * 3000}], "messages"),
+    # Short text, but three 1024x1024 images (~960 tokens each) in the history: the thinker's
+    # processor finds the conversation past its context of 2048.
+    ("media past the context", [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "{big}"}}] * 2 + [{"type": "text", "text": "Look"}]},
+        {"role": "assistant", "content": "Two pictures."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "{big}"}}, {"type": "text", "text": "And this?"}]},
+    ], "messages"),
     ("tool_choice without tools", {"tool_choice": "required"}, "tool_choice"),
 ]  # fmt: skip
 
@@ -400,15 +407,21 @@ BAD: list[tuple[str, Any, str]] = [
 def test_bad_conversations_are_400_naming_the_field_and_nothing_else_is_affected(served: Served) -> None:
     first = _spoken(served, [{"role": "user", "content": "Hello"}]).choices[0].message.audio.id
     tag = first.split("_")[1]
-    png = _png_url(pattern(28))
+    png, big = _png_url(pattern(28)), _png_url(pattern(1024))
     for name, body, param in BAD:
         payload: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         if isinstance(body, dict):
             payload.update(body)
         else:
-            payload["messages"] = json.loads(json.dumps(body).replace("{tag}", tag).replace("{png}", png))
-        r = httpx.post(f"{served.url}/v1/chat/completions", json=payload, timeout=120)
+            text = json.dumps(body).replace("{tag}", tag).replace("{png}", png).replace("{big}", big)
+            payload["messages"] = json.loads(text)
+        r = httpx.post(f"{served.url}/v1/chat/completions", json=payload, timeout=300)
         assert r.status_code == 400, (name, r.status_code, r.text[:300])
-        assert r.json()["error"]["param"] == param, (name, r.json())
+        error = r.json()["error"]
+        assert error["param"] == param, (name, error)
+        if name in ("too long", "media past the context"):
+            assert error["code"] == "context_length_exceeded" and "2048" in error["message"], (name, error)
+        if name == "media past the context":  # counted by the thinker's processor, media expanded
+            assert error["message"].startswith("stage 0: context length exceeded: the prompt is "), error
     again = _spoken(served, [{"role": "user", "content": "Hello"}]).choices[0].message
     assert again.audio is not None and again.content  # the pipeline still serves

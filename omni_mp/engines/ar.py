@@ -268,6 +268,8 @@ class AREngine:
         try:
             params = self.to_vllm_sampling(sampling)
             req = self._inputs.process(request_id, prompt, params)
+        except EngineInputError:
+            raise
         except (ValueError, TypeError, KeyError) as err:  # vLLM's processors raise all three on bad media
             raise EngineInputError(str(err)) from err
         prompt_len = req.prompt_embeds.shape[0] if req.prompt_embeds is not None else len(req.prompt_token_ids or [])

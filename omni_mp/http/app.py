@@ -133,7 +133,8 @@ class Server:
 
     def events(self, job: ChatJob, endpoint: str, t0: float) -> AsyncIterator[ChatEvent]:
         rid = f"http-{uuid.uuid4().hex}"
-        inner = as_api_errors(run_chat(self.omni, self.view, self.tokenizer, job, rid))
+        prompt_param = "messages" if endpoint == "chat" else "input"
+        inner = as_api_errors(run_chat(self.omni, self.view, self.tokenizer, job, rid), prompt_param)
         return tracked(self.metrics, endpoint, t0, inner)
 
     async def guarded(self, request: Request, coro: Any) -> Any:
