@@ -142,6 +142,16 @@ class Server:
         return await cancel_on_disconnect(request.receive, asyncio.ensure_future(coro))
 
 
+def _assistant_message(end: ChatEnd, pcm: bytes, spoken: SpokenAnswer | None, audio_format: str) -> AssistantMessage:
+    """A whole answer's message; a spoken one's audio stored under its id (omni_mp.http.audio_ids)."""
+    audio = None
+    if spoken is not None and end.spoken:
+        data = wav_bytes(pcm, SAMPLE_RATE) if audio_format == "wav" else pcm
+        spoken.store(end)
+        audio = MessageAudio(id=spoken.id, data=b64(data), expires_at=spoken.expires_at, transcript=end.content or "")
+    return AssistantMessage(role="assistant", content=end.content, audio=audio, tool_calls=end.tool_calls or None)
+
+
 async def _collect(events: AsyncIterator[ChatEvent]) -> tuple[str, bytes, ChatEnd]:
     text, pcm, end = [], [], None
     async for ev in events:
@@ -219,17 +229,8 @@ def _routes(app: FastAPI, srv: Server) -> None:
         collected = await srv.guarded(request, _collect(events))
         if collected is None:
             return Response(status_code=CLIENT_GONE)
-        text, pcm, end = collected
-        audio = None
-        if spoken is not None and end.spoken:
-            data = wav_bytes(pcm, SAMPLE_RATE) if job.audio_format == "wav" else pcm
-            spoken.store(end)
-            audio = MessageAudio(
-                id=spoken.id, data=b64(data), expires_at=spoken.expires_at, transcript=end.content or ""
-            )
-        message = AssistantMessage(
-            role="assistant", content=end.content, audio=audio, tool_calls=end.tool_calls or None
-        )
+        _, pcm, end = collected
+        message = _assistant_message(end, pcm, spoken, job.audio_format)
         choice = Choice(index=0, message=message, finish_reason=end.finish_reason)
         return _json(ChatCompletion(id=cid, created=created, model=req.model, choices=[choice], usage=end.usage))
 
