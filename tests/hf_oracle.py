@@ -194,6 +194,16 @@ def omni_inputs(model_dir: str | Path, text: str, audio: Any = None, image: Any 
     )
 
 
+def conversation_inputs(
+    model_dir: str | Path, messages: list[dict[str, Any]], audios: list[Any], images: list[Any]
+) -> Any:
+    """The processor's tensors for a whole conversation: its chat template (`apply_chat_template`),
+    then the processor on that text with the media in order."""
+    proc = _omni_processor(str(model_dir))
+    text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return proc(text=text, audio=audios or None, images=images or None, return_tensors="pt")
+
+
 def _margin(scores: torch.Tensor) -> float:
     top = scores.topk(2).values
     return float(top[0] - top[1])
@@ -230,6 +240,7 @@ def omni_generate(
     thinker_max_new_tokens: int = 16,
     talker_max_new_tokens: int = 512,
     forced_reply: list[int] | None = None,
+    inputs: Any = None,
 ) -> OmniResult:
     """transformers' full Qwen2.5-Omni generate() in fp32, greedy thinker and talker, the tiny
     codec stop ids. The token2wav noise comes from the global RNG, seeded with `seed` right
@@ -239,7 +250,10 @@ def omni_generate(
     from omni_mp.models.qwen2_5_omni.tiny import CODEC_STOP_IDS
 
     model = _omni(str(model_dir))
-    inputs = omni_inputs(model_dir, text, audio, image)
+    if inputs is None:
+        inputs = omni_inputs(model_dir, text, audio, image)
+    elif "pixel_values" in inputs:  # a conversation's, with images
+        image = True
     thinker_out: list[Any] = []
     talker_out: list[Any] = []
     mels: list[torch.Tensor] = []

@@ -40,6 +40,17 @@ def omni_inputs(model_dir: str | Path, text: str, audio: Any = None, image: Any 
     )
 
 
+def conversation_inputs(
+    model_dir: str | Path, messages: list[dict[str, Any]], audios: list[Any], images: list[Any], tools: Any = None
+) -> Any:
+    """The processor's tensors for a whole conversation: its chat template
+    (`apply_chat_template`, template parts `{"type": "audio"}` / `{"type": "image"}`), then the
+    processor on that text with the media in order."""
+    proc = _processor(str(model_dir))
+    text = proc.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    return proc(text=text, audio=audios or None, images=images or None, return_tensors="pt")
+
+
 def _margin(scores: torch.Tensor) -> float:
     top = scores.topk(2).values
     return float(top[0] - top[1])
@@ -131,6 +142,7 @@ def omni_generate(
     thinker_max_new_tokens: int = 16,
     talker_max_new_tokens: int = 256,
     forced_reply: list[int] | None = None,
+    inputs: Any = None,
 ) -> OmniResult:
     """transformers' whole Qwen3-Omni generate() in fp32: greedy thinker, talker and code
     predictor (the talker's repetition penalty 1.05 and suppressed codec control ids as
@@ -139,7 +151,7 @@ def omni_generate(
     from tests.hf_oracle import forced_thinker
 
     model = omni_model(str(model_dir))
-    inputs = omni_inputs(model_dir, text, audio, image)
+    inputs = omni_inputs(model_dir, text, audio, image) if inputs is None else inputs  # (a conversation's)
     thinker_kwargs = {"thinker_max_new_tokens": thinker_max_new_tokens}
     thinker_kwargs |= forced_thinker(forced_reply, inputs["input_ids"].shape[1])
     eos = int(model.config.im_end_token_id)

@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
@@ -26,14 +27,18 @@ import openai
 import psutil
 import pytest
 import soundfile
+import torch
 import yaml
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.config.validate import load_config
+from omni_mp.models.qwen2_5_omni.prompt import SPEECH_SYSTEM_PROMPT, omni_prompt_text
+from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
-from omni_mp.wire.messages import Finished, SamplingParamsMsg
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
+from tests.hf_oracle import assert_close_audio, assert_same_tokens, conversation_inputs, omni_generate
 from tests.launcher import ServedPipeline, serve, settled_client
 from tests.synthetic_media import pattern, tone
 
@@ -127,6 +132,11 @@ def _audio(done: Finished) -> np.ndarray:
     return np.asarray(done.outputs[-1].audio, dtype=np.float32)
 
 
+def _spoken(text: str) -> dict[str, object]:
+    """The ZMQ request of a spoken one-message chat: Qwen2.5-Omni's speech system prompt."""
+    return {"prompt": omni_prompt_text(text, system=SPEECH_SYSTEM_PROMPT), "chat_formatted": True}
+
+
 def _text(done: Finished) -> str:
     return next(o.text for o in done.outputs if o.stage_id == 0)
 
@@ -177,7 +187,7 @@ def test_text_and_audio_wav_equals_the_zmq_client(served: Served, zmq: OmniClien
         model="tiny", messages=[{"role": "user", "content": prompt}], modalities=["text", "audio"],
         audio={"voice": "Ethan", "format": "wav"}, seed=7,
     )  # fmt: skip
-    want = zmq.generate(prompt, speaker="Ethan", sampling=_audio_sampling(served, 7), deadline_s=600)
+    want = zmq.generate(**_spoken(prompt), speaker="Ethan", sampling=_audio_sampling(served, 7), deadline_s=600)
     msg = got.choices[0].message
     assert msg.audio is not None and msg.content == _text(want) and msg.audio.transcript == msg.content
     samples, rate = _decode_wav(base64.b64decode(msg.audio.data))
@@ -225,7 +235,7 @@ def test_streaming_order_and_first_audio_before_the_last_token(served: Served, z
     assert kinds[-3:] == ["transcript", "finish", "usage"]
     sampling = _audio_sampling(served, 3)
     sampling[0] = msgspec.structs.replace(sampling[0], max_tokens=400)
-    want = zmq.generate(prompt, speaker="Chelsie", sampling=sampling, deadline_s=600)
+    want = zmq.generate(**_spoken(prompt), speaker="Chelsie", sampling=sampling, deadline_s=600)
     assert "".join(text) == transcript == _text(want)
     assert finish == next(o.finish_reason for o in want.outputs if o.stage_id == 0)
     assert usage is not None and usage.completion_tokens == len(want.outputs[0].token_ids)
@@ -254,9 +264,9 @@ def test_audio_input_in_any_format_equals_the_zmq_client(served: Served, zmq: Om
         "mp3": _b64_wav(samples, 16_000, "MP3", "MPEG_LAYER_III"),
     }[fmt]
     decoded, rate = soundfile.read(io.BytesIO(base64.b64decode(data.split(",")[-1])), dtype="float32")
-    content = [
-        {"type": "text", "text": "What do you hear?"},
+    content = [  # (parts render in order: the audio before the text, as the ZMQ client renders it)
         {"type": "input_audio", "input_audio": {"data": data, "format": fmt}},
+        {"type": "text", "text": "What do you hear?"},
     ]
     got = served.openai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}])
     want = zmq.generate("What do you hear?", audios=[(decoded, rate)], deadline_s=600)
@@ -503,42 +513,211 @@ def _assert_stage_stats(served: Served) -> None:
         assert {sid for sid, _ in stats[f"omni_mp_stage_{name}"]} == stages, (name, stats)
 
 
+# ---- conversations (omni_mp.http.conversation) against transformers ----------------------------
+# Qwen2.5-Omni: text, codes and waveform of each spoken answer equal transformers' generate() on
+# the same conversation (fp32, greedy thinker and talker, the token2wav noise of seed 0), its
+# prompt ids the processor's `apply_chat_template` + processor. Waveform tolerance: HTTP's 16-bit
+# WAV against transformers' one-shot float waveform, relative L2 <= 1e-3 (assert_close_audio: the
+# streamed-vs-one-shot bound; measured on these conversations: see CONV_WAV_REL).
+CONV_TOKENS = 12  # thinker tokens per answer (max_completion_tokens)
+CONV_VOICE = "Ethan"
+CONV_MIN_MARGIN = 1e-5
+CONV_WAV_REL = 1e-3
+CONV_AUDIO, CONV_IMAGE = tone(1.0), pattern(56)
+CONV_TURN1 = [
+    {"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": _b64_wav(CONV_AUDIO, 16_000), "format": "wav"}},
+        {"type": "text", "text": "What do you hear?"},
+    ]},
+]  # fmt: skip
+CONV_LATER = [
+    {"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": _png_data_url(CONV_IMAGE)}}, {"type": "text", "text": "And this?"},
+    ]},
+    {"role": "assistant", "content": "A picture of stripes."},
+    {"role": "user", "content": "Which colours?"},
+    {"role": "assistant", "content": "Red and green."},
+    {"role": "user", "content": "Thanks. Bye."},
+]  # fmt: skip
+
+
+def _hf_conversation(messages: list[dict], transcripts: dict[str, str]) -> tuple[list[dict], list, list]:
+    """The conversation as transformers' chat template takes it (the model card's speech system
+    prompt first, then the client's system text; an audio id as its transcript), and its media."""
+    kinds = {"input_audio": "audio", "image_url": "image"}
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    out: list[dict] = [{"role": "system", "content": "\n\n".join([SPEECH_SYSTEM_PROMPT, *system])}]
+    audios, images = [], []
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        if "audio" in m:
+            out.append({"role": m["role"], "content": transcripts[m["audio"]["id"]]})
+        elif isinstance(m["content"], list):
+            parts = [{"type": kinds.get(p["type"], "text"), "text": p.get("text")} for p in m["content"]]
+            out.append({"role": m["role"], "content": [{k: v for k, v in p.items() if v is not None} for p in parts]})
+            audios += [CONV_AUDIO for p in m["content"] if p["type"] == "input_audio"]
+            images += [CONV_IMAGE for p in m["content"] if p["type"] == "image_url"]
+        else:
+            out.append(m)
+    return out, audios, images
+
+
+def _server_prompt(messages: list[dict], transcripts: dict[str, str]) -> Any:
+    """The thinker's prompt the server's history builder renders for `messages` (spoken)."""
+    from transformers import AutoTokenizer
+
+    from omni_mp.config.schema import MediaLimits
+    from omni_mp.http.audio_ids import MemoryAudioStore
+    from omni_mp.http.conversation import from_messages, render
+    from omni_mp.http.media import MediaSizes
+    from omni_mp.http.schemas import ChatMessage
+    from omni_mp.models.qwen2_5_omni.prompt import CHAT
+
+    plain = [{"role": "assistant", "content": transcripts[m["audio"]["id"]]} if "audio" in m else m for m in messages]
+    parsed = [msgspec.convert(m, ChatMessage) for m in plain]
+    conv = from_messages(parsed, MediaSizes(max_media_bytes=1 << 24), MediaLimits(max_audio_s=30.0), MemoryAudioStore())
+    tok = AutoTokenizer.from_pretrained(resolve_model("tiny-qwen2_5-omni"))
+    return render(conv, CHAT, tok.apply_chat_template, speak=True)
+
+
+def _zmq_run(zmq: OmniClient, served: Served, prompt: Any) -> tuple[list[int], list[int], list[int], str | None]:
+    """The rendered conversation through the ZMQ client: (the thinker's prompt ids, its tokens,
+    the talker's codes, the talker's finish reason)."""
+    sampling = {0: msgspec.structs.replace(served.cfg.stage(0).sampling, max_tokens=CONV_TOKENS)}
+    prompt_ids: list[int] = []
+    tokens: dict[int, list[int]] = {0: [], 1: []}
+    talker_end = None
+    for ev in zmq.stream(
+        prompt.text, chat_formatted=True, audios=[(a, r) for a, r in prompt.audios], images=list(prompt.images),
+        speaker=CONV_VOICE, sampling=sampling, deadline_s=900,
+    ):  # fmt: skip
+        if not isinstance(ev, StageOutputChunk) or ev.stage_id not in tokens:
+            continue
+        if ev.stage_id == 0 and ev.prompt_token_ids is not None:
+            prompt_ids = list(ev.prompt_token_ids)
+        tokens[ev.stage_id] += list(ev.token_ids)
+        if ev.stage_id == 1 and ev.finished:
+            talker_end = ev.finish_reason
+    return prompt_ids, tokens[0], tokens[1], talker_end
+
+
+def _conversation_turn(served: Served, zmq: OmniClient, messages: list[dict], transcripts: dict[str, str]) -> str:
+    """One spoken answer over HTTP against transformers; returns its audio id (transcript kept)."""
+    from transformers import AutoTokenizer
+
+    model_dir = resolve_model("tiny-qwen2_5-omni")
+    hf_messages, audios, images = _hf_conversation(messages, transcripts)
+    inputs = conversation_inputs(model_dir, hf_messages, audios, images)
+    want = omni_generate(model_dir, "", speaker=CONV_VOICE, thinker_max_new_tokens=CONV_TOKENS, inputs=inputs)
+    assert min(want.thinker_margins) > CONV_MIN_MARGIN and min(want.code_margins) > CONV_MIN_MARGIN
+    msg = served.openai.chat.completions.create(
+        model="m", messages=messages, modalities=["text", "audio"], audio={"voice": CONV_VOICE, "format": "wav"},
+        max_completion_tokens=CONV_TOKENS,
+    ).choices[0].message  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    said = want.thinker_ids[: want.thinker_ids.index(eos)] if eos in want.thinker_ids else want.thinker_ids
+    assert msg.audio is not None and msg.content == tok.decode(said) == msg.audio.transcript
+    wav, rate = _decode_wav(base64.b64decode(msg.audio.data))
+    got, ref = torch.from_numpy(wav), want.wav.float()
+    print(f"waveform relative L2 error {((got - ref).norm() / ref.norm()).item():.2e}")  # the measured tolerance
+    assert rate == 24_000
+    assert_close_audio(got, ref)
+    prompt_ids, thinker, codes, talker_end = _zmq_run(zmq, served, _server_prompt(messages, transcripts))
+    assert prompt_ids == inputs["input_ids"][0].tolist()
+    assert_same_tokens(thinker, want.thinker_ids, want.thinker_margins, "thinker")
+    assert_same_tokens(codes[:-1] if talker_end == "stop" else codes, want.codes, want.code_margins, "talker")
+    transcripts[msg.audio.id] = msg.audio.transcript
+    return msg.audio.id
+
+
+def test_qwen2_5_omni_conversations_of_1_2_and_4_turns_equal_transformers(served: Served, zmq: OmniClient) -> None:
+    """Spoken answers to conversations of 1, 2 and 4 user turns (an audio and an image in
+    earlier turns; the 2-turn one continues the first answer by its audio id) equal
+    transformers' generate() on the same conversation: prompt ids, text, codes, waveform."""
+    transcripts: dict[str, str] = {}
+    first = _conversation_turn(served, zmq, CONV_TURN1, transcripts)
+    two = [*CONV_TURN1, {"role": "assistant", "audio": {"id": first}}, CONV_LATER[0]]
+    _conversation_turn(served, zmq, two, transcripts)
+    four = [{"role": "system", "content": "Answer briefly."}, *two, *CONV_LATER[1:]]
+    _conversation_turn(served, zmq, four, transcripts)
+
+
+def _send_in_page(page: Any, turns: int) -> tuple[str, str, float]:
+    """Click Send, wait until the history holds `turns` turns (or the page shows an error at
+    once: no wait for the timeout then); (status, answer, the <audio> element's duration)."""
+    page.click("#send")
+    page.wait_for_function(
+        f"document.querySelectorAll('#history .turn').length === {turns} || "
+        "/^error/.test(document.getElementById('status').textContent)",
+        timeout=600_000,
+    )
+    status, answer = page.inner_text("#status"), page.inner_text("#answer")
+    assert status.startswith("done"), status
+    duration = page.evaluate(
+        """() => new Promise((resolve) => {
+            const a = document.getElementById("player");
+            if (a.readyState >= 1) resolve(a.duration); else a.onloadedmetadata = () => resolve(a.duration);
+        })"""
+    )
+    return status, answer, duration
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium from the system packages (apt-get install chromium)")
 def test_playground_page_streams_an_answer_in_a_real_browser(served: Served, zmq: OmniClient, tmp_path: Path) -> None:
-    """The page at / in headless Chromium: attach an audio file, send, the text appears, the
-    audio plays as it streams and its <audio> element ends up with a playable WAV."""
+    """The page at / in headless Chromium keeps a conversation: attach an audio file, send, the
+    text appears, the audio plays as it streams and its <audio> element ends up with a playable
+    WAV; the turn shows in the history; the next message goes with the whole history, the
+    spoken answer by its audio id, and its answer is the pipeline's to that conversation."""
     sync_api = pytest.importorskip("playwright.sync_api")
     soundfile.write(tmp_path / "question.wav", tone(), 16_000, subtype="FLOAT")
+    bodies: list[dict] = []
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM, args=["--no-sandbox", "--autoplay-policy=no-user-gesture-required"]
         )
         try:
             page = browser.new_page()
+            page.on(
+                "request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/chat/completions") else None
+            )
             page.goto(f"{served.url}/")
             assert page.eval_on_selector_all("#voice option", "os => os.map(o => o.value)") == ["Chelsie", "Ethan"]
             page.fill("#api-key", KEY)
             page.fill("#message", "What do you hear?")
             page.set_input_files("#audio-file", str(tmp_path / "question.wav"))
             page.select_option("#voice", "Ethan")
-            page.click("#send")
-            page.wait_for_function(
-                "/^(done|error)/.test(document.getElementById('status').textContent)", timeout=600_000
-            )  # the page shows an error instead of "done" at once: no wait for the timeout then
-            status, answer = page.inner_text("#status"), page.inner_text("#answer")
-            assert status.startswith("done"), status
-            duration = page.evaluate(
-                """() => new Promise((resolve) => {
-                    const a = document.getElementById("player");
-                    if (a.readyState >= 1) resolve(a.duration); else a.onloadedmetadata = () => resolve(a.duration);
-                })"""
+            status, answer, duration = _send_in_page(page, 2)
+            assert (
+                page.input_value("#message") == "" and page.eval_on_selector("#audio-file", "e => e.files.length") == 0
             )
+            page.fill("#message", "And then?")
+            _, answer2, duration2 = _send_in_page(page, 4)
+            history = page.eval_on_selector_all("#history .turn", "ts => ts.map(t => t.textContent)")
         finally:
             browser.close()
     assert "first audio after" in status
-    want = zmq.generate("What do you hear?", audios=[(tone(), 16_000)], speaker="Ethan", deadline_s=600)
+    # The page sends the attachment, then the text (the model's own order), spoken.
+    prompt = omni_prompt_text("What do you hear?", n_audio=1, system=SPEECH_SYSTEM_PROMPT)
+    want = zmq.generate(prompt, chat_formatted=True, audios=[(tone(), 16_000)], speaker="Ethan", deadline_s=600)
     assert answer == _text(want)
     assert duration == pytest.approx(_audio(want).size / 24_000, abs=1e-3)
+    # The second turn: the first one's messages, its answer by its audio id, then the new text.
+    first, second = bodies
+    (user1,) = first["messages"]
+    assert [p["type"] for p in user1["content"]] == ["input_audio", "text"]
+    assert second["messages"][0] == user1 and second["messages"][2] == {"role": "user", "content": [
+        {"type": "text", "text": "And then?"}]}  # fmt: skip
+    assert second["messages"][1]["role"] == "assistant" and second["messages"][1]["audio"]["id"].startswith("audio_")
+    assert len(second["messages"]) == 3
+    followed = prompt + f"{_text(want)}<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n"
+    want2 = zmq.generate(followed, chat_formatted=True, audios=[(tone(), 16_000)], speaker="Ethan", deadline_s=600)
+    assert answer2 == _text(want2)
+    assert duration2 == pytest.approx(_audio(want2).size / 24_000, abs=1e-3)
+    assert history == [
+        "You[audio] What do you hear?", f"Model{_text(want)} (spoken)", "YouAnd then?", f"Model{_text(want2)} (spoken)"
+    ]  # fmt: skip
 
 
 def test_health_names_a_killed_stage_until_it_restarts(served: Served, zmq: OmniClient) -> None:

@@ -288,6 +288,7 @@ class AsyncOmniClient:
         final_stages: Sequence[int] = (),
         hidden_states: bool = False,
         forced_reply: str | None = None,
+        chat_formatted: bool = False,
         _stream: bool = True,
     ) -> AsyncIterator[StageOutputChunk | Finished]:
         """Yield final-stage chunks as they arrive, then the `Finished` event; raise `RequestError` on error.
@@ -306,7 +307,9 @@ class AsyncOmniClient:
         stages that emit hidden states (`hidden_states:` in their config) carry them (`hidden`);
         streaming only, since `generate` returns no per-step rows. `forced_reply`: the entry
         stage's reply to the text `prompt`, given rather than generated (Submit.forced_reply:
-        e.g. a talker then voices exactly this text).
+        e.g. a talker then voices exactly this text). `chat_formatted`: `prompt` is
+        already in the entry stage's chat format (e.g. a conversation rendered with the model's
+        chat template, one placeholder per medium, in the order of `audios` and `images`).
         Bad arguments raise `InvalidRequest` (a ValueError, and a RequestError with code
         `invalid_input`) naming them: before anything is sent, or, for what only the pipeline
         knows (a stage id it lacks, a prompt too long), from its answer.
@@ -338,6 +341,7 @@ class AsyncOmniClient:
                 stream=_stream,
                 final_stages=list(final_stages),
                 hidden_states=bool(hidden_states),
+                chat_formatted=bool(chat_formatted),
             )
         except ValueError as err:  # (AudioFileError and PayloadError are ValueErrors too)
             raise InvalidRequest.refused(rid, err) from None

@@ -540,6 +540,7 @@ class Coordinator:
                     prompt_embeds=msg.prompt_embeds if entry else None,
                     multi_modal=msg.multi_modal if entry else None,
                     forced_reply=msg.forced_reply if entry else None,
+                    chat_formatted=msg.chat_formatted and entry,
                     speaker=msg.speaker,
                     params=msg.params,
                     sampling_params=sampling.get(stage.id, stage.sampling),

@@ -56,6 +56,11 @@ def check_submit(cfg: PipelineConfig, msg: Submit) -> dict[int, SamplingParamsMs
             "invalid_input",
             "`multi_modal`: needs a text `prompt` and an entry stage that takes media (with a `prompt_format`)",
         )
+    if msg.chat_formatted and (msg.prompt is None or any(s.prompt_format is None for s in cfg.entry_stages)):
+        raise Rejected(
+            "invalid_input",
+            "`chat_formatted`: needs a text `prompt` and an entry stage with a chat format (`prompt_format`)",
+        )
     if msg.multi_modal is not None:
         _check_media_sizes(cfg, msg.multi_modal)
     if msg.forced_reply is not None:

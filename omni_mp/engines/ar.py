@@ -189,6 +189,7 @@ class AREngine:
     def to_vllm_sampling(self, p: SamplingParamsMsg, only: list[int] | None = None) -> Any:
         """vLLM's sampling parameters; `only`: the ids that may be sampled (all others never)."""
         from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
         allowed, extra = only, None
         if p.suppress_token_ids:
@@ -203,6 +204,7 @@ class AREngine:
                 extra = suppress_args(suppressed)
             else:
                 allowed = [t for t in range(self.vocab_size) if t not in suppressed]
+        structured = None if p.structural_tag is None else StructuredOutputsParams(structural_tag=p.structural_tag)
         return SamplingParams(
             max_tokens=p.max_tokens,
             min_tokens=p.min_tokens,
@@ -215,6 +217,7 @@ class AREngine:
             ignore_eos=p.ignore_eos,
             allowed_token_ids=allowed,
             extra_args=extra,
+            structured_outputs=structured,
             detokenize=False,  # the stage decodes final text itself, once
             # Built for one request and never reused: vLLM need not deep-copy it (3.9 ms with an
             # 8k-id allowed list).
@@ -283,6 +286,8 @@ class AREngine:
         try:
             params = self.to_vllm_sampling(sampling, only)
             req = self._inputs.process(request_id, prompt, params)
+        except EngineInputError:
+            raise
         except (ValueError, TypeError, KeyError) as err:  # vLLM's processors raise all three on bad media
             raise EngineInputError(str(err)) from err
         prompt_len = req.prompt_embeds.shape[0] if req.prompt_embeds is not None else len(req.prompt_token_ids or [])

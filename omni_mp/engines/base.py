@@ -89,6 +89,24 @@ class EngineInputError(ValueError):
     """The engine rejected a request's input (the message says what and why)."""
 
 
+# How a ContextLengthError's message starts: the stage reports it with code `invalid_input` like
+# any refused input, and whoever shows it to a client (the HTTP server: a 400 naming the prompt's
+# field) tells it apart by this.
+CONTEXT_LENGTH_EXCEEDED = "context length exceeded"
+
+
+class ContextLengthError(EngineInputError):
+    """A prompt longer than the model's context, counted as the model sees it (each medium
+    expanded to its tokens), with at least one token left for the output."""
+
+    def __init__(self, prompt_len: int, max_model_len: int) -> None:
+        super().__init__(
+            f"{CONTEXT_LENGTH_EXCEEDED}: the prompt is {prompt_len} tokens (its media expanded), "
+            f"the model's context is {max_model_len} (max_model_len), one of them for the answer"
+        )
+        self.prompt_len, self.max_model_len = prompt_len, max_model_len
+
+
 class StageEngine(Protocol):
     @property
     def speakers(self) -> frozenset[str] | None:

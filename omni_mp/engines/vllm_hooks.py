@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from omni_mp.engines.base import ContextLengthError
 from omni_mp.engines.rows import RowStream
 
 # Captured steps not yet collected by the stage loop. The loop collects after every engine
@@ -470,15 +471,30 @@ def install_gated_scheduler(io: StepIO) -> Callable[[Any], None]:
     return configure
 
 
+def _input_processor_cls() -> type:
+    """vLLM's InputProcessor, its prompt-length check raising ContextLengthError (the lengths
+    as numbers, not vLLM's message) for a decoder prompt that leaves no room for an output
+    token; `_validate_prompt_len(prompt_len, prompt_type)` is where 0.25.0 checks it, after
+    expanding the media."""
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    class _InputProcessor(InputProcessor):  # type: ignore[misc, valid-type]
+        def _validate_prompt_len(self, prompt_len: int, prompt_type: str) -> None:
+            limit = self.model_config.max_model_len
+            if prompt_type == "decoder" and not self.skip_prompt_length_check and prompt_len >= limit:
+                raise ContextLengthError(prompt_len, limit)
+            super()._validate_prompt_len(prompt_len, prompt_type)
+
+    return _InputProcessor
+
+
 class RequestInputs:
     """vLLM 0.25.0's `InputProcessor` for an engine core: prompts (token ids, embeddings, media)
     and sampling params -> the `EngineCoreRequest` that `CoreDriver.add` hands to the scheduler,
     validated and processed by vLLM's own code (its multimodal processors included)."""
 
     def __init__(self, core: Any) -> None:
-        from vllm.v1.engine.input_processor import InputProcessor
-
-        self._processor = InputProcessor(core.vllm_config)
+        self._processor = _input_processor_cls()(core.vllm_config)
         self._tasks = core.get_supported_tasks()
 
     @property

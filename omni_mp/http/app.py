@@ -6,6 +6,7 @@ decoded with msgspec against `schemas`; handlers raise `ApiError` for anything r
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import time
@@ -22,8 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omni_mp.client.omni_client import AsyncOmniClient, ClientClosed, RequestError
 from omni_mp.http.audio_encode import MEDIA_TYPES
+from omni_mp.http.audio_ids import AudioStore, MemoryAudioStore
 from omni_mp.http.audio_out import SAMPLE_RATE, b64, wav_bytes
-from omni_mp.http.chat import AudioDelta, ChatEnd, ChatJob, TextDelta, parse_chat, run_chat
+from omni_mp.http.chat import AudioDelta, ChatContext, ChatEnd, ChatJob, TextDelta, parse_chat, run_chat
 from omni_mp.http.errors import ApiError, from_request_error, from_validation, too_large
 from omni_mp.http.events import ChatEvent, as_api_errors, primed, tracked
 from omni_mp.http.images import (
@@ -52,7 +54,7 @@ from omni_mp.http.schemas import (
     to_json,
 )
 from omni_mp.http.speech import parse_speech, run_speech, speech_bytes, speech_sse
-from omni_mp.http.sse import AbortingStream, ChunkMeta, cancel_on_disconnect, chat_events
+from omni_mp.http.sse import AbortingStream, ChunkMeta, SpokenAnswer, cancel_on_disconnect, chat_events
 from omni_mp.http.transcriptions import add_transcription_route
 from omni_mp.http.voices import Voices
 from omni_mp.wire.messages import StageStatus
@@ -62,7 +64,6 @@ T = TypeVar("T")
 
 _PLAYGROUND = Path(__file__).resolve().parent / "static" / "playground.html"
 CLIENT_GONE = 499  # the answer to a client that disconnected (nobody reads it)
-AUDIO_EXPIRY_S = 3600  # message.audio.expires_at: nothing is stored, so only nominal
 
 
 class ServerSettings(msgspec.Struct, frozen=True):
@@ -71,6 +72,10 @@ class ServerSettings(msgspec.Struct, frozen=True):
     api_key: str | None = None
     max_body_bytes: int = 64 << 20
     max_media_bytes: int = 32 << 20
+    # Spoken answers kept for `assistant.audio.id` (omni_mp.http.audio_ids): bounds and lifetime.
+    audio_ids_max: int = 10_000
+    audio_ids_max_bytes: int = 32 << 20
+    audio_ids_ttl_s: int = 3600
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -109,6 +114,12 @@ class Server:
         self.client: AsyncOmniClient | None = None
         self.voices = Voices([])  # once the stages serve: their voices and the aliases of them
         self.started = int(time.time())
+        # One store for every request this process serves (see omni_mp.http.audio_ids).
+        self.audio_ids: AudioStore = MemoryAudioStore(
+            max_entries=settings.audio_ids_max, max_bytes=settings.audio_ids_max_bytes, ttl_s=settings.audio_ids_ttl_s
+        )
+        template = None if tokenizer is None else functools.partial(tokenizer.apply_chat_template)
+        self.chat = ChatContext(view, self.sizes, template, self.audio_ids, tokenizer)  # type: ignore[arg-type]
 
     @property
     def omni(self) -> AsyncOmniClient:
@@ -125,12 +136,23 @@ class Server:
 
     def events(self, job: ChatJob, endpoint: str, t0: float) -> AsyncIterator[ChatEvent]:
         rid = f"http-{uuid.uuid4().hex}"
-        inner = as_api_errors(run_chat(self.omni, self.view, self.tokenizer, job, rid))
+        prompt_param = "messages" if endpoint == "chat" else "input"
+        inner = as_api_errors(run_chat(self.omni, self.view, self.tokenizer, job, rid), prompt_param)
         return tracked(self.metrics, endpoint, t0, inner)
 
     async def guarded(self, request: Request, coro: Any) -> Any:
         """Await `coro`; None once cancelled (its request aborted) if the client goes away first."""
         return await cancel_on_disconnect(request.receive, asyncio.ensure_future(coro))
+
+
+def _assistant_message(end: ChatEnd, pcm: bytes, spoken: SpokenAnswer | None, audio_format: str) -> AssistantMessage:
+    """A whole answer's message; a spoken one's audio stored under its id (omni_mp.http.audio_ids)."""
+    audio = None
+    if spoken is not None and end.spoken:
+        data = wav_bytes(pcm, SAMPLE_RATE) if audio_format == "wav" else pcm
+        spoken.store(end)
+        audio = MessageAudio(id=spoken.id, data=b64(data), expires_at=spoken.expires_at, transcript=end.content or "")
+    return AssistantMessage(role="assistant", content=end.content, audio=audio, tool_calls=end.tool_calls or None)
 
 
 async def _collect(events: AsyncIterator[ChatEvent]) -> tuple[str, bytes, ChatEnd]:
@@ -140,7 +162,7 @@ async def _collect(events: AsyncIterator[ChatEvent]) -> tuple[str, bytes, ChatEn
             text.append(ev.text)
         elif isinstance(ev, AudioDelta):
             pcm.append(ev.pcm)
-        else:
+        elif isinstance(ev, ChatEnd):
             end = ev
     assert end is not None
     return end.text, b"".join(pcm), end
@@ -202,29 +224,25 @@ def _routes(app: FastAPI, srv: Server) -> None:
         t0 = time.monotonic()
         try:
             req = _decode(await _body(request, srv.settings.max_body_bytes), ChatCompletionRequest)
-            job = parse_chat(req, srv.view, srv.sizes)
+            job = parse_chat(req, srv.chat)
         except ApiError as err:
             srv.metrics.outcome("chat", err.code)
             raise
         events = srv.events(job, "chat", t0)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        audio_id = f"audio-{uuid.uuid4().hex}" if job.audio_out else None
+        spoken = SpokenAnswer(srv.audio_ids) if job.audio_out else None
         if req.stream:
             events = await srv.guarded(request, primed(events))
             if events is None:
                 return Response(status_code=CLIENT_GONE)
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            meta = ChunkMeta(cid, created, req.model, audio_id, include_usage)
+            meta = ChunkMeta(cid, created, req.model, spoken, include_usage)
             return AbortingStream(chat_events(meta, events), media_type="text/event-stream")
         collected = await srv.guarded(request, _collect(events))
         if collected is None:
             return Response(status_code=CLIENT_GONE)
-        text, pcm, end = collected
-        audio = None
-        if audio_id is not None:
-            data = wav_bytes(pcm, SAMPLE_RATE) if job.audio_format == "wav" else pcm
-            audio = MessageAudio(id=audio_id, data=b64(data), expires_at=created + AUDIO_EXPIRY_S, transcript=text)
-        message = AssistantMessage(role="assistant", content=text, audio=audio)
+        _, pcm, end = collected
+        message = _assistant_message(end, pcm, spoken, job.audio_format)
         choice = Choice(index=0, message=message, finish_reason=end.finish_reason)
         return _json(ChatCompletion(id=cid, created=created, model=req.model, choices=[choice], usage=end.usage))
 

@@ -7,6 +7,7 @@ import re
 import msgspec
 
 from omni_mp.client.omni_client import RequestError
+from omni_mp.engines.base import CONTEXT_LENGTH_EXCEEDED
 
 
 class ErrorBody(msgspec.Struct):
@@ -77,14 +78,18 @@ _STATUS = {
 }
 
 
-def from_request_error(err: RequestError) -> ApiError:
+def from_request_error(err: RequestError, prompt_param: str | None = None) -> ApiError:
     """A request the pipeline ended with an error: 4xx for what the client sent, 429 for
-    overload (with Retry-After), 5xx naming the stage for a failure inside the pipeline."""
+    overload (with Retry-After), 5xx naming the stage for a failure inside the pipeline.
+    `prompt_param`: the request field the prompt came from (`messages`), named by the 400 for a
+    prompt longer than the model's context (media tokens counted by the model's processor)."""
     status = _STATUS.get(err.code, 500)
     where = "the coordinator" if err.stage_id is None else f"stage {err.stage_id}"
     message = f"{where}: {err.event.message}"
     if "unknown speaker" in err.event.message:
         return ApiError(400, message, param="audio.voice", code="invalid_value")
+    if err.code == "invalid_input" and err.event.message.startswith(CONTEXT_LENGTH_EXCEEDED):
+        return ApiError(400, message, param=prompt_param, code="context_length_exceeded")
     if status == 429:
         return ApiError(429, message, type="rate_limit_error", code=err.code, headers={"Retry-After": "1"})
     if status >= 500:

@@ -9,20 +9,21 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from omni_mp.client.omni_client import RequestError
-from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta
+from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta, ToolCallsDelta
 from omni_mp.http.errors import ApiError, from_request_error
 from omni_mp.http.metrics import Metrics
 
-ChatEvent = TextDelta | AudioDelta | ChatEnd
+ChatEvent = TextDelta | ToolCallsDelta | AudioDelta | ChatEnd
 T = TypeVar("T")
 
 
-async def as_api_errors(events: AsyncIterator[ChatEvent]) -> AsyncIterator[ChatEvent]:
+async def as_api_errors(events: AsyncIterator[ChatEvent], prompt_param: str | None = None) -> AsyncIterator[ChatEvent]:
+    """`prompt_param`: the request field a prompt too long for the model is blamed on."""
     try:
         async for ev in events:
             yield ev
     except RequestError as err:
-        raise from_request_error(err) from None
+        raise from_request_error(err, prompt_param) from None
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from omni_mp.config.schema import MediaLimits, PipelineConfig, StageConfig
+from omni_mp.models.family import ChatPolicy
 from omni_mp.models.registry import makes_images
 from omni_mp.wire.messages import SamplingParamsMsg, StatusReply
 
@@ -50,8 +51,10 @@ class PipelineView:
     @classmethod
     def of(cls, cfg: PipelineConfig) -> PipelineView:
         finals = cfg.final_stages
-        # The text answer: a whole AR model, or a family's thinker (an entry stage in its chat format).
-        text = [s for s in finals if s.kind == "ar" and (s.model_part is None or (not s.inputs and s.prompt_format))]
+        # The text answer: a final AR stage that takes the client's prompt (an omni thinker,
+        # whatever checkpoint part it runs), else a final AR stage of a whole checkpoint.
+        text = [s for s in finals if s.kind == "ar" and not s.inputs]
+        text = text or [s for s in finals if s.kind == "ar" and s.model_part is None]
         diffusion = [s for s in finals if s.kind == "diffusion"]
         images = [s for s in diffusion if makes_images(s.diffusion.model_type)]
         audio = [s for s in diffusion if s not in images]
@@ -67,6 +70,29 @@ class PipelineView:
 
         entries = [stage_media_limits(s) for s in self.cfg.entry_stages] or [MediaLimits()]
         return MediaLimits(**{f: min(getattr(m, f) for m in entries) for f in MediaLimits.__struct_fields__})
+
+    @functools.cached_property
+    def chat_policy(self) -> ChatPolicy:
+        """The entry stage's chat format's policy for whole conversations (a default one for a
+        stage without a chat format)."""
+        from omni_mp.models.registry import prompt_format
+
+        names = [s.prompt_format for s in self.cfg.entry_stages if s.prompt_format is not None]
+        return prompt_format(names[0]).chat if names else ChatPolicy()
+
+    @property
+    def has_chat_format(self) -> bool:
+        """The entry stages wrap the prompt in a model's chat format (`prompt_format`); without
+        one, the prompt is taken as plain text."""
+        return bool(self.cfg.entry_stages) and all(s.prompt_format is not None for s in self.cfg.entry_stages)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The entry stage's context (its `max_model_len` engine arg), None when unset."""
+        for s in self.cfg.entry_stages:
+            if s.engine_args.get("max_model_len") is not None:
+                return int(s.engine_args["max_model_len"])
+        return None
 
     def sampling(self, s: Sampling, *, audio: bool) -> dict[int, SamplingParamsMsg]:
         """Per-stage overrides: the text stage gets the OpenAI fields; the seed also seeds

@@ -44,10 +44,55 @@ class InputAudioPart(_Req, tag_field="type", tag="input_audio"):
 ContentPart = TextPart | ImageUrlPart | InputAudioPart
 
 
+class AudioRef(_Req):
+    """An earlier spoken answer, by its `message.audio.id` (omni_mp.http.audio_ids)."""
+
+    id: Annotated[str, Meta(max_length=128)]
+
+
+class FunctionCallParam(_Req):
+    name: Annotated[str, Meta(min_length=1, max_length=256)]
+    arguments: Annotated[str, Meta(max_length=MAX_TEXT)]  # JSON text, as the model wrote it
+
+
+class ToolCallParam(_Req):
+    id: Annotated[str, Meta(min_length=1, max_length=256)]
+    function: FunctionCallParam
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(_Req):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, Meta(max_length=MAX_TEXT)] | Annotated[list[ContentPart], Meta(max_length=64)] | None
+    """One message of any role; what each role may carry is checked by omni_mp.http.conversation
+    (a 400 naming `messages[i].<field>`)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[str, Meta(max_length=MAX_TEXT)] | Annotated[list[ContentPart], Meta(max_length=64)] | None = None
     name: str | None = None
+    audio: AudioRef | None = None  # assistant: an earlier spoken answer
+    tool_calls: Annotated[list[ToolCallParam], Meta(max_length=64)] | None = None  # assistant
+    tool_call_id: Annotated[str, Meta(max_length=256)] | None = None  # tool
+    refusal: str | None = None  # assistant (echoed back by clients; not shown to the model)
+
+
+class FunctionDef(_Req):
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None
+
+
+class ToolDef(_Req):
+    function: FunctionDef
+    type: Literal["function"] = "function"
+
+
+class NamedFunction(_Req):
+    name: str
+
+
+class NamedToolChoice(_Req):
+    function: NamedFunction
+    type: Literal["function"] = "function"
 
 
 class AudioParam(_Req):
@@ -77,6 +122,9 @@ class ChatCompletionRequest(_Req):
     stop: Stop | Annotated[list[Stop], Meta(max_length=4)] | None = None
     n: int | None = None
     user: str | None = None
+    tools: Annotated[list[ToolDef], Meta(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class VoiceRef(_Req):
@@ -137,11 +185,23 @@ class MessageAudio(msgspec.Struct):
     transcript: str
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(msgspec.Struct):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
 class AssistantMessage(msgspec.Struct):
     role: str
     content: str | None
     audio: MessageAudio | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(msgspec.Struct):
@@ -164,12 +224,26 @@ class DeltaAudio(msgspec.Struct, omit_defaults=True):
     id: str
     data: str | None = None  # base64 PCM16, 24 kHz mono (as token2wav makes it)
     transcript: str | None = None
+    expires_at: int | None = None  # on the first audio delta
+
+
+class DeltaFunction(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(msgspec.Struct, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunction | None = None
 
 
 class Delta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     audio: DeltaAudio | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(msgspec.Struct):

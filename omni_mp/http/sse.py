@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from omni_mp.http.audio_ids import AudioStore
 from omni_mp.http.audio_out import b64
-from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta
+from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta, ToolCallsDelta
 from omni_mp.http.errors import ApiError
 from omni_mp.http.schemas import ChatCompletionChunk, ChunkChoice, Delta, DeltaAudio, to_json
 
@@ -23,12 +24,26 @@ def event(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
+class SpokenAnswer:
+    """A spoken answer's audio id: issued when the request starts (a stream names it and its
+    `expires_at` in its first audio delta), resolvable once the answer is stored at its end."""
+
+    def __init__(self, store: AudioStore) -> None:
+        self._store = store
+        self.id = store.new_id()
+        self.expires_at = store.expiry()
+
+    def store(self, end: ChatEnd) -> None:
+        """Keep what the model needs to continue: the answer's spoken text (tool calls excluded)."""
+        self._store.put(self.id, end.content or "", self.expires_at)
+
+
 @dataclass(frozen=True)
 class ChunkMeta:
     id: str
     created: int
     model: str
-    audio_id: str | None  # set when the answer is spoken
+    spoken: SpokenAnswer | None  # set when the answer is spoken
     include_usage: bool
 
 
@@ -37,27 +52,41 @@ def _chunk(meta: ChunkMeta, delta: Delta, finish_reason: str | None = None) -> b
     return event(to_json(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[choice])))
 
 
-async def chat_events(meta: ChunkMeta, events: AsyncIterator[TextDelta | AudioDelta | ChatEnd]) -> AsyncIterator[bytes]:
-    """Text in `delta.content`, audio in `delta.audio.data` (base64 PCM16) as produced; the
-    whole transcript in a last `delta.audio`; then `finish_reason`, usage if asked, [DONE].
-    An error after the first event is sent as an `error` event (the status is gone by then)."""
+def _end_chunks(meta: ChunkMeta, end: ChatEnd, spoken: bool) -> list[bytes]:
+    out = []
+    if meta.spoken is not None and spoken:
+        meta.spoken.store(end)
+        out.append(_chunk(meta, Delta(audio=DeltaAudio(id=meta.spoken.id, transcript=end.content or ""))))
+    out.append(_chunk(meta, Delta(), end.finish_reason))
+    if meta.include_usage:
+        last = ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=end.usage)
+        out.append(event(to_json(last)))
+    return out
+
+
+async def chat_events(
+    meta: ChunkMeta, events: AsyncIterator[TextDelta | ToolCallsDelta | AudioDelta | ChatEnd]
+) -> AsyncIterator[bytes]:
+    """Text in `delta.content`, tool calls in `delta.tool_calls`, audio in `delta.audio.data`
+    (base64 PCM16; the first with the id's `expires_at`) as produced; the spoken transcript in a
+    last `delta.audio`; then `finish_reason`, usage if asked, [DONE]. An error after the first
+    event is sent as an `error` event (the status is gone by then)."""
     yield _chunk(meta, Delta(role="assistant", content=""))
+    spoken = False
     try:
         async for ev in events:
             if isinstance(ev, TextDelta):
                 yield _chunk(meta, Delta(content=ev.text))
+            elif isinstance(ev, ToolCallsDelta):
+                yield _chunk(meta, Delta(tool_calls=ev.calls))
             elif isinstance(ev, AudioDelta):
-                assert meta.audio_id is not None
-                yield _chunk(meta, Delta(audio=DeltaAudio(id=meta.audio_id, data=b64(ev.pcm))))
+                assert meta.spoken is not None
+                expires = None if spoken else meta.spoken.expires_at
+                spoken = True
+                yield _chunk(meta, Delta(audio=DeltaAudio(id=meta.spoken.id, data=b64(ev.pcm), expires_at=expires)))
             else:
-                if meta.audio_id is not None:
-                    yield _chunk(meta, Delta(audio=DeltaAudio(id=meta.audio_id, transcript=ev.text)))
-                yield _chunk(meta, Delta(), ev.finish_reason)
-                if meta.include_usage:
-                    last = ChatCompletionChunk(
-                        id=meta.id, created=meta.created, model=meta.model, choices=[], usage=ev.usage
-                    )
-                    yield event(to_json(last))
+                for chunk in _end_chunks(meta, ev, spoken):
+                    yield chunk
     except ApiError as err:
         yield event(to_json(err.body))
         return

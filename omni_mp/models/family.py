@@ -54,6 +54,19 @@ class Family(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     image_models: frozenset[str] = frozenset()
 
 
+class ChatPolicy(msgspec.Struct, frozen=True):
+    """What a family's chat format asks of a whole conversation (omni_mp.http.conversation)
+    beyond its checkpoint's chat template, from the model's own documentation and reference."""
+
+    # The system prompt the model needs to speak (its model card), None: any. When set, a
+    # spoken answer's system turn starts with it; the client's system text follows it.
+    speech_system: str | None = None
+    tools: bool = False  # the chat template renders `tools`, tool calls and tool results
+    # The roles of the prompt's turns the talker reads (the reference's generate()); None: the
+    # whole prompt. Informational: the talker's processor finds them in the prompt's ids.
+    talker_roles: tuple[str, ...] | None = None
+
+
 class PromptFormat(Protocol):
     """An entry stage's chat format and what its model's processor takes as media."""
 
@@ -61,6 +74,7 @@ class PromptFormat(Protocol):
     # The token that ends the model's turn in this format (a reply given rather than generated
     # ends with it: Submit.forced_reply); None: the format takes no given reply.
     reply_end: str | None
+    chat: ChatPolicy  # what a whole conversation needs beyond the checkpoint's chat template
 
     def max_audio_s(self, model_dir: str) -> float | None:
         """The longest audio (seconds) the checkpoint's processor takes whole (longer audio

@@ -64,6 +64,16 @@ class ProcessorError(ValueError):
     """Upstream results cannot be turned into this stage's input."""
 
 
+class Silent:
+    """What `prompt` returns for a request that has nothing for this stage (e.g. a talker whose
+    answer is a tool call: nothing to speak): the stage ends it at once with no output and
+    finish_reason SILENT_REASON, and stages downstream see that reason (and may be silent too)."""
+
+
+SILENT = Silent()
+SILENT_REASON = "silent"
+
+
 class StageProcessor:
     step_embeds_enabled = False  # True: the stage adds per-step extra embeddings
     prompt_embeds_enabled = False  # True: prompts come as embeddings
@@ -77,7 +87,8 @@ class StageProcessor:
         tables, speakers) load it here; stateless ones are shared."""
         return self
 
-    def prompt(self, upstream: Mapping[int, UpstreamResult], ctx: RequestContext) -> StageInput | None:
+    def prompt(self, upstream: Mapping[int, UpstreamResult], ctx: RequestContext) -> StageInput | Silent | None:
+        """The stage's input once upstream results suffice (None: not yet; SILENT: never)."""
         raise NotImplementedError
 
     def step_embeds(self, upstream: Mapping[int, UpstreamResult], start: int) -> tuple[torch.Tensor | None, bool]:

@@ -22,7 +22,7 @@ import zmq
 
 from omni_mp.config.schema import PipelineConfig, StageConfig
 from omni_mp.engines.base import EngineInputError, Extension, PreparedRequest, StageEngine
-from omni_mp.models.processor import ProcessorError, RequestContext
+from omni_mp.models.processor import SILENT_REASON, ProcessorError, RequestContext, Silent
 from omni_mp.models.registry import resolve_model, stage_processor
 from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
 from omni_mp.stage.prepare import Prepared, PrepareJob, Preparer
@@ -181,12 +181,30 @@ class StageLoop:
                 stage_input = self.processor.prompt(state.upstream, state.ctx)
                 if stage_input is None:
                     return
+                if isinstance(stage_input, Silent):
+                    self._end_silent(state)
+                    return
                 if self.processor.step_embeds_enabled:
                     stage_input = msgspec.structs.replace(stage_input, step_embeds=True)
                 self._start(state, self.engine.prepare(rid, state.sampling, stage_input, state.ctx.speaker))
             self._extend(state)
         except (ProcessorError, EngineInputError) as err:
             self._fail(rid, "invalid_input", f"from stage {chunk.stage_id}: {err}")
+
+    def _end_silent(self, state: StageRequestState) -> None:
+        """End a request that has nothing for this stage: one empty finished chunk (downstream,
+        and to the coordinator when final), then its StageDone, as if the engine had finished it."""
+        rid, now = state.request_id, time.time()
+        chunk = StageOutputChunk(
+            request_id=rid,
+            stage_id=self.stage.id,
+            finished=True,
+            finish_reason=SILENT_REASON,
+            text="" if self.stage.final_output else None,
+        )
+        self._end(rid, in_engine=False)
+        self._queue(Outgoing(StageOutputBatch.pack([chunk]), to_events=self.stage.final_output, downstream=True))
+        self._emit(self._done(state, SILENT_REASON, now))
 
     def _extend(self, state: StageRequestState) -> None:
         """Hand a started request what its upstream streamed in since the last call."""

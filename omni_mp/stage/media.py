@@ -40,10 +40,17 @@ def check_media(stage: StageConfig, media: MultiModalInput) -> None:
 
 
 def build_entry_input(
-    stage: StageConfig, text: str, media: MultiModalInput | None, params: dict[str, Any] | None = None
+    stage: StageConfig,
+    text: str,
+    media: MultiModalInput | None,
+    params: dict[str, Any] | None = None,
+    *,
+    formatted: bool = False,
 ) -> StageInput:
     """The prompt in the stage's chat format, plus vLLM `multi_modal_data` for its media, and
-    the prompts the format runs beside it for this request's `params` (e.g. a negative prompt)."""
+    the prompts the format runs beside it for this request's `params` (e.g. a negative prompt).
+    `formatted`: `text` is already in the chat format (a rendered conversation) and is taken as
+    it is; vLLM's processor then matches its placeholders with the media."""
     assert stage.prompt_format is not None
     fmt = prompt_format(stage.prompt_format)
     media = media or MultiModalInput()
@@ -58,7 +65,9 @@ def build_entry_input(
     try:
         if system is not None and not isinstance(system, str):
             raise ValueError(f"params[{SYSTEM_PROMPT_PARAM!r}] must be a string, got {type(system).__name__}")
-        prompt = fmt.render(text, n_audio=len(media.audios), n_image=len(media.images), system=system)
+        prompt = (
+            text if formatted else fmt.render(text, n_audio=len(media.audios), n_image=len(media.images), system=system)
+        )
         companions = [StageInput(prompt_text=c) for c in fmt.companions(params)]
     except ValueError as err:
         raise MediaError(str(err)) from None

@@ -62,7 +62,7 @@ def entry_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> S
     if msg.forced_reply is not None:
         return forced_reply_input(stage, engine, msg)
     if msg.prompt is not None and stage.prompt_format is not None:
-        return build_entry_input(stage, msg.prompt, msg.multi_modal, msg.params)
+        return build_entry_input(stage, msg.prompt, msg.multi_modal, msg.params, formatted=msg.chat_formatted)
     if msg.prompt is not None:
         return StageInput(prompt_token_ids=engine.tokenize(msg.prompt))
     raise EngineInputError("an entry stage needs a prompt, prompt_token_ids or prompt_embeds")

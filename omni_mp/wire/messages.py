@@ -222,6 +222,9 @@ class SamplingParamsMsg(msgspec.Struct, forbid_unknown_fields=True, omit_default
     ignore_eos: bool = False
     # Ids never sampled (transformers' suppress_tokens), e.g. a talker's codec_bos.
     suppress_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = []
+    # An xgrammar structural tag (JSON) the output must follow, through vLLM's structured
+    # outputs: e.g. a forced tool call in the model's own format (omni_mp.http.vllm_hooks_tools).
+    structural_tag: Annotated[str, Meta(max_length=1 << 20)] | None = None
 
 
 class MessageBase(
@@ -242,6 +245,7 @@ class StageRequest(MessageBase):
     prompt_embeds: PromptEmbeds | None = None
     multi_modal: MultiModalInput | None = None  # entry stages only
     forced_reply: str | None = None  # entry stages only (Submit.forced_reply)
+    chat_formatted: bool = False  # `prompt` is already in the stage's chat format (Submit.chat_formatted)
     speaker: SpeakerName | None = None  # stages that speak use it; None: their default
     params: RequestParams | None = None  # the client's model parameters (Submit.params), for every stage
     additional_information: AdditionalInformation | None = None
@@ -574,6 +578,10 @@ class Submit(MessageBase):
     # generates only its format's end of turn. Downstream stages see it as that stage's
     # output, so a talker voices exactly this text (omni_mp.stage.prepare.forced_reply_input).
     forced_reply: str | None = None
+    # `prompt` is already in the entry stage's chat format (a whole conversation rendered with
+    # the model's chat template, one placeholder per medium of `multi_modal`, in order): the
+    # stage takes it as it is instead of wrapping it as one user turn.
+    chat_formatted: bool = False
     speaker: SpeakerName | None = None  # the voice of stages that speak (unknown: an error)
     # Model parameters the stages' family reads (e.g. omni_mp.models.qwen_image.ImageParams
     # as builtins); every stage of the request gets them.

@@ -9,10 +9,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from omni_mp.models.family import ChatPolicy
 from omni_mp.models.transcription import TranscriptionPrompt, instruction
 
 SYSTEM_PROMPT = "You are a helpful assistant who can hear, see and speak."
 ASR_SYSTEM_PROMPT = "You are a speech recognition model."  # the cookbook's, for transcription
+# Qwen2.5-Omni's model card: for audio output the system prompt must be exactly this sentence
+# (otherwise "the audio output may not work as expected").
+SPEECH_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
+    "auditory and visual inputs, as well as generating text and speech."
+)
+# No tools in its chat template; its talker reads the whole prompt (transformers' generate()
+# projects the thinker's embeddings + hidden states of every prompt position).
+CHAT = ChatPolicy(speech_system=SPEECH_SYSTEM_PROMPT, tools=False, talker_roles=None)
 AUDIO_SLOT = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 IMAGE_SLOT = "<|vision_bos|><|IMAGE|><|vision_eos|>"
 VIDEO_SLOT = "<|vision_bos|><|VIDEO|><|vision_eos|>"
@@ -67,6 +77,7 @@ class OmniPromptFormat:
 
     audio_rate = 16_000
     reply_end = "<|im_end|>"  # the assistant turn's end, which generate() stops on
+    chat = CHAT
 
     def max_audio_s(self, model_dir: str) -> float | None:
         """The feature extractor's window: it pads or cuts every audio to `n_samples` samples

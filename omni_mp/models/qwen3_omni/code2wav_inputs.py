@@ -14,8 +14,11 @@ from collections.abc import Mapping
 
 from omni_mp.engines.base import StageInput
 from omni_mp.models.processor import (
+    SILENT,
+    SILENT_REASON,
     ProcessorError,
     RequestContext,
+    Silent,
     StageProcessor,
     UpstreamResult,
     single_upstream,
@@ -44,8 +47,10 @@ class Qwen3OmniCode2WavInputs(StageProcessor):
             raise ProcessorError(f"stage {up.stage_id}: frame {bad} has no codes (the talker could not complete it)")
         return codes.reshape(-1).tolist()
 
-    def prompt(self, upstream: Mapping[int, UpstreamResult], ctx: RequestContext) -> StageInput | None:
+    def prompt(self, upstream: Mapping[int, UpstreamResult], ctx: RequestContext) -> StageInput | Silent | None:
         up = single_upstream(upstream, NAME)
+        if up.finished and up.finish_reason == SILENT_REASON:
+            return SILENT  # the talker had nothing to speak (a tool call): no audio either
         codes = self._codes(up, 0)
         if not codes:
             if up.finished:

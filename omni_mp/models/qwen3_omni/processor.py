@@ -20,6 +20,9 @@ computed once when the stage binds (a prompt or a step then only gathers rows; m
   thinker never feeds back: the row waits for the next token or the end), then T(tts_eos),
   then T(tts_pad) for every later step (`step_fill`). The talker model adds the codec and
   code-predictor embeddings of the frame itself (omni_mp.models.qwen3_omni.vllm_hooks_talker).
+- a tool call is never spoken (omni_mp.models.qwen3_omni.tool_cut): the text rows end where
+  the answer's first `<tool_call>` starts (then T(tts_eos)); an answer that opens with one
+  has nothing to speak (the request ends here SILENT, and code2wav's with it).
 - sampling: stop on `codec_eos_token_id`; the top 1024 codec ids but eos are never sampled
   (generate's `suppress_tokens`); the prompt's bookkeeping ids are `codec_pad` (itself
   suppressed, so a repetition penalty counts generated codes only, as generate's does).
@@ -40,14 +43,17 @@ import torch.nn.functional as F
 
 from omni_mp.models.checkpoint import load_prefixed, load_tensors
 from omni_mp.models.processor import (
+    SILENT,
     ProcessorError,
     RequestContext,
+    Silent,
     StageInput,
     StageProcessor,
     UpstreamResult,
     single_upstream,
 )
 from omni_mp.models.qwen3_omni.exports import THINKER_EMBED, ThinkerTurns, TurnIds, accept_hidden_layer
+from omni_mp.models.qwen3_omni.tool_cut import ToolCallCut
 
 if TYPE_CHECKING:
     from omni_mp.config.schema import StageConfig
@@ -158,6 +164,7 @@ class _BoundTalkerInputs(Qwen3OmniTalkerInputs):
         self.codec_speaker = {name: codec[i].clone() for name, i in self.speaker_ids.items()}
         self.codec_pad_row = codec[self.codec_pad].clone()
         self.codec_bos_row = codec[int(talker["codec_bos_id"])].clone()
+        self.tool_cut = ToolCallCut.load(model_dir)  # None: the checkpoint has no tool-call token
 
     # ---- rows ---------------------------------------------------------------------------------
     def text_row(self, token: int) -> torch.Tensor:
@@ -174,11 +181,19 @@ class _BoundTalkerInputs(Qwen3OmniTalkerInputs):
         return self.text_table[ids]
 
     # ---- the prompt ---------------------------------------------------------------------------
-    def prompt(self, upstream: Mapping[int, UpstreamResult], ctx: RequestContext) -> StageInput | None:
+    def prompt(self, upstream: Mapping[int, UpstreamResult], ctx: RequestContext) -> StageInput | Silent | None:
         up = single_upstream(upstream, "qwen3_omni_talker")
         x = up.prompt_token_ids
         if x is None or not up.output_token_ids:
             return None
+        if self.tool_cut is not None:
+            # A tool call is never spoken: an answer that opens with one has nothing to say, and
+            # a first token that may open one waits for the next.
+            cut, safe = self.tool_cut.scan(up.output_token_ids, 0, final=up.finished)
+            if cut == 0:
+                return SILENT
+            if cut is None and safe == 0 and not up.finished:
+                return None
         try:
             turns = ThinkerTurns.of(x, self.turn_ids)
         except ValueError as err:
@@ -253,15 +268,24 @@ class _BoundTalkerInputs(Qwen3OmniTalkerInputs):
         s = x[a:]  # the assistant part's prompt tokens; s continues with y
         first = ASSISTANT_HEAD + 1  # s index of step row 0
         n_text = max(0, len(s) + len(y) - 1 - first)  # rows T(s_4..s_{len-2}): the last token waits
+        ended = up.finished
+        if self.tool_cut is not None:
+            # The text ends where a tool call starts (row k reads y[first + k - len(s)]); tokens
+            # that may open one wait until they do or do not.
+            cut, safe = self.tool_cut.scan(y, max(0, start + first - len(s)), final=up.finished)
+            if cut is not None:
+                n_text, ended = min(n_text, max(0, cut - first + len(s))), True
+            else:
+                n_text = min(n_text, max(0, safe - first + len(s)))
         parts: list[torch.Tensor] = []
         if start < n_text:
             ids = [s[i] if i < len(s) else y[i - len(s)] for i in range(start + first, n_text + first)]
             parts.append(self.text_rows(ids))
-        if up.finished and start <= n_text:
+        if ended and start <= n_text:
             parts.append(self.tts_eos[None])
         if not parts:
-            return None, up.finished
-        return (parts[0] if len(parts) == 1 else torch.cat(parts)), up.finished
+            return None, ended
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)), ended
 
     def _assistant_start(self, x: list[int]) -> int:
         """The last `<|im_start|>assistant` of the prompt (scanned from its end: a few tokens)."""

@@ -18,8 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omni_mp.models.family import ChatPolicy
 from omni_mp.models.qwen3_omni.chat_template import AUDIO_SLOT, IMAGE_SLOT
 from omni_mp.models.transcription import TranscriptionPrompt, instruction
+
+# Any system prompt (the model card fixes none for speech); tools in the chat template (tool
+# results come back as user turns); the talker reads the user turns (tool results included) and
+# the last assistant turn, never the system turn or earlier answers (transformers' generate()).
+CHAT = ChatPolicy(speech_system=None, tools=True, talker_roles=("user",))
 
 
 def omni_prompt_text(text: str, n_audio: int = 0, n_image: int = 0, system: str | None = None) -> str:
@@ -35,6 +41,7 @@ class Qwen3OmniPromptFormat:
 
     audio_rate = 16_000
     reply_end = "<|im_end|>"  # the assistant turn's end, which generate() stops on
+    chat = CHAT
 
     def max_audio_s(self, model_dir: str) -> float | None:
         return None  # no window: see the module docstring

@@ -42,6 +42,7 @@ from omni_mp.models.qwen3_omni.chat_template import (
     NAMED_TOKENS,
     ROLES,
     SPECIAL_TOKENS,
+    TOOL_TOKENS,
     TTS_BOS,
     TTS_EOS,
     TTS_PAD,
@@ -87,7 +88,7 @@ class TinySpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 TINY_SPECS: dict[str, TinySpec] = {"tiny-qwen3-omni": TinySpec()}
 # Bump when _build_tiny changes without a spec change: the cache is keyed by the spec.
-TINY_BUILD = 3
+TINY_BUILD = 4  # 4: the chat template's tools; the tool tokens added to the tokenizer
 
 _ROLE_CORPUS = [f"<|im_start|>{role}\nhello there, {role}.<|im_end|>\n" for role in ROLES]
 
@@ -272,6 +273,10 @@ def _train_tokenizer(spec: TinySpec, out_dir: Path) -> Any:
     )
     if len(tok) != spec.tokenizer_vocab:
         raise ValueError(f"tokenizer trained to {len(tok)} tokens, spec asks for {spec.tokenizer_vocab}")
+    # The tool tokens after training, as the released tokenizer's added (not special) tokens: the
+    # ids of every trained token stay as they were, these take ids past them (the thinker's
+    # lm_head rows there are zero, like the released model's unused rows).
+    tok.add_tokens(list(TOOL_TOKENS))
     tok.save_pretrained(out_dir)
     tok = Qwen2Tokenizer.from_pretrained(
         out_dir, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=32768, **NAMED_TOKENS

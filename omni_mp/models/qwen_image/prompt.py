@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omni_mp.models.family import ChatPolicy
 from omni_mp.models.qwen_image.params import parse_params
 
 TEMPLATE = (
@@ -29,6 +30,7 @@ class QwenImagePromptFormat:
 
     audio_rate = 16_000  # unused: no audio reaches this format
     reply_end = None  # an encoder: it replies nothing
+    chat = ChatPolicy()  # unused: the pipeline does not chat
 
     def max_audio_s(self, model_dir: str) -> float | None:
         return None
