@@ -149,3 +149,19 @@ def start_request(engine: Any, request_id: str, sampling: Any, speaker: str | No
 def engine_is_empty(engine: Any) -> bool:
     """No request left in the engine's vLLM scheduler."""
     return not engine.driver.core.scheduler.has_requests()
+
+
+def wait_healthy(url: str, pipeline: ServedPipeline, timeout_s: float = 300) -> None:
+    """Wait until the HTTP server at `url` answers /health with 200; the pipeline's last lines
+    if it does not within `timeout_s`."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
+        time.sleep(0.5)

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import io
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import av
-import httpx
 import numpy as np
 import yaml
 
-from tests.launcher import ServedPipeline, serve
+from tests.launcher import ServedPipeline, serve, wait_healthy
 
 KEY = "speech-key"
 
@@ -36,15 +34,7 @@ def serve_http(config: Path, tmp: Path, **top: Any) -> Iterator[tuple[ServedPipe
     path.write_text(yaml.safe_dump(raw))
     url = f"http://127.0.0.1:{_free_port()}"
     with serve(path, "--http", url.removeprefix("http://"), "--api-key", KEY) as pipeline:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
-            time.sleep(0.5)
+        wait_healthy(url, pipeline)
         yield pipeline, url
 
 

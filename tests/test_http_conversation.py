@@ -18,7 +18,6 @@ import base64
 import io
 import json
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,7 +35,7 @@ from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import StageOutputChunk
 from tests.hf_oracle import assert_same_tokens
 from tests.hf_oracle_qwen3_omni import OmniResult, conversation_inputs, omni_generate
-from tests.launcher import ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
 from tests.synthetic_media import pattern, tone
 from tests.test_qwen3_omni_pipeline import Run
 
@@ -169,15 +168,7 @@ def served() -> Iterator[Served]:
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     with serve(CONFIG, "--http", f"127.0.0.1:{port}") as pipeline:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "".join(pipeline.lines[-40:])
-            time.sleep(0.5)
+        wait_healthy(url, pipeline, timeout_s=600)
         yield Served(pipeline, url)
 
 

@@ -39,7 +39,7 @@ from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_close_audio, assert_same_tokens, conversation_inputs, omni_generate
-from tests.launcher import ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
 from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
@@ -75,15 +75,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     config.write_text(yaml.safe_dump(raw))
     url = f"http://127.0.0.1:{_free_port()}"
     with serve(config, "--http", url.removeprefix("http://"), "--api-key", KEY) as pipeline:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
-            time.sleep(0.5)
+        wait_healthy(url, pipeline)
         yield Served(pipeline, url, config)
         http_procs = [p for p in pipeline.descendants() if "omni_mp.http" in " ".join(p.cmdline())]
         assert len(http_procs) == 1

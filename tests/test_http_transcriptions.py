@@ -7,7 +7,6 @@ and the usage its token counts; the prompt is checked against the family's docum
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from omni_mp.http.detok import load_tokenizer
 from omni_mp.http.pipeline import PipelineView
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished
-from tests.launcher import ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
 from tests.synthetic_media import tone
 from tests.test_client_failure import _free_port
 
@@ -51,15 +50,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     config = CONFIG_DIR / f"{request.param}.yaml"
     url = f"http://127.0.0.1:{_free_port()}"
     with serve(config, "--http", url.removeprefix("http://"), "--api-key", KEY) as pipeline:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
-            time.sleep(0.5)
+        wait_healthy(url, pipeline)
         view = PipelineView.of(load_config(config))
         assert view.text_stage is not None
         api = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)

@@ -16,11 +16,9 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -29,7 +27,7 @@ from PIL import Image
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.models.registry import makes_images
 from omni_mp.stage_configs import CONFIG_DIR
-from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.launcher import REPO, ServedPipeline, serve, settled_client, wait_healthy
 
 pytestmark = pytest.mark.engine
 # The HTTP server and the CLI know an image stage by its family's word (Family.image_models).
@@ -64,15 +62,8 @@ def served() -> Iterator[Served]:
     url = f"http://127.0.0.1:{_free_port()}"
     http = ["--http", url.removeprefix("http://"), "--api-key", KEY] if DECLARED else []
     with serve(CONFIG, *http) as pipeline:
-        deadline = time.monotonic() + 300
-        while DECLARED:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
-            time.sleep(0.5)
+        if DECLARED:
+            wait_healthy(url, pipeline)
         yield Served(pipeline, url)
 
 

@@ -97,11 +97,7 @@ FAMILIES: dict[str, tuple[str, list[dict[str, Any]], Callable[[], Any], str, Cal
 
 @pytest.mark.parametrize(
     ("family", "modes", "n_gpus"),
-    [
-        pytest.param(f, m, n, marks=gpus(n), id=f"{f}-{m[0]}-vs-{m[1]}-{n}gpu")
-        for f in FAMILIES
-        for m, n in COMPARISONS
-    ],
+    [pytest.param(f, m, n, marks=gpus(n), id=f"{f}-{m[0]}-vs-{m[1]}-{n}gpu") for f in FAMILIES for m, n in COMPARISONS],
 )
 def test_two_modes_agree(
     family: str, modes: tuple[str, str], n_gpus: int, report: Callable[[dict[str, Any]], Path]

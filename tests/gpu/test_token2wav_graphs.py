@@ -134,4 +134,3 @@ def test_graphs_equal_eager_and_capture_nothing_after_warm_up(report: Callable[[
     bad = [r for r in rows if not r["velocity_graph_equals_eager"] or worst[id(r)] > ATOL]
     assert not bad, bad
     assert warm["captured"] > 0 and warm["after"] == warm["before"], warm
-
