@@ -128,6 +128,16 @@ def _conversation(req: ChatCompletionRequest, ctx: ChatContext, job: ChatJob) ->
             raise bad_request("this pipeline has no chat format: one user text message per request", "messages")
         job.prompt = "\n".join(it.text for it in turn.items if isinstance(it, TextItem))
         return
+    if ctx.template is None:
+        # No tokenizer in this server (a stage with skip_tokenizer_init): the thinker stage
+        # renders one user turn in its own prompt format; a longer conversation needs the template.
+        turn = conv.turns[0]
+        if len(conv.turns) != 1 or turn.role != "user" or req.tools is not None:
+            why = "this server has no chat template (no tokenizer): one user message per request"
+            raise bad_request(why, "messages")
+        job.prompt = "\n".join(it.text for it in turn.items if isinstance(it, TextItem))
+        job.audios, job.images = list(conv.audios), list(conv.images)
+        return
     conv.tools = job.tools = _tools_of(req, policy)
     job.tool_choice = req.tool_choice if job.tools is not None else None
     job.parallel_tool_calls = req.parallel_tool_calls is not False
