@@ -206,11 +206,6 @@ def _routes(app: FastAPI, srv: Server) -> None:
         model = Model(id=srv.settings.model, created=srv.started, owned_by="omni_mp", voices=voices)
         return _json(ModelList(data=[model]))
 
-    @app.get("/v1/audio/voices", dependencies=auth)
-    async def voices() -> Response:
-        """The model's voices, each with the aliases (OpenAI's voice names, ...) that mean it."""
-        return _json(srv.voices.listing(srv.started))
-
     @app.get("/metrics", dependencies=auth)
     async def metrics() -> Response:
         try:
@@ -245,6 +240,13 @@ def _routes(app: FastAPI, srv: Server) -> None:
         message = _assistant_message(end, pcm, spoken, job.audio_format)
         choice = Choice(index=0, message=message, finish_reason=end.finish_reason)
         return _json(ChatCompletion(id=cid, created=created, model=req.model, choices=[choice], usage=end.usage))
+
+
+def _audio_routes(app: FastAPI, srv: Server, auth: list[Any]) -> None:
+    @app.get("/v1/audio/voices", dependencies=auth)
+    async def voices() -> Response:
+        """The model's voices, each with the aliases (OpenAI's voice names, ...) that mean it."""
+        return _json(srv.voices.listing(srv.started))
 
     @app.post("/v1/audio/speech", dependencies=auth)
     async def speech(request: Request) -> Response:
@@ -344,6 +346,7 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
     app.state.server = srv
     _error_handlers(app)
     _routes(app, srv)
+    _audio_routes(app, srv, [Depends(srv.require_key)])
     _image_routes(app, srv, [Depends(srv.require_key)])
     add_transcription_route(app, srv, [Depends(srv.require_key)], _body)
     return app
