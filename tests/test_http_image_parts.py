@@ -8,7 +8,8 @@ import msgspec
 import pytest
 
 from omni_mp.config.validate import parse_config
-from omni_mp.http.chat import parse_chat
+from omni_mp.http.audio_ids import MemoryAudioStore
+from omni_mp.http.chat import ChatContext, parse_chat
 from omni_mp.http.errors import ApiError, from_validation
 from omni_mp.http.images import parse_images
 from omni_mp.http.media import MediaSizes
@@ -110,5 +111,6 @@ def test_a_pipeline_that_only_makes_images_refuses_chat() -> None:
         msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), type=ChatCompletionRequest
     )
     with pytest.raises(ApiError, match="does not chat") as err:
-        parse_chat(req, IMAGE_VIEW, MediaSizes(max_media_bytes=1 << 20))
+        store = MemoryAudioStore(max_entries=1, max_bytes=1, ttl_s=1)
+        parse_chat(req, ChatContext(IMAGE_VIEW, MediaSizes(max_media_bytes=1 << 20), None, store))
     assert err.value.status == 400 and err.value.body.error.param == "model"
