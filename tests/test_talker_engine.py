@@ -146,8 +146,8 @@ def engine() -> Iterator[Any]:
     with in_process_engine(str(view), args, EngineFeatures(prompt_embeds=True, step_embeds=True)) as eng:
         print(f"\n[talker] engine init {time.monotonic() - t0:.1f}s")
 
-        def with_logprobs(p: SamplingParamsMsg) -> Any:
-            params = AREngine.to_vllm_sampling(eng, p)
+        def with_logprobs(p: SamplingParamsMsg, only: list[int] | None = None) -> Any:
+            params = AREngine.to_vllm_sampling(eng, p, only)
             params.logprobs = VC
             return params
 
