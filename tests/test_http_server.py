@@ -15,6 +15,8 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +63,7 @@ class Served:
     def __init__(self, pipeline: ServedPipeline, url: str, config: Path) -> None:
         self.pipeline = pipeline
         self.url = url
+        self.config = config
         self.cfg = load_config(config)
         self.openai = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
 
@@ -739,3 +742,107 @@ def test_health_names_a_killed_stage_until_it_restarts(served: Served, zmq: Omni
     assert saw_503 and saw_5xx and r.status_code == 200
     assert next(s.restarts for s in zmq.status().stages if s.stage_id == 2) == 1
     assert served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}]).choices
+
+
+# ---- several server processes (http.workers) ----------------------------------------------------
+
+
+def _workers_server(served: Served, port: int) -> subprocess.Popen[bytes]:
+    """A second front on the served pipeline: `python -m omni_mp.http --workers 2`."""
+    cmd = [sys.executable, "-m", "omni_mp.http", "--config", str(served.config), "--endpoint", served.pipeline.endpoint]
+    cmd += ["--listen", f"127.0.0.1:{port}", "--workers", "2"]
+    return subprocess.Popen(cmd, env=dict(os.environ, OMNI_MP_API_KEY=KEY), cwd=Path(__file__).resolve().parents[1])
+
+
+def _clients_on_two_workers(url: str) -> tuple[httpx.Client, httpx.Client, list[httpx.Client]]:
+    """Keep-alive clients, opened until two of them talk to different workers (/health says which)."""
+    opened: list[httpx.Client] = []
+    by_pid: dict[int, httpx.Client] = {}
+    deadline = time.monotonic() + 120
+    while len(by_pid) < 2:
+        assert time.monotonic() < deadline and len(opened) < 200, f"one worker answers every connection: {by_pid}"
+        client = httpx.Client(base_url=url, headers=_auth(), timeout=600)
+        opened.append(client)
+        try:
+            reply = client.get("/health")
+        except httpx.TransportError:
+            time.sleep(0.5)
+            continue
+        if reply.status_code == 200:
+            by_pid.setdefault(reply.json()["worker_pid"], client)
+    a, b = by_pid.values()
+    return a, b, opened
+
+
+def _workers_of(supervisor: psutil.Process) -> list[psutil.Process]:
+    """uvicorn's worker processes (spawned: multiprocessing's spawn_main), not its resource tracker."""
+    return [p for p in supervisor.children() if "spawn_main" in " ".join(p.cmdline())]
+
+
+def _chat_outcomes(client: httpx.Client) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for s in family.samples:
+            if s.name == "omni_mp_http_requests_total" and s.labels["endpoint"] == "chat":
+                out[s.labels["code"]] = out.get(s.labels["code"], 0) + s.value
+    return out
+
+
+def test_two_workers_share_audio_ids_and_metrics_and_leave_nothing(served: Served) -> None:
+    """An answer spoken by one worker continues on another by its audio id (the same prompt as
+    the one-process server given the transcript), an id the store never issued is a 400 on any
+    worker, /metrics on either counts both, a killed worker is replaced while the other serves,
+    and SIGTERM ends every worker and removes the server's private directory."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _workers_server(served, port)
+    try:
+        a, b, opened = _clients_on_two_workers(url)
+        before = _chat_outcomes(a)
+        first = [{"role": "user", "content": "Say something about the sea."}]
+        oa = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, http_client=a, max_retries=0)
+        ob = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, http_client=b, max_retries=0)
+        spoken = oa.chat.completions.create(
+            model="tiny", messages=first, modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav"},
+            max_completion_tokens=8, seed=3,
+        )  # fmt: skip
+        audio = spoken.choices[0].message.audio
+        assert audio is not None and audio.transcript
+        follow = [*first, {"role": "assistant", "audio": {"id": audio.id}}, {"role": "user", "content": "And then?"}]
+        got = ob.chat.completions.create(model="tiny", messages=follow, max_completion_tokens=8)
+        as_text = [*first, {"role": "assistant", "content": audio.transcript}, {"role": "user", "content": "And then?"}]
+        want = served.openai.chat.completions.create(model="tiny", messages=as_text, max_completion_tokens=8)
+        assert got.choices[0].message.content == want.choices[0].message.content
+        assert got.usage is not None and want.usage is not None
+        assert got.usage.prompt_tokens == want.usage.prompt_tokens
+        never = audio.id[:-4] + ("0000" if not audio.id.endswith("0000") else "1111")
+        with pytest.raises(openai.BadRequestError, match="unknown audio id"):
+            ob.chat.completions.create(model="tiny", messages=[*first, {"role": "assistant", "audio": {"id": never}}])
+        after = _chat_outcomes(b)
+        assert after.get("ok", 0) - before.get("ok", 0) == 2
+        assert after.get("audio_id_unknown", 0) - before.get("audio_id_unknown", 0) == 1
+
+        supervisor = psutil.Process(proc.pid)
+        workers = _workers_of(supervisor)
+        assert len(workers) == 2
+        spec = json.loads(workers[0].environ()["OMNI_MP_HTTP_WORKER"])
+        shared = Path(spec["settings"]["shared_store"]["path"]).parent
+        assert shared.is_dir() and oct(shared.stat().st_mode & 0o777) == "0o700"
+        pid_b = b.get("/health").json()["worker_pid"]
+        psutil.Process(pid_b).kill()
+        assert a.get("/health").status_code == 200  # the other worker serves on
+        deadline = time.monotonic() + 120
+        while {p.pid for p in _workers_of(supervisor)} & {pid_b} or len(_workers_of(supervisor)) < 2:
+            assert time.monotonic() < deadline, "uvicorn did not replace the killed worker"
+            time.sleep(0.5)
+        for client in opened:
+            client.close()
+        workers = supervisor.children()  # the workers and multiprocessing's resource tracker
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+        assert not shared.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
