@@ -29,7 +29,7 @@ import soundfile
 import torch
 
 from omni_mp.client.omni_client import OmniClient
-from omni_mp.http.audio_ids import AudioIdError, MemoryAudioStore
+from omni_mp.http.audio_ids import MemoryAudioStore
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import StageOutputChunk

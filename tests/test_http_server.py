@@ -40,6 +40,7 @@ from omni_mp.models.qwen2_5_omni.prompt import SPEECH_SYSTEM_PROMPT, omni_prompt
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
+from tests.client_scripts import client_script
 from tests.hf_oracle import assert_close_audio, assert_same_tokens, conversation_inputs, omni_generate
 from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
 from tests.synthetic_media import pattern, tone
@@ -846,3 +847,19 @@ def test_two_workers_share_audio_ids_and_metrics_and_leave_nothing(served: Serve
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_pipecat_openai_llm_service_holds_a_conversation(served: Served, tmp_path: Path) -> None:
+    """pipecat's OpenAILLMService with its context aggregators, as a pipecat bot runs it: a
+    system prompt, a first turn, then a second user message once the first answer is in the
+    context. Each answer it streams is the server's answer to the same message list."""
+    system, first, second = "You are a terse assistant.", "Name a colour.", "And another one?"
+    got = client_script("pipecat_llm", f"{served.url}/v1", KEY, system, first, second, str(tmp_path / "llm.json"))
+    assert got["errors"] == [] and len(got["answers"]) == 2
+    context = got["messages"]  # what pipecat sent: its context (it strips the answers it stores)
+    assert [m["role"] for m in context] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in context][:2] == [system, first] and context[3]["content"] == second
+    for k, answer in enumerate(got["answers"]):
+        want = served.openai.chat.completions.create(model="omni", messages=context[: 2 + 2 * k])
+        assert answer == want.choices[0].message.content and answer.strip()
+        assert context[2 + 2 * k]["content"] == answer.strip()
