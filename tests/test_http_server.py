@@ -75,6 +75,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     raw = yaml.safe_load(BASE_CONFIG.read_text())
     raw["admission"] = {"max_inflight": MAX_INFLIGHT}
     raw["stages"][2]["restart"] = {"max_restarts": 1, "backoff_s": 0.1}
+    # The thinker's prefix cache on (text-only answers read it; spoken ones compute every row).
+    raw["stages"][0]["engine_args"].update(enable_prefix_caching=True, block_size=16)
     config = tmp_path_factory.mktemp("http") / "tiny_http.yaml"
     config.write_text(yaml.safe_dump(raw))
     url = f"http://127.0.0.1:{_free_port()}"
@@ -863,3 +865,25 @@ def test_pipecat_openai_llm_service_holds_a_conversation(served: Served, tmp_pat
         want = served.openai.chat.completions.create(model="omni", messages=context[: 2 + 2 * k])
         assert answer == want.choices[0].message.content and answer.strip()
         assert context[2 + 2 * k]["content"] == answer.strip()
+
+
+def test_text_answers_read_the_thinkers_prefix_cache_and_spoken_ones_compute_every_row(served: Served) -> None:
+    """With the thinker's prefix cache on, a text-only answer (no talker runs: nobody reads the
+    thinker's hidden rows) starts from the cached prefix of an earlier turn and says the same;
+    a spoken answer reads none of it (the talker needs every prompt row), and speaks as before."""
+    system = "You are a helpful assistant who answers briefly. " * 6
+    turn = [{"role": "system", "content": system}, {"role": "user", "content": "What is the sea?"}]
+
+    def ask(**kw: Any) -> Any:
+        return served.openai.chat.completions.create(model="tiny", messages=turn, max_completion_tokens=8, **kw)
+
+    first, again = ask(), ask()
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 16 <= cached < again.usage.prompt_tokens and cached % 16 == 0, cached
+    assert again.choices[0].message.content == first.choices[0].message.content
+    spoken = [ask(modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav"}, seed=5) for _ in range(2)]
+    for answer in spoken:
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+        assert answer.usage.prompt_tokens_details.cached_tokens == 0
+    assert spoken[0].choices[0].message.audio.data == spoken[1].choices[0].message.audio.data  # type: ignore[union-attr]

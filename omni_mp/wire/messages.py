@@ -254,6 +254,9 @@ class StageRequest(MessageBase):
     # need agree; the stage adds it to its own monotonic clock on receipt.
     deadline_s: Annotated[float, Meta(ge=0.0, le=1e7)] | None = None
     hidden_states: bool = False  # a final stage sends its hidden rows to the client too (Submit.hidden_states)
+    # Whether a stage this request runs on (downstream of this one) or the client reads this
+    # stage's hidden rows: false lets a stage that captures them read its prefix cache.
+    rows_wanted: bool = True
 
 
 class StageOutputChunk(MessageBase):
@@ -555,6 +558,7 @@ class StageDone(MessageBase):
     t_first_token: float | None
     t_finished: float
     finish_reason: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens read from the stage's prefix cache (of num_prompt_tokens)
 
 
 class StageSampling(msgspec.Struct, forbid_unknown_fields=True):
