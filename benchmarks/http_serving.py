@@ -18,14 +18,10 @@ import argparse
 import asyncio
 import base64
 import json
-import os
-import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,47 +29,16 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common.phases import REPO
+from benchmarks.common.served import free_port, released_qwen3_omni, start
 from benchmarks.common.stats import percentile_inclusive as _pct
 from benchmarks.common.warmup import Warmups, warmup_line
 from omni_mp.client.omni_client import AsyncOmniClient
 from omni_mp.config.validate import load_config
-from omni_mp.http.pipeline import PipelineView, Sampling
+from omni_mp.http.pipeline import PipelineView, Sampling, voices_of
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import StageOutputChunk
 
-VOICES = ("Chelsie", "Ethan")
 Request = tuple[str, str, int]  # prompt, voice, seed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(config: Path, url: str) -> tuple[subprocess.Popen[str], str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(config), "--http", url.removeprefix("http://")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    endpoint = None
-    for line in proc.stdout:
-        m = re.search(r"serving pipeline .* on (\S+)", line)
-        if m:
-            endpoint = m.group(1)
-            break
-    if endpoint is None:
-        raise RuntimeError(f"the launcher exited with {proc.wait()}")
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep its pipe drained
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return proc, endpoint
-        except httpx.TransportError:
-            time.sleep(0.5)
-    raise RuntimeError("the HTTP server did not come up")
 
 
 async def via_zmq(client: AsyncOmniClient, view: PipelineView, req: Request, tokens: int) -> float:
@@ -133,24 +98,25 @@ async def bench(args: argparse.Namespace, url: str, endpoint: str, view: Pipelin
             "zmq": lambda r: via_zmq(client, view, r, args.tokens),
             "http": lambda r: via_http(http, url, r, args.tokens),
         }
+        voices = voices_of(await client.status())[:2]  # the pipeline's own voice names
         for c in args.concurrency:
             t0 = time.time()
-            warm = [(f"Warm up number {i}.", VOICES[i % 2], 1_000_000 + i) for i in range(c)]
+            warm = [(f"Warm up number {i}.", voices[i % len(voices)], 1_000_000 + i) for i in range(c)]
             for way in ("zmq", "http"):
                 await one_round(ways[way], warm)
             warmups.warmed(c, t0, 2 * c)
-            levels[str(c)] = await measured_level(ways, c, args.rounds, warmups)
+            levels[str(c)] = await measured_level(ways, c, args.rounds, warmups, voices)
     return {"levels": levels, "warmup": warmups.to_json()}
 
 
 async def measured_level(
-    ways: dict[str, Callable[[Request], Awaitable[float]]], c: int, rounds: int, warmups: Warmups
+    ways: dict[str, Callable[[Request], Awaitable[float]]], c: int, rounds: int, warmups: Warmups, voices: list[str]
 ) -> dict[str, Any]:
     """One level's measured rounds (alternating who goes first), its printed row and its numbers."""
     stats: dict[str, tuple[list[float], float, int]] = {"zmq": ([], 0.0, 0), "http": ([], 0.0, 0)}
     for rnd in range(rounds):
         t_round = time.time()
-        reqs = [(f"Tell me about the number {i}.", VOICES[i % 2], 1000 * rnd + i) for i in range(c)]
+        reqs = [(f"Tell me about the number {i}.", voices[i % len(voices)], 1000 * rnd + i) for i in range(c)]
         order = ("zmq", "http") if rnd % 2 == 0 else ("http", "zmq")  # alternate who goes first
         for way in order:
             firsts, wall = await one_round(ways[way], reqs)
@@ -179,9 +145,15 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=48, help="thinker tokens per request")
     p.add_argument("--out", type=Path, help="also write the levels and the warm-up record to this JSON file")
+    released = "instead of --config: the shipped qwen3_omni.yaml on the released-size checkpoint (GPU)"
+    p.add_argument("--released", action="store_true", help=released)
+    p.add_argument("--frames", type=int, default=64, help="--released: codec frames per spoken answer")
+    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3_omni_gpu")
     args = p.parse_args()
+    if args.released:
+        args.config = released_qwen3_omni(args.work_dir, args.tokens, args.frames)
     view = PipelineView.of(load_config(args.config))
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     proc, endpoint = start(args.config, url)
     try:
         result = asyncio.run(bench(args, url, endpoint, view))
