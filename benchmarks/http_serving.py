@@ -149,17 +149,23 @@ def main() -> int:
     p.add_argument("--released", action="store_true", help=released)
     p.add_argument("--frames", type=int, default=64, help="--released: codec frames per spoken answer")
     p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3_omni_gpu")
+    serving = "measure this running pipeline (its HTTP URL and ZMQ endpoint; --config: its config)"
+    p.add_argument("--serving", nargs=2, metavar=("URL", "ENDPOINT"), help=serving)
     args = p.parse_args()
     if args.released:
         args.config = released_qwen3_omni(args.work_dir, args.tokens, args.frames)
     view = PipelineView.of(load_config(args.config))
-    url = f"http://127.0.0.1:{free_port()}"
-    proc, endpoint = start(args.config, url)
-    try:
+    if args.serving:  # a pipeline already serving both ways in (scripts/gpu/http_benchmarks.sh)
+        url, endpoint = args.serving
         result = asyncio.run(bench(args, url, endpoint, view))
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(120)
+    else:
+        url = f"http://127.0.0.1:{free_port()}"
+        proc, endpoint = start(args.config, url)
+        try:
+            result = asyncio.run(bench(args, url, endpoint, view))
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(120)
     print(warmup_line(result["warmup"]), flush=True)
     if args.out:
         args.out.write_text(json.dumps({"config": str(args.config), "tokens": args.tokens, **result}, indent=1))

@@ -143,16 +143,20 @@ def main() -> int:
     p.add_argument("--frames", type=int, default=64, help="--released: codec frames per spoken answer")
     p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3_omni_gpu")
     p.add_argument("--out", type=Path, help="also write the numbers and the warm-up record to this JSON file")
+    p.add_argument("--serving", metavar="URL", help="measure this running server instead of starting one")
     args = p.parse_args()
     if args.released:
         args.config = released_qwen3_omni(args.work_dir, args.tokens, args.frames)
-    url = f"http://127.0.0.1:{free_port()}"
-    proc, _ = start(args.config, url)
-    try:
-        result = asyncio.run(bench(args, url))
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(120)
+    if args.serving:  # a pipeline already serving (scripts/gpu/http_benchmarks.sh)
+        result = asyncio.run(bench(args, args.serving))
+    else:
+        url = f"http://127.0.0.1:{free_port()}"
+        proc, _ = start(args.config, url)
+        try:
+            result = asyncio.run(bench(args, url))
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(120)
     print(warmup_line(result["warmup"]), flush=True)
     if args.out:
         args.out.write_text(json.dumps({"config": str(args.config), "tokens": args.tokens, **result}, indent=1))

@@ -1079,8 +1079,10 @@ def main() -> int:
             say("PREFLIGHT FAILED, this host lacks:")
             for m in missing:
                 say(f"  - {m}")
-            say("(the GPU image has torch, torchvision, transformers, matplotlib; vLLM 0.25.0, pyzmq, msgspec "
-                "come from the GPU host recipe's wheel carry (scripts/gpu/), then PYTHONPATH=/tmp/site:$PWD)")
+            say(
+                "(the GPU image has torch, torchvision, transformers, matplotlib; vLLM 0.25.0, pyzmq, msgspec "
+                "come from the GPU host recipe's wheel carry (scripts/gpu/), then PYTHONPATH=/tmp/site:$PWD)"
+            )
             return 2
         t0 = time.perf_counter()
         path = model_dir(args)  # once, before any phase (the phases reuse the cached dir)

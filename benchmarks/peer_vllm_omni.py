@@ -749,9 +749,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         one_frame = (fam.samples_per_code - 1) / (args.talker_codes * fam.samples_per_code)
         args.audio_tolerance = one_frame if fam.streams else 0.0
     args.work_dir = args.work_dir or Path(tempfile.gettempdir()) / fam.work_dir
-    args.out = args.out or REPO / "outputs" / (
-        "omni_gpu" if args.family == "qwen2_5_omni" else "qwen3_omni_gpu"
-    )
+    args.out = args.out or REPO / "outputs" / ("omni_gpu" if args.family == "qwen2_5_omni" else "qwen3_omni_gpu")
     return args
 
 

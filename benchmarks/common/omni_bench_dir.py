@@ -114,7 +114,7 @@ NAMED_TOKENS = {
 
 class BenchDirSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     shapes: str  # the shapes dir's name (its cache key)
-    layout: int = 2  # bumped when what is written here changes
+    layout: int = 3  # bumped when what is written here changes
 
 
 def _byte_level_bpe(specials: tuple[str, ...] = SPECIAL_TOKENS) -> object:
@@ -216,6 +216,24 @@ def _write_qwen3_processor(out: Path) -> None:
     _write_legacy(out, "Qwen3OmniMoeProcessor", {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2})
 
 
+def _qwen3_role_ids(out: Path) -> None:
+    """The config's role ids (system / user / assistant: the token after `<|im_start|>`, which
+    the talker reads to find the turns) as this byte-level tokenizer writes them: it has no
+    single tokens for those words at the released ids (8948, 872, 77091), so their first token
+    stands for them. A new config.json: the linked one is the shapes dir's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = {f"{role}_token_id": tok(f"<|im_start|>{role}\n").input_ids[1] for role in ("system", "user", "assistant")}
+    if len(set(ids.values())) != 3:
+        raise RuntimeError(f"the roles' first tokens collide: {ids}")
+    config = json.loads((out / "config.json").read_text())
+    config.update(ids)
+    config["thinker_config"]["user_token_id"] = ids["user_token_id"]
+    (out / "config.json").unlink()
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
@@ -237,6 +255,8 @@ def with_processor(shapes_dir: Path, family: str = "qwen2_5_omni") -> Path:
                 if (out / f.name).exists():
                     (out / f.name).unlink()
                 _link_or_copy(f, out / f.name)
+        if family == "qwen3_omni":
+            _qwen3_role_ids(out)
 
     spec = BenchDirSpec(shapes=shapes_dir.name)
     return build_cached(f"{family}-bench", spec, build, cache_dir=shapes_dir.parent)

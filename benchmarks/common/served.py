@@ -81,3 +81,14 @@ def released_qwen3_omni(work_dir: Path, thinker_tokens: int, talker_frames: int)
     out = work_dir / f"qwen3_omni_served_{thinker_tokens}_{talker_frames}.yaml"
     out.write_text(yaml.safe_dump(raw, sort_keys=False))
     return out
+
+
+def main() -> None:
+    """`python -m benchmarks.common.served WORK_DIR TOKENS FRAMES`: write the released config,
+    print its path (scripts/gpu/http_benchmarks.sh serves it once for several benchmarks)."""
+    work_dir, tokens, frames = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    print(released_qwen3_omni(Path(work_dir), tokens, frames))
+
+
+if __name__ == "__main__":
+    main()
