@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import base64
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -29,9 +28,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common.served import free_port, released_qwen3_omni, start
+from benchmarks.common.served import measure_served, released_qwen3_omni, write_result
 from benchmarks.common.stats import percentile_inclusive as _pct
-from benchmarks.common.warmup import Warmups, warmup_line
+from benchmarks.common.warmup import Warmups
 from omni_mp.client.omni_client import AsyncOmniClient
 from omni_mp.config.validate import load_config
 from omni_mp.http.pipeline import PipelineView, Sampling, voices_of
@@ -155,20 +154,9 @@ def main() -> int:
     if args.released:
         args.config = released_qwen3_omni(args.work_dir, args.tokens, args.frames)
     view = PipelineView.of(load_config(args.config))
-    if args.serving:  # a pipeline already serving both ways in (scripts/gpu/http_benchmarks.sh)
-        url, endpoint = args.serving
-        result = asyncio.run(bench(args, url, endpoint, view))
-    else:
-        url = f"http://127.0.0.1:{free_port()}"
-        proc, endpoint = start(args.config, url)
-        try:
-            result = asyncio.run(bench(args, url, endpoint, view))
-        finally:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(120)
-    print(warmup_line(result["warmup"]), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps({"config": str(args.config), "tokens": args.tokens, **result}, indent=1))
+    serving = None if args.serving is None else (args.serving[0], args.serving[1])
+    result = measure_served(args.config, serving, lambda url, endpoint: bench(args, url, endpoint, view))
+    write_result(args.out, args.config, args.tokens, result)
     return 0
 
 

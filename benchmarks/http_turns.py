@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -30,9 +29,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common.served import free_port, released_qwen3_omni, start
+from benchmarks.common.served import measure_served, released_qwen3_omni, write_result
 from benchmarks.common.stats import percentile_inclusive as pct
-from benchmarks.common.warmup import Warmups, warmup_line
+from benchmarks.common.warmup import Warmups
 from omni_mp.stage_configs import CONFIG_DIR
 
 SYSTEM = "You are a friendly voice assistant. Answer in a few sentences."
@@ -147,19 +146,9 @@ def main() -> int:
     args = p.parse_args()
     if args.released:
         args.config = released_qwen3_omni(args.work_dir, args.tokens, args.frames)
-    if args.serving:  # a pipeline already serving (scripts/gpu/http_benchmarks.sh)
-        result = asyncio.run(bench(args, args.serving))
-    else:
-        url = f"http://127.0.0.1:{free_port()}"
-        proc, _ = start(args.config, url)
-        try:
-            result = asyncio.run(bench(args, url))
-        finally:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(120)
-    print(warmup_line(result["warmup"]), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps({"config": str(args.config), "tokens": args.tokens, **result}, indent=1))
+    serving = None if args.serving is None else (args.serving, "")
+    result = measure_served(args.config, serving, lambda url, _: bench(args, url))
+    write_result(args.out, args.config, args.tokens, result)
     return 0
 
 

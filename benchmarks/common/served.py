@@ -4,13 +4,17 @@ released-size checkpoint (random weights), which the GPU runs of those benchmark
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ import httpx
 import yaml
 
 from benchmarks.common.phases import REPO
+from benchmarks.common.warmup import warmup_line
 from omni_mp.stage_configs import CONFIG_DIR
 
 
@@ -53,6 +58,29 @@ def start(config: Path, url: str) -> tuple[subprocess.Popen[str], str]:
             pass
         time.sleep(0.5)
     raise RuntimeError("the HTTP server did not come up")
+
+
+def measure_served(
+    config: Path, serving: tuple[str, str] | None, measure: Callable[[str, str], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """`measure(url, endpoint)` on the pipeline already `serving` at (URL, ZMQ endpoint), or on
+    one started here for `config` and stopped after."""
+    if serving is not None:
+        return asyncio.run(measure(*serving))
+    url = f"http://127.0.0.1:{free_port()}"
+    proc, endpoint = start(config, url)
+    try:
+        return asyncio.run(measure(url, endpoint))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(120)
+
+
+def write_result(out: Path | None, config: Path, tokens: int, result: dict[str, Any]) -> None:
+    """The warm-up line, and the result as JSON in `out` (if given)."""
+    print(warmup_line(result["warmup"]), flush=True)
+    if out:
+        out.write_text(json.dumps({"config": str(config), "tokens": tokens, **result}, indent=1))
 
 
 def released_qwen3_omni(work_dir: Path, thinker_tokens: int, talker_frames: int) -> Path:
