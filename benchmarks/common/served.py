@@ -84,7 +84,7 @@ def write_result(out: Path | None, config: Path, tokens: int, result: dict[str, 
 
 
 def released_qwen3_omni(work_dir: Path, thinker_tokens: int, talker_frames: int) -> Path:
-    """omni_mp/stage_configs/qwen3_omni.yaml as shipped (one GPU, the thinker's prefix cache on),
+    """omni_mp/stage_configs/qwen3_omni.yaml as shipped (one GPU; the thinker's prefix cache on),
     on the released-size checkpoint with random weights (load_format dummy) and the released
     tokenizer ids: every answer `thinker_tokens` long (ignore_eos), every spoken one
     `talker_frames` frames (the codec's control ids suppressed), so runs compare like for like."""
@@ -100,7 +100,6 @@ def released_qwen3_omni(work_dir: Path, thinker_tokens: int, talker_frames: int)
         if stage.get("kind", "ar") == "ar":
             stage["engine_args"]["load_format"] = "dummy"
     thinker, talker = raw["stages"][0], raw["stages"][1]
-    thinker["engine_args"]["enable_prefix_caching"] = True
     thinker["sampling"].update(max_tokens=thinker_tokens, ignore_eos=True)
     talker["sampling"] = {
         "temperature": 0.0, "ignore_eos": True, "max_tokens": talker_frames + 1,
