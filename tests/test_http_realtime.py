@@ -13,7 +13,10 @@ import asyncio
 import base64
 import io
 import json
+import os
+import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +34,7 @@ from omni_mp.client.omni_client import OmniClient
 from omni_mp.http.realtime.history import History, HistoryItem, played_prefix
 from omni_mp.http.realtime.vad import Detector, VadSettings
 from omni_mp.stage_configs import CONFIG_DIR
-from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
+from tests.launcher import REPO, ServedPipeline, serve, settled_client, wait_healthy
 from tests.synthetic_media import speechlike
 
 KEY = "rt-key-42"
@@ -39,6 +42,8 @@ MAX_SESSIONS = 4
 RATE = 24_000
 SPEECH = speechlike()  # 2.25 s of voice to Silero, 24 kHz float32
 LEAD_S, TAIL_S = 0.5, 1.0  # silence around it in the VAD turns
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # the talk mode's browser
+CLIENTS_PY = Path(os.environ.get("OMNI_MP_CLIENTS_VENV", REPO / ".venv-clients")) / "bin" / "python"
 
 
 def _pcm16(x: np.ndarray) -> bytes:
@@ -89,7 +94,9 @@ def test_history_drops_the_oldest_turns_whole_and_truncation_keeps_what_was_play
     ids = []
     for k in range(3):
         ids += [f"u{k}", f"a{k}"]
-        assert h.add(HistoryItem(f"u{k}", "message", "user", audio=np.zeros(160, np.float32))) == ([] if k < 2 else ["u0", "a0"])
+        assert h.add(HistoryItem(f"u{k}", "message", "user", audio=np.zeros(160, np.float32))) == (
+            [] if k < 2 else ["u0", "a0"]
+        )
         h.add(HistoryItem(f"a{k}", "message", "assistant", text=f"answer {k}"))
     assert [it.id for it in h.items] == ["u1", "a1", "u2", "a2"]
     h.add(HistoryItem("c", "function_call", call_id="call_1", name="f"))  # 5 items: u1 goes, and a1 with it
@@ -143,7 +150,11 @@ async def _until(conn: Any, kind: str, seen: list[Any], timeout_s: float = 300) 
 
 
 def _audio_of(events: list[Any], response_id: str | None = None) -> bytes:
-    return b"".join(base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta" and (response_id is None or e.response_id == response_id))
+    return b"".join(
+        base64.b64decode(e.delta)
+        for e in events
+        if e.type == "response.output_audio.delta" and (response_id is None or e.response_id == response_id)
+    )
 
 
 def _wav_b64(samples_16k: np.ndarray) -> str:
@@ -165,7 +176,9 @@ def test_a_spoken_turn_with_the_openai_sdk_equals_chat_completions(served: Serve
             assert created.session.audio.output.format.rate == 24000
             await conn.session.update(session=MANUAL)  # type: ignore[arg-type]
             updated = await _until(conn, "session.updated", seen)
-            assert updated.session.audio.input.turn_detection is None and updated.session.audio.output.voice == "Chelsie"
+            assert (
+                updated.session.audio.input.turn_detection is None and updated.session.audio.output.voice == "Chelsie"
+            )
             for chunk in _chunks(_pcm16(SPEECH)):
                 await conn.input_audio_buffer.append(audio=chunk)
             await conn.input_audio_buffer.commit()
@@ -179,12 +192,26 @@ def test_a_spoken_turn_with_the_openai_sdk_equals_chat_completions(served: Serve
     seen, done = asyncio.run(turn())
     assert done.response.status == "completed" and done.response.usage.output_tokens > 0
     kinds = [e.type for e in seen]
-    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created") < kinds.index("response.output_item.added") < kinds.index("response.output_audio.delta") < kinds.index("response.output_audio.done") < kinds.index("response.done")
+    assert (
+        kinds.index("input_audio_buffer.committed")
+        < kinds.index("response.created")
+        < kinds.index("response.output_item.added")
+        < kinds.index("response.output_audio.delta")
+        < kinds.index("response.output_audio.done")
+        < kinds.index("response.done")
+    )
     transcript = "".join(e.delta for e in seen if e.type == "response.output_audio_transcript.delta")
     assert transcript == next(e.transcript for e in seen if e.type == "response.output_audio_transcript.done")
     pcm = np.frombuffer(_audio_of(seen), dtype="<i2")
     assert len(pcm) > RATE // 10 and np.abs(pcm).max() > 100
-    # The oracle: the same conversation through chat completions (the same 16 kHz audio).
+    want_text, want_pcm, prompt_tokens = _chat_answer(served)
+    assert transcript == want_text and done.response.usage.input_tokens == prompt_tokens
+    assert len(want_pcm) == len(pcm) and np.abs(want_pcm.astype(int) - pcm.astype(int)).max() <= 1
+
+
+def _chat_answer(served: Served) -> tuple[str, np.ndarray, int]:
+    """The oracle of a spoken turn of SPEECH under "Answer briefly.": the same conversation
+    through chat completions (the same 16 kHz audio): its transcript, PCM16, prompt tokens."""
     at_16k = soxr.resample(_pcm16_float(SPEECH), RATE, 16_000).astype(np.float32)
     r = served.chat.chat.completions.create(
         model="tiny", modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "pcm16"},
@@ -192,10 +219,8 @@ def test_a_spoken_turn_with_the_openai_sdk_equals_chat_completions(served: Serve
                   {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": _wav_b64(at_16k), "format": "wav"}}]}],
     )  # fmt: skip
     msg = r.choices[0].message
-    assert msg.audio is not None and transcript == msg.audio.transcript
-    assert done.response.usage.input_tokens == r.usage.prompt_tokens
-    chat_pcm = np.frombuffer(base64.b64decode(msg.audio.data), dtype="<i2")
-    assert len(chat_pcm) == len(pcm) and np.abs(chat_pcm.astype(int) - pcm.astype(int)).max() <= 1
+    assert msg.audio is not None and r.usage is not None
+    return msg.audio.transcript, np.frombuffer(base64.b64decode(msg.audio.data), dtype="<i2"), r.usage.prompt_tokens
 
 
 def _pcm16_float(x: np.ndarray) -> np.ndarray:
@@ -208,7 +233,9 @@ VAD = {"type": "realtime", "output_modalities": ["audio"],
 
 
 def _turn_audio() -> bytes:
-    return _pcm16(np.concatenate([np.zeros(int(LEAD_S * RATE), np.float32), SPEECH, np.zeros(int(TAIL_S * RATE), np.float32)]))
+    return _pcm16(
+        np.concatenate([np.zeros(int(LEAD_S * RATE), np.float32), SPEECH, np.zeros(int(TAIL_S * RATE), np.float32)])
+    )
 
 
 def test_server_vad_starts_and_ends_the_turn_and_answers(served: Served) -> None:
@@ -239,6 +266,7 @@ def test_barge_in_cancels_the_answer_in_every_stage(served: Served, zmq: OmniCli
     """Speech while the answer plays: no audio delta after speech_started, response.done
     cancelled, the request gone from every stage; then the interrupted answer is truncated to
     what was played."""
+
     async def turn() -> tuple[list[Any], float, float]:
         seen: list[Any] = []
         async with served.openai.realtime.connect(model="tiny") as conn:
@@ -268,7 +296,9 @@ def test_barge_in_cancels_the_answer_in_every_stage(served: Served, zmq: OmniCli
     first_started = kinds.index("input_audio_buffer.speech_started")
     barge = kinds.index("input_audio_buffer.speech_started", first_started + 1)
     assert "response.output_audio.delta" not in kinds[barge:]
-    print(f"barge-in: speech_started -> response.done {t_done * 1000:.0f} ms, -> every stage freed {t_freed * 1000:.0f} ms")
+    print(
+        f"barge-in: speech_started -> response.done {t_done * 1000:.0f} ms, -> every stage freed {t_freed * 1000:.0f} ms"
+    )
     assert t_freed < 10
 
 
@@ -306,7 +336,9 @@ def test_bad_input_is_an_error_event_for_that_session_only(served: Served) -> No
     assert "PCM16" in got[2]["error"]["message"] and got[7]["error"]["event_id"] == "c1"
     assert "nobody" in got[6]["error"]["message"] and got[6]["error"]["param"] == "session.audio.output.voice"
     session = got[-1]["session"]
-    assert session["output_modalities"] == ["text"] and session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert (
+        session["output_modalities"] == ["text"] and session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    )
 
 
 def test_handshake_refusals_carry_a_reason(served: Served) -> None:
@@ -355,7 +387,12 @@ def test_beta_spellings_with_the_openai_beta_header(served: Served) -> None:
     seen = run_ = asyncio.run(run())
     kinds = {e["type"] for e in run_}
     assert seen[0]["session"]["modalities"] == ["text", "audio"] and seen[0]["session"]["input_audio_format"] == "pcm16"
-    assert {"conversation.item.created", "response.audio.delta", "response.audio_transcript.delta", "response.audio.done"} <= kinds
+    assert {
+        "conversation.item.created",
+        "response.audio.delta",
+        "response.audio_transcript.delta",
+        "response.audio.done",
+    } <= kinds
     assert not kinds & {"conversation.item.added", "response.output_audio.delta", "conversation.item.done"}
 
 
@@ -365,7 +402,13 @@ def test_a_client_gone_mid_answer_has_its_request_aborted_and_others_go_on(serve
         async with served.openai.realtime.connect(model="tiny") as conn:
             await _until(conn, "session.created", seen)
             await conn.session.update(session=MANUAL)  # type: ignore[arg-type]
-            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story."}]})
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Tell me a long story."}],
+                }
+            )
             await conn.response.create()
             await _until(conn, "response.output_audio.delta", seen)
         # (closed mid-answer)
@@ -375,7 +418,9 @@ def test_a_client_gone_mid_answer_has_its_request_aborted_and_others_go_on(serve
         async with served.openai.realtime.connect(model="tiny") as conn:
             await _until(conn, "session.created", seen)
             await conn.session.update(session=MANUAL)  # type: ignore[arg-type]
-            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+            )
             await conn.response.create()
             return await _until(conn, "response.done", seen)
 
@@ -390,3 +435,62 @@ def test_a_client_gone_mid_answer_has_its_request_aborted_and_others_go_on(serve
     while zmq.status().inflight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert zmq.status().inflight == 0
+
+
+def test_livekit_realtime_model_without_a_livekit_server(served: Served, tmp_path: Path) -> None:
+    """LiveKit's `RealtimeModel(base_url=...)` session, as an AgentSession drives it (push audio,
+    commit, generate_reply), needs no LiveKit server: its reply is the chat endpoint's answer."""
+    if not CLIENTS_PY.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CLIENTS_PY} is missing: scripts/setup.sh builds it")
+        pytest.skip(f"{CLIENTS_PY} is missing (scripts/setup.sh builds it)")
+    (tmp_path / "in.pcm").write_bytes(_pcm16(SPEECH))
+    out = tmp_path / "livekit.json"
+    proc = subprocess.run([str(CLIENTS_PY), str(REPO / "tests" / "clients" / "livekit_realtime.py"), f"{served.url}/v1",
+                           KEY, "Chelsie", str(tmp_path / "in.pcm"), str(out)], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    pcm = np.frombuffer(Path(f"{out}.pcm").read_bytes(), dtype="<i2")
+    want_text, want_pcm, _ = _chat_answer(served)
+    assert got["errors"] == [] and got["rates"] == [RATE]
+    assert got["text"] == want_text
+    assert len(pcm) == len(want_pcm) and np.abs(pcm.astype(int) - want_pcm.astype(int)).max() <= 1
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium from the system packages (apt-get install chromium)")
+def test_playground_talk_mode_in_chromium_with_a_fake_microphone(served: Served, tmp_path: Path) -> None:
+    """The playground's Talk button: Chromium's fake microphone plays a WAV of a caller (silence,
+    speech, silence); the page streams it to /v1/realtime, the server's VAD ends the turn, the
+    answer streams back and plays, and the turn shows in the history."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    wav = tmp_path / "caller.wav"
+    soundfile.write(
+        wav,
+        np.concatenate([np.zeros(RATE // 2, np.float32), SPEECH, np.zeros(RATE * 30, np.float32)]),
+        RATE,
+        subtype="PCM_16",
+    )
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}%noloop"])  # fmt: skip
+        try:
+            page = browser.new_page()
+            page.goto(f"{served.url}/")
+            page.fill("#api-key", KEY)
+            page.select_option("#voice", "Chelsie")
+            page.click("#talk")
+            page.wait_for_function("window.talkLog.includes('response.done')", timeout=600_000)
+            log = page.evaluate("window.talkLog")
+            history = page.eval_on_selector_all("#history .turn", "ts => ts.map(t => t.textContent)")
+            answer = page.text_content("#answer")
+            player = page.eval_on_selector("#player", "e => e.src")
+            page.click("#talk")  # stop
+        finally:
+            browser.close()
+    order = ["session.created", "session.updated", "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+             "input_audio_buffer.committed", "response.created", "response.output_audio.delta", "response.done"]  # fmt: skip
+    assert [k for k in log if k in order and k not in log[: log.index(k)]] == order, log
+    assert "error" not in log
+    assert history[0] == "You[spoken]" and history[1] == f"Model{answer} (spoken)" and answer
+    assert player.startswith("blob:")

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omni_mp.http.conversation import AudioItem, Conversation, Item as TurnItem, TextItem, ToolCallItem, Turn
+from omni_mp.http.conversation import AudioItem, Conversation, TextItem, ToolCallItem, Turn
+from omni_mp.http.conversation import Item as TurnItem
 
 
 def new_id(prefix: str) -> str:

@@ -71,7 +71,9 @@ class ResponseRun:
         if it.type == "function_call":
             return {"id": it.id, "object": "realtime.item", "type": "function_call", "status": it.status,
                     "call_id": it.call_id, "name": it.name, "arguments": it.arguments}  # fmt: skip
-        part = {"type": "output_audio", "transcript": it.text} if self.audio else {"type": "output_text", "text": it.text}
+        part = (
+            {"type": "output_audio", "transcript": it.text} if self.audio else {"type": "output_text", "text": it.text}
+        )
         return {"id": it.id, "object": "realtime.item", "type": "message", "role": "assistant",
                 "status": it.status, "content": [part]}  # fmt: skip
 
@@ -120,7 +122,9 @@ class ResponseRun:
             if call is None:
                 name = d.function.name if d.function is not None else None
                 # Our own id (29 characters), not vLLM's: clients shorten ids over 32 characters.
-                call = HistoryItem(new_id("item"), "function_call", call_id=new_id("call"), name=name, status="in_progress")
+                call = HistoryItem(
+                    new_id("item"), "function_call", call_id=new_id("call"), name=name, status="in_progress"
+                )
                 self.calls[d.index] = call
                 await self._add_item(call, 1 + d.index)
             args = d.function.arguments if d.function is not None else None
@@ -163,12 +167,17 @@ class ResponseRun:
         for k in sorted(self.calls):
             call = self.calls[k]
             call.status = "completed" if status == "completed" else "incomplete"
-            await self.send("response.function_call_arguments.done", response_id=self.id, item_id=call.id,
-                            output_index=1 + k, call_id=call.call_id, name=call.name, arguments=call.arguments)  # fmt: skip
-            await self.send("response.output_item.done", response_id=self.id, output_index=1 + k, item=self._item_json(call))
+            at = {"response_id": self.id, "item_id": call.id, "output_index": 1 + k, "call_id": call.call_id}
+            await self.send("response.function_call_arguments.done", **at, name=call.name, arguments=call.arguments)
+            await self.send(
+                "response.output_item.done", response_id=self.id, output_index=1 + k, item=self._item_json(call)
+            )
         body = self.describe(status)
         if error is not None:
-            body["status_details"] = {"type": "failed", "error": {"type": error.type, "code": error.code, "message": error.message}}
+            body["status_details"] = {
+                "type": "failed",
+                "error": {"type": error.type, "code": error.code, "message": error.message},
+            }
         elif status == "cancelled":
             body["status_details"] = {"type": "cancelled", "reason": "turn_detected"}
         await self.send("response.done", response=body)

@@ -50,7 +50,9 @@ _BETA_ONLY_GA = {"conversation.item.done"}  # GA events beta has no counterpart 
 
 
 class RealtimeSession:
-    def __init__(self, server: Any, send_text: Callable[[str], Awaitable[None]], beta: bool, cfg: RealtimeConfig) -> None:
+    def __init__(
+        self, server: Any, send_text: Callable[[str], Awaitable[None]], beta: bool, cfg: RealtimeConfig
+    ) -> None:
         self.srv, self.beta, self.cfg = server, beta, cfg
         self.id = f"sess_{uuid.uuid4().hex[:24]}"
         self._send_text = send_text
@@ -204,7 +206,9 @@ class RealtimeSession:
     async def _truncate(self, ev: Truncate) -> None:
         item = self.history.find(ev.item_id)
         if item is None or item.type != "message" or item.role != "assistant":
-            raise RealtimeError(f"no assistant message {ev.item_id!r} in the conversation", "item_truncate_invalid_item_id", "item_id")
+            raise RealtimeError(
+                f"no assistant message {ev.item_id!r} in the conversation", "item_truncate_invalid_item_id", "item_id"
+            )
         if self.response is not None and self.response.message is item:
             await self.cancel_response()
         if not 0 <= ev.audio_end_ms <= item.audio_ms:
@@ -217,7 +221,9 @@ class RealtimeSession:
 
     async def _response_create(self, ev: ResponseCreate) -> None:
         if self.response is not None:
-            raise RealtimeError(f"response {self.response.id} is in progress", "conversation_already_has_active_response")
+            raise RealtimeError(
+                f"response {self.response.id} is in progress", "conversation_already_has_active_response"
+            )
         await self._start_response(ev.response)
 
     # ---- responses -------------------------------------------------------------------------
@@ -280,7 +286,9 @@ def _history_item(it: Item, max_b64: int) -> HistoryItem:
             raise RealtimeError("a function_call_output needs call_id", "invalid_value", "item.call_id")
         return HistoryItem(iid, "function_call_output", call_id=it.call_id, output=it.output or "")
     if it.type == "function_call":
-        return HistoryItem(iid, "function_call", call_id=it.call_id or new_id("call"), name=it.name, arguments=it.arguments or "{}")
+        return HistoryItem(
+            iid, "function_call", call_id=it.call_id or new_id("call"), name=it.name, arguments=it.arguments or "{}"
+        )
     if it.type != "message" or it.role not in ("user", "assistant", "system"):
         raise RealtimeError(f"item type {it.type!r} role {it.role!r}: a user/assistant/system message, "
                             "function_call or function_call_output", "invalid_value", "item")  # fmt: skip
@@ -293,7 +301,9 @@ def _history_item(it: Item, max_b64: int) -> HistoryItem:
         elif part.type in ("audio", "output_audio"):
             texts.append(part.transcript or "")
         else:
-            raise RealtimeError(f"content type {part.type!r} is not one this server takes", "invalid_value", f"item.content[{j}].type")
+            raise RealtimeError(
+                f"content type {part.type!r} is not one this server takes", "invalid_value", f"item.content[{j}].type"
+            )
     if not texts and not audios:
         raise RealtimeError("a message needs content", "invalid_value", "item.content")
     audio = np.concatenate(audios) if audios else None

@@ -51,14 +51,16 @@ def max_tokens_of(value: int | str | None, param: str) -> int | None:
         return None
     if isinstance(value, int) and value >= 1:
         return value
-    raise RealtimeError(f"{value!r}: an integer >= 1 or \"inf\"", "invalid_value", param)
+    raise RealtimeError(f'{value!r}: an integer >= 1 or "inf"', "invalid_value", param)
 
 
 def _turns(td: TurnDetection | None, default_barge_in: bool, param: str) -> Turns:
     if td is None:
         return Turns(vad=None)
     if td.type not in ("server_vad", "semantic_vad"):
-        raise RealtimeError(f"turn_detection type {td.type!r}: server_vad, semantic_vad or null", "invalid_value", f"{param}.type")
+        raise RealtimeError(
+            f"turn_detection type {td.type!r}: server_vad, semantic_vad or null", "invalid_value", f"{param}.type"
+        )
     d = VadSettings()
     threshold = d.threshold if td.threshold is None else td.threshold
     if not 0.0 <= threshold <= 1.0:
