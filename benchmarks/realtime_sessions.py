@@ -92,10 +92,12 @@ async def _listen(ws: Any, turns: list[Turn]) -> None:
             raise RuntimeError(f"server error: {ev['error']}")
 
 
-async def session(url: str, voice: str, tokens: int, speech: list[str], silence: str, turns_n: int) -> list[Turn]:
+async def session(
+    url: str, headers: dict[str, str], voice: str, tokens: int, speech: list[str], silence: str, turns_n: int
+) -> list[Turn]:
     """One caller: `turns_n` turns, each speech streamed in real time then silence until done."""
     turns: list[Turn] = []
-    async with websockets.connect(url, max_size=None) as ws:
+    async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
         json.loads(await ws.recv())  # session.created
         vad = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": SILENCE_MS}
         await ws.send(json.dumps({"type": "session.update", "session": {
@@ -143,15 +145,23 @@ def vad_cost(speech: np.ndarray) -> dict[str, float]:
 
 
 async def level(
-    url: str, c: int, args: argparse.Namespace, voices: list[str], audio: tuple[list[str], str], warmups: Warmups
+    url: str,
+    headers: dict[str, str],
+    c: int,
+    args: argparse.Namespace,
+    voices: list[str],
+    audio: tuple[list[str], str],
+    warmups: Warmups,
 ) -> dict[str, Any]:
     speech, silence = audio
     t0 = time.time()
-    await asyncio.gather(*(session(url, voices[i % len(voices)], args.tokens, speech, silence, 1) for i in range(c)))
+    await asyncio.gather(
+        *(session(url, headers, voices[i % len(voices)], args.tokens, speech, silence, 1) for i in range(c))
+    )
     warmups.warmed(c, t0, c)
     t1 = time.time()
     got = await asyncio.gather(
-        *(session(url, voices[i % len(voices)], args.tokens, speech, silence, args.rounds) for i in range(c))
+        *(session(url, headers, voices[i % len(voices)], args.tokens, speech, silence, args.rounds) for i in range(c))
     )
     warmups.measured(c, t1)
     turns = [t for s in got for t in s if t.stopped is not None and t.first_audio is not None]
@@ -164,14 +174,14 @@ async def level(
     return row
 
 
-async def bench(args: argparse.Namespace, url: str, voices: list[str]) -> dict[str, Any]:
+async def bench(args: argparse.Namespace, url: str, voices: list[str], headers: dict[str, str]) -> dict[str, Any]:
     speech_audio = load_speech(args.speech)
     lead = np.zeros(int(0.5 * RATE), np.float32)
     tail = np.zeros(int(1.0 * RATE), np.float32)
     audio = (chunks(np.concatenate([lead, speech_audio, tail])), chunks(np.zeros(int(RATE * CHUNK_S), np.float32))[0])
     warmups = Warmups(ONE_ROUND)
     print(f"{'conc':>4} | {'turns':>5} | {'v2v p50':>8} {'p90':>8} | {'longest gap':>9} {'gap p90':>8}   (ms)")
-    levels = {str(c): await level(url, c, args, voices, audio, warmups) for c in args.concurrency}
+    levels = {str(c): await level(url, headers, c, args, voices, audio, warmups) for c in args.concurrency}
     return {"levels": levels, "vad": vad_cost(speech_audio), "warmup": warmups.to_json()}
 
 
@@ -182,21 +192,29 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="measured turns per session")
     p.add_argument("--tokens", type=int, default=24, help="thinker tokens per answer (max_output_tokens)")
     p.add_argument("--speech", type=Path, help="a recording to speak (default: a synthetic voice)")
+    p.add_argument("--url", help="a server already serving --config (default: start one)")
+    p.add_argument("--api-key", help="that server's key")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     cfg = load_config(args.config)
     if max(args.concurrency) > cfg.http.realtime.max_sessions:
         p.error(f"--concurrency past the config's http.realtime.max_sessions={cfg.http.realtime.max_sessions}")
-    port = free_port()
-    proc, _ = start(args.config, f"http://127.0.0.1:{port}")
+    proc = None
+    if args.url is None:
+        port = free_port()
+        args.url = f"http://127.0.0.1:{port}"
+        proc, _ = start(args.config, args.url)
     try:
         import httpx
 
-        voices = httpx.get(f"http://127.0.0.1:{port}/v1/audio/voices", timeout=30).json()["data"]
-        result = asyncio.run(bench(args, f"ws://127.0.0.1:{port}/v1/realtime", [v["id"] for v in voices]))
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        voices = httpx.get(f"{args.url}/v1/audio/voices", headers=headers, timeout=30).json()["data"]
+        ws_url = args.url.replace("http://", "ws://") + "/v1/realtime"
+        result = asyncio.run(bench(args, ws_url, [v["id"] for v in voices], headers))
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(120)
+        if proc is not None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(120)
     v = result["vad"]
     print(
         f"VAD: {v['cpu_ms_per_frame']:.3f} ms CPU per 32 ms frame = "

@@ -39,6 +39,7 @@ from tests.synthetic_media import speechlike
 
 KEY = "rt-key-42"
 MAX_SESSIONS = 4
+IDLE_S = 8.0
 RATE = 24_000
 SPEECH = speechlike()  # 2.25 s of voice to Silero, 24 kHz float32
 LEAD_S, TAIL_S = 0.5, 1.0  # silence around it in the VAD turns
@@ -120,7 +121,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     raw = yaml.safe_load((CONFIG_DIR / "tiny_qwen2_5_omni.yaml").read_text())
-    raw["http"] = {"realtime": {"max_sessions": MAX_SESSIONS, "max_append_bytes": 64 << 10}}
+    raw["http"] = {"realtime": {"max_sessions": MAX_SESSIONS, "max_append_bytes": 64 << 10, "idle_timeout_s": IDLE_S}}
     config = Path(tmp_path_factory.mktemp("rt")) / "tiny_rt.yaml"
     config.write_text(yaml.safe_dump(raw))
     with socket.socket() as s:
@@ -494,3 +495,32 @@ def test_playground_talk_mode_in_chromium_with_a_fake_microphone(served: Served,
     assert "error" not in log
     assert history[0] == "You[spoken]" and history[1] == f"Model{answer} (spoken)" and answer
     assert player.startswith("blob:")
+
+
+def test_an_idle_session_is_closed_with_a_reason(served: Served) -> None:
+    async def run() -> tuple[float, Any]:
+        async with websockets.connect(served.ws, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            await ws.recv()
+            t0 = time.monotonic()
+            with pytest.raises(websockets.ConnectionClosedOK) as closed:
+                await asyncio.wait_for(ws.recv(), 60)
+            return time.monotonic() - t0, closed.value.rcvd
+
+    waited, frame = asyncio.run(run())
+    assert IDLE_S - 0.5 <= waited <= IDLE_S + 5 and "idle" in frame.reason and "idle_timeout_s" in frame.reason
+
+
+def test_the_sessions_benchmark_runs_on_the_tiny_pipeline(served: Served) -> None:
+    """benchmarks/realtime_sessions.py's level at 2 sessions against this server (its quick check)."""
+    from benchmarks.common.warmup import ONE_ROUND, Warmups
+    from benchmarks.realtime_sessions import RATE as BENCH_RATE
+    from benchmarks.realtime_sessions import chunks, level
+
+    assert BENCH_RATE == RATE
+    args = type("Args", (), {"tokens": 8, "rounds": 1})()
+    audio = (chunks(np.concatenate([np.zeros(RATE // 2, np.float32), SPEECH, np.zeros(RATE, np.float32)])),
+             chunks(np.zeros(RATE // 10, np.float32))[0])  # fmt: skip
+    row = asyncio.run(
+        level(served.ws, {"Authorization": f"Bearer {KEY}"}, 2, args, ["Chelsie"], audio, Warmups(ONE_ROUND))
+    )
+    assert row["turns"] == 2 and 0 < row["v2v_p50_ms"] <= row["v2v_p90_ms"] and row["longest_gap_ms"] >= 0

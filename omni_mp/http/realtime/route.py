@@ -76,6 +76,8 @@ async def _serve(websocket: WebSocket, session: RealtimeSession, idle_s: float) 
             try:
                 msg = await asyncio.wait_for(websocket.receive(), idle_s)
             except TimeoutError:
+                if session.response is not None:  # an answer is running: not idle
+                    continue
                 await websocket.close(IDLE_CLOSE, f"idle for {idle_s:g}s (http.realtime.idle_timeout_s)")
                 return
             if msg["type"] == "websocket.disconnect":
