@@ -150,6 +150,12 @@ async def _until(conn: Any, kind: str, seen: list[Any], timeout_s: float = 300) 
         assert ev.type != "error", ev
 
 
+async def _say(conn: Any, text: str) -> None:
+    """A user text message into the conversation."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    await conn.conversation.item.create(item=item)
+
+
 def _audio_of(events: list[Any], response_id: str | None = None) -> bytes:
     return b"".join(
         base64.b64decode(e.delta)
@@ -398,36 +404,19 @@ def test_beta_spellings_with_the_openai_beta_header(served: Served) -> None:
 
 
 def test_a_client_gone_mid_answer_has_its_request_aborted_and_others_go_on(served: Served, zmq: OmniClient) -> None:
-    async def leaver() -> None:
+    async def ask(text: str, until: str) -> Any:
+        """A manual text turn; returns at the first `until` event (leaving: closing the socket)."""
         seen: list[Any] = []
         async with served.openai.realtime.connect(model="tiny") as conn:
             await _until(conn, "session.created", seen)
             await conn.session.update(session=MANUAL)  # type: ignore[arg-type]
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Tell me a long story."}],
-                }
-            )
+            await _say(conn, text)
             await conn.response.create()
-            await _until(conn, "response.output_audio.delta", seen)
-        # (closed mid-answer)
-
-    async def stayer() -> Any:
-        seen: list[Any] = []
-        async with served.openai.realtime.connect(model="tiny") as conn:
-            await _until(conn, "session.created", seen)
-            await conn.session.update(session=MANUAL)  # type: ignore[arg-type]
-            await conn.conversation.item.create(
-                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
-            )
-            await conn.response.create()
-            return await _until(conn, "response.done", seen)
+            return await _until(conn, until, seen)
 
     async def both() -> Any:
-        staying = asyncio.create_task(stayer())
-        await leaver()
+        staying = asyncio.create_task(ask("Hi", "response.done"))
+        await ask("Tell me a long story.", "response.output_audio.delta")  # closed mid-answer
         return await staying
 
     done = asyncio.run(both())
@@ -491,7 +480,7 @@ def test_playground_talk_mode_in_chromium_with_a_fake_microphone(served: Served,
             browser.close()
     order = ["session.created", "session.updated", "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
              "input_audio_buffer.committed", "response.created", "response.output_audio.delta", "response.done"]  # fmt: skip
-    assert [k for k in log if k in order and k not in log[: log.index(k)]] == order, log
+    assert [k for k in dict.fromkeys(log) if k in order] == order, log  # (first occurrences)
     assert "error" not in log
     assert history[0] == "You[spoken]" and history[1] == f"Model{answer} (spoken)" and answer
     assert player.startswith("blob:")

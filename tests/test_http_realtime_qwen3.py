@@ -21,7 +21,7 @@ import soxr
 
 from omni_mp.stage_configs import CONFIG_DIR
 from tests.launcher import serve, wait_healthy
-from tests.test_http_realtime import RATE, SPEECH, _audio_of, _chunks, _pcm16, _pcm16_float, _until, _wav_b64
+from tests.test_http_realtime import RATE, SPEECH, _audio_of, _chunks, _pcm16, _pcm16_float, _say, _until, _wav_b64
 
 VOICE = "ethan"
 TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -83,13 +83,7 @@ def test_a_tool_call_is_not_spoken_and_its_output_is_answered_aloud(url: str) ->
             await _until(conn, "session.created", first)
             await conn.session.update(session={**SESSION, "tools": [TOOL], "tool_choice": "required"})  # type: ignore[arg-type]
             await _until(conn, "session.updated", first)
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "What is the weather in Paris?"}],
-                }
-            )
+            await _say(conn, "What is the weather in Paris?")
             await conn.response.create()
             await _until(conn, "response.done", first, timeout_s=900)
             done = next(e for e in first if e.type == "response.function_call_arguments.done")

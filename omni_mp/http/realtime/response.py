@@ -147,7 +147,7 @@ class ResponseRun:
             self.message.text = end.content.strip()  # the spoken text, without the calls
         self.status = "completed"
 
-    async def finish(self, status: str, error: ErrorBody | None = None) -> None:
+    async def finish(self, status: str, error: ErrorBody | None = None, reason: str = "client_cancelled") -> None:
         """The closing events: the items done, then `response.done` with `status`."""
         self.status = status
         msg = self.message
@@ -179,7 +179,7 @@ class ResponseRun:
                 "error": {"type": error.type, "code": error.code, "message": error.message},
             }
         elif status == "cancelled":
-            body["status_details"] = {"type": "cancelled", "reason": "turn_detected"}
+            body["status_details"] = {"type": "cancelled", "reason": reason}
         await self.send("response.done", response=body)
 
 
