@@ -292,7 +292,7 @@ def test_barge_in_cancels_the_answer_in_every_stage(served: Served, zmq: OmniCli
             while zmq.status().inflight:  # every stage has freed it
                 await asyncio.sleep(0.01)
             t_freed = time.monotonic() - t0
-            assert done.response.status == "cancelled"
+            assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
             item = next(e.item for e in seen if e.type == "response.output_item.added")
             await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=0)
             await _until(conn, "conversation.item.truncated", seen)
@@ -513,3 +513,35 @@ def test_the_sessions_benchmark_runs_on_the_tiny_pipeline(served: Served) -> Non
         level(served.ws, {"Authorization": f"Bearer {KEY}"}, 2, args, ["Chelsie"], audio, Warmups(ONE_ROUND))
     )
     assert row["turns"] == 2 and 0 < row["v2v_p50_ms"] <= row["v2v_p90_ms"] and row["longest_gap_ms"] >= 0
+
+
+def test_truncate_keeps_in_the_history_only_what_was_played(served: Served) -> None:
+    """An answer cut at half its audio: the next prompt holds the played part of its transcript
+    (played_prefix), as the chat endpoint's prompt for that conversation counts it."""
+
+    async def run() -> tuple[str, int, int]:
+        seen: list[Any] = []
+        async with served.openai.realtime.connect(model="tiny") as conn:
+            await _until(conn, "session.created", seen)
+            await conn.session.update(session=MANUAL)  # type: ignore[arg-type]
+            await _say(conn, "Hello")
+            await conn.response.create()
+            await _until(conn, "response.done", seen)
+            item = next(e.item for e in seen if e.type == "response.output_item.added")
+            transcript = next(e.transcript for e in seen if e.type == "response.output_audio_transcript.done")
+            total_ms = len(_audio_of(seen)) // 2 * 1000 // RATE
+            await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=total_ms // 2)
+            await _until(conn, "conversation.item.truncated", seen)
+            await _say(conn, "Go on.")
+            await conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": 1})
+            done = await _until(conn, "response.done", seen)
+        return transcript, total_ms, done.response.usage.input_tokens
+
+    transcript, total_ms, input_tokens = asyncio.run(run())
+    heard = played_prefix(transcript, total_ms // 2, total_ms)
+    assert len(heard) < len(transcript)
+    history = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hello"}]
+    history += [{"role": "assistant", "content": heard}] if heard else []
+    r = served.chat.chat.completions.create(model="tiny", max_completion_tokens=1,
+                                            messages=[*history, {"role": "user", "content": "Go on."}])  # fmt: skip
+    assert r.usage is not None and input_tokens == r.usage.prompt_tokens
