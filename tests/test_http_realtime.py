@@ -322,7 +322,8 @@ def test_bad_input_is_an_error_event_for_that_session_only(served: Served) -> No
                           json.dumps({"type": "session.update", "session": {"audio": {"output": {"voice": "nobody"}}}}),
                           json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}),
                           json.dumps({"type": "response.cancel"}),
-                          json.dumps({"type": "conversation.item.truncate", "item_id": "item_x", "content_index": 0, "audio_end_ms": 5})):  # fmt: skip
+                          json.dumps({"type": "conversation.item.truncate", "item_id": "item_x", "content_index": 0, "audio_end_ms": 5}),
+                          json.dumps({"type": "session.update", "session": {"instructions": 5}})):  # fmt: skip
                 await ws.send(frame)
                 errors.append(json.loads(await ws.recv()))
             # LiveKit's session.update: fields OpenAI's schema has and this server does not act on.
@@ -339,9 +340,10 @@ def test_bad_input_is_an_error_event_for_that_session_only(served: Served) -> No
     codes = [e["error"]["code"] if e["type"] == "error" else e["type"] for e in got]
     assert codes == ["invalid_json", "unknown_event", "invalid_value", "input_audio_buffer_append_too_large", "invalid_value",
                      "unsupported_value", "invalid_value", "input_audio_buffer_commit_empty", "response_cancel_not_active",
-                     "item_truncate_invalid_item_id", "session.updated"]  # fmt: skip
+                     "item_truncate_invalid_item_id", "invalid_value", "session.updated"]  # fmt: skip
     assert "PCM16" in got[2]["error"]["message"] and got[7]["error"]["event_id"] == "c1"
     assert "nobody" in got[6]["error"]["message"] and got[6]["error"]["param"] == "session.audio.output.voice"
+    assert got[10]["error"]["param"] == "session.instructions" and "Expected `str | null`" in got[10]["error"]["message"]
     session = got[-1]["session"]
     assert (
         session["output_modalities"] == ["text"] and session["audio"]["input"]["turn_detection"]["type"] == "server_vad"

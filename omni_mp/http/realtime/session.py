@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from omni_mp.config.schema import RealtimeConfig
-from omni_mp.http.errors import ApiError
+from omni_mp.http.errors import ApiError, from_validation
 from omni_mp.http.realtime.audio_buffer import InputBuffer, pcm16_24k, to_model_rate
 from omni_mp.http.realtime.events import (
     BETA_NAMES,
@@ -67,7 +67,7 @@ class RealtimeSession:
         self.vad: Detector | None = None
         self.response: ResponseRun | None = None
         self.task: asyncio.Task[None] | None = None
-        self.barge_ins: list[float] = []  # seconds from speech_started to the request aborted
+        self.last_barge_in_s: float | None = None  # speech_started -> the request aborted (its stream closed)
 
     # ---- sending ----------------------------------------------------------------------------
 
@@ -116,7 +116,8 @@ class RealtimeSession:
             try:
                 ev = msgspec.json.decode(raw, type=schema)
             except msgspec.ValidationError as err:
-                raise RealtimeError(f"{env.type}: {err}", "invalid_value") from None
+                api = from_validation(err)  # (the param: the field's JSON path)
+                raise RealtimeError(f"{env.type}: {api.body.error.message}", api.code, api.body.error.param) from None
             await self._dispatch(env.type, ev)
         except RealtimeError as err:
             err.body.event_id = event_id
@@ -179,7 +180,7 @@ class RealtimeSession:
         await self.send("input_audio_buffer.speech_started", audio_start_ms=ms, item_id=self._next_item)
         if interrupted:
             await self.cancel_response("turn_detected")
-            self.barge_ins.append(time.monotonic() - t0)
+            self.last_barge_in_s = time.monotonic() - t0
 
     _next_item: str | None = None
 
