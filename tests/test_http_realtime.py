@@ -40,6 +40,7 @@ from tests.synthetic_media import speechlike
 KEY = "rt-key-42"
 MAX_SESSIONS = 4
 IDLE_S = 8.0
+MAX_TURN_S = 5.0
 RATE = 24_000
 SPEECH = speechlike()  # 2.25 s of voice to Silero, 24 kHz float32
 LEAD_S, TAIL_S = 0.5, 1.0  # silence around it in the VAD turns
@@ -121,7 +122,14 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     raw = yaml.safe_load((CONFIG_DIR / "tiny_qwen2_5_omni.yaml").read_text())
-    raw["http"] = {"realtime": {"max_sessions": MAX_SESSIONS, "max_append_bytes": 64 << 10, "idle_timeout_s": IDLE_S}}
+    raw["http"] = {
+        "realtime": {
+            "max_sessions": MAX_SESSIONS,
+            "max_append_bytes": 64 << 10,
+            "idle_timeout_s": IDLE_S,
+            "max_turn_audio_s": MAX_TURN_S,
+        }
+    }
     config = Path(tmp_path_factory.mktemp("rt")) / "tiny_rt.yaml"
     config.write_text(yaml.safe_dump(raw))
     with socket.socket() as s:
@@ -343,7 +351,9 @@ def test_bad_input_is_an_error_event_for_that_session_only(served: Served) -> No
                      "item_truncate_invalid_item_id", "invalid_value", "session.updated"]  # fmt: skip
     assert "PCM16" in got[2]["error"]["message"] and got[7]["error"]["event_id"] == "c1"
     assert "nobody" in got[6]["error"]["message"] and got[6]["error"]["param"] == "session.audio.output.voice"
-    assert got[10]["error"]["param"] == "session.instructions" and "Expected `str | null`" in got[10]["error"]["message"]
+    assert (
+        got[10]["error"]["param"] == "session.instructions" and "Expected `str | null`" in got[10]["error"]["message"]
+    )
     session = got[-1]["session"]
     assert (
         session["output_modalities"] == ["text"] and session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
@@ -547,3 +557,24 @@ def test_truncate_keeps_in_the_history_only_what_was_played(served: Served) -> N
     r = served.chat.chat.completions.create(model="tiny", max_completion_tokens=1,
                                             messages=[*history, {"role": "user", "content": "Go on."}])  # fmt: skip
     assert r.usage is not None and input_tokens == r.usage.prompt_tokens
+
+
+def test_a_turn_past_max_turn_audio_s_is_refused_and_the_session_goes_on(served: Served) -> None:
+    async def run() -> list[dict[str, Any]]:
+        got = []
+        async with websockets.connect(served.ws, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": None}}))
+            await ws.recv()
+            second = base64.b64encode(bytes(2 * RATE)).decode()  # 1 s of silence per append
+            for _ in range(int(MAX_TURN_S) + 1):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": second}))
+            got.append(json.loads(await ws.recv()))  # (appends within the bound answer nothing)
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            got.append(json.loads(await ws.recv()))
+        return got
+
+    refused, committed = asyncio.run(run())
+    assert refused["type"] == "error" and refused["error"]["code"] == "input_audio_buffer_full"
+    assert "max_turn_audio_s=5" in refused["error"]["message"]
+    assert committed["type"] == "input_audio_buffer.committed"  # the audio within the bound is kept
