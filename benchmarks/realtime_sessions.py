@@ -14,6 +14,8 @@ session at that level (benchmarks.common.warmup), `--rounds` measured turns per 
 
     python -m benchmarks.realtime_sessions [--config omni_mp/stage_configs/tiny_qwen2_5_omni.yaml]
         [--concurrency 1,8,32,64] [--rounds 2] [--tokens 24] [--speech FILE.wav] [--out FILE.json]
+        [--url URL --api-key KEY]   (a server already serving --config)
+    python -m benchmarks.realtime_sessions --vad-only   (the VAD's CPU cost alone, no server)
 
 The speech defaults to benchmarks.common.speech.speechlike (2.25 s that Silero takes for a
 voice); `--speech` takes a recording (any rate, mono or stereo)."""
@@ -194,8 +196,12 @@ def main() -> int:
     p.add_argument("--speech", type=Path, help="a recording to speak (default: a synthetic voice)")
     p.add_argument("--url", help="a server already serving --config (default: start one)")
     p.add_argument("--api-key", help="that server's key")
+    p.add_argument("--vad-only", action="store_true", help="only the VAD's CPU cost (no server)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.vad_only:
+        print(_vad_line(vad_cost(load_speech(args.speech))))
+        return 0
     cfg = load_config(args.config)
     if max(args.concurrency) > cfg.http.realtime.max_sessions:
         p.error(f"--concurrency past the config's http.realtime.max_sessions={cfg.http.realtime.max_sessions}")
@@ -215,15 +221,16 @@ def main() -> int:
         if proc is not None:
             proc.send_signal(signal.SIGINT)
             proc.wait(120)
-    v = result["vad"]
-    print(
-        f"VAD: {v['cpu_ms_per_frame']:.3f} ms CPU per 32 ms frame = "
-        f"{100 * v['core_share_per_session']:.2f} % of a core per session"
-    )
+    print(_vad_line(result["vad"]))
     print(warmup_line(result["warmup"]), flush=True)
     if args.out:
         args.out.write_text(json.dumps({"config": str(args.config), "device": _device(), **result}, indent=1))
     return 0
+
+
+def _vad_line(v: dict[str, float]) -> str:
+    share = 100 * v["core_share_per_session"]
+    return f"VAD: {v['cpu_ms_per_frame']:.3f} ms CPU per 32 ms frame = {share:.2f} % of a core per session"
 
 
 def _device() -> str:
