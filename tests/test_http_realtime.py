@@ -578,3 +578,32 @@ def test_a_turn_past_max_turn_audio_s_is_refused_and_the_session_goes_on(served:
     assert refused["type"] == "error" and refused["error"]["code"] == "input_audio_buffer_full"
     assert "max_turn_audio_s=5" in refused["error"]["message"]
     assert committed["type"] == "input_audio_buffer.committed"  # the audio within the bound is kept
+
+
+def test_an_audio_item_is_a_user_turn_and_one_response_runs_at_a_time(served: Served) -> None:
+    """conversation.item.create with input_audio (not the buffer) gives the same answer; a second
+    response.create while one runs is an error for it alone."""
+
+    async def run() -> tuple[list[Any], Any]:
+        seen: list[Any] = []
+        async with served.openai.realtime.connect(model="tiny") as conn:
+            await _until(conn, "session.created", seen)
+            await conn.session.update(session=MANUAL)  # type: ignore[arg-type]
+            audio = base64.b64encode(_pcm16(SPEECH)).decode()
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
+            )
+            await conn.response.create()
+            await conn.response.create()
+            errors: list[Any] = []
+            while not any(e.type == "response.done" for e in seen):
+                ev = await asyncio.wait_for(conn.recv(), 300)
+                (errors if ev.type == "error" else seen).append(ev)
+        return seen, errors
+
+    seen, errors = asyncio.run(run())
+    assert [e.error.code for e in errors] == ["conversation_already_has_active_response"]
+    transcript = next(e.transcript for e in seen if e.type == "response.output_audio_transcript.done")
+    want_text, want_pcm, _ = _chat_answer(served)
+    pcm = np.frombuffer(_audio_of(seen), dtype="<i2")
+    assert transcript == want_text and len(pcm) == len(want_pcm)
