@@ -15,6 +15,8 @@ session at that level (benchmarks.common.warmup), `--rounds` measured turns per 
     python -m benchmarks.realtime_sessions [--config omni_mp/stage_configs/tiny_qwen2_5_omni.yaml]
         [--concurrency 1,8,32,64] [--rounds 2] [--tokens 24] [--speech FILE.wav] [--out FILE.json]
         [--url URL --api-key KEY]   (a server already serving --config)
+    bash scripts/gpu/run.sh realtime_sessions --released --out /tmp/omni_mp_results/realtime_sessions.json
+        (Qwen3-Omni at released sizes, random weights, on the GPU host)
     python -m benchmarks.realtime_sessions --vad-only   (the VAD's CPU cost alone, no server)
 
 The speech defaults to benchmarks.common.speech.speechlike (2.25 s that Silero takes for a
@@ -29,6 +31,7 @@ import json
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ import numpy as np
 import soxr
 import websockets
 
-from benchmarks.common.served import free_port, start
+from benchmarks.common.served import free_port, released_qwen3_omni, start
 from benchmarks.common.speech import speechlike
 from benchmarks.common.stats import percentile_inclusive as pct
 from benchmarks.common.warmup import ONE_ROUND, Warmups, warmup_line
@@ -196,12 +199,18 @@ def main() -> int:
     p.add_argument("--speech", type=Path, help="a recording to speak (default: a synthetic voice)")
     p.add_argument("--url", help="a server already serving --config (default: start one)")
     p.add_argument("--api-key", help="that server's key")
+    released = "instead of --config: the shipped qwen3_omni.yaml on the released-size checkpoint (GPU)"
+    p.add_argument("--released", action="store_true", help=released)
+    p.add_argument("--frames", type=int, default=64, help="--released: codec frames per spoken answer")
+    p.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3_omni_gpu")
     p.add_argument("--vad-only", action="store_true", help="only the VAD's CPU cost (no server)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.vad_only:
         print(_vad_line(vad_cost(load_speech(args.speech))))
         return 0
+    if args.released:
+        args.config = released_qwen3_omni(args.work_dir, args.tokens, args.frames)
     cfg = load_config(args.config)
     if max(args.concurrency) > cfg.http.realtime.max_sessions:
         p.error(f"--concurrency past the config's http.realtime.max_sessions={cfg.http.realtime.max_sessions}")

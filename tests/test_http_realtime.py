@@ -13,10 +13,8 @@ import asyncio
 import base64
 import io
 import json
-import os
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +32,8 @@ from omni_mp.client.omni_client import OmniClient
 from omni_mp.http.realtime.history import History, HistoryItem, played_prefix
 from omni_mp.http.realtime.vad import Detector, VadSettings
 from omni_mp.stage_configs import CONFIG_DIR
-from tests.launcher import REPO, ServedPipeline, serve, settled_client, wait_healthy
+from tests.client_scripts import client_script
+from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
 from tests.synthetic_media import speechlike
 
 KEY = "rt-key-42"
@@ -45,7 +44,6 @@ RATE = 24_000
 SPEECH = speechlike()  # 2.25 s of voice to Silero, 24 kHz float32
 LEAD_S, TAIL_S = 0.5, 1.0  # silence around it in the VAD turns
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # the talk mode's browser
-CLIENTS_PY = Path(os.environ.get("OMNI_MP_CLIENTS_VENV", REPO / ".venv-clients")) / "bin" / "python"
 
 
 def _pcm16(x: np.ndarray) -> bytes:
@@ -442,17 +440,11 @@ def test_a_client_gone_mid_answer_has_its_request_aborted_and_others_go_on(serve
 def test_livekit_realtime_model_without_a_livekit_server(served: Served, tmp_path: Path) -> None:
     """LiveKit's `RealtimeModel(base_url=...)` session, as an AgentSession drives it (push audio,
     commit, generate_reply), needs no LiveKit server: its reply is the chat endpoint's answer."""
-    if not CLIENTS_PY.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CLIENTS_PY} is missing: scripts/setup.sh builds it")
-        pytest.skip(f"{CLIENTS_PY} is missing (scripts/setup.sh builds it)")
     (tmp_path / "in.pcm").write_bytes(_pcm16(SPEECH))
-    out = tmp_path / "livekit.json"
-    proc = subprocess.run([str(CLIENTS_PY), str(REPO / "tests" / "clients" / "livekit_realtime.py"), f"{served.url}/v1",
-                           KEY, "Chelsie", str(tmp_path / "in.pcm"), str(out)], capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    got = json.loads(out.read_text())
-    pcm = np.frombuffer(Path(f"{out}.pcm").read_bytes(), dtype="<i2")
+    got = client_script(
+        "livekit_realtime", f"{served.url}/v1", KEY, "Chelsie", str(tmp_path / "in.pcm"), str(tmp_path / "lk.json")
+    )
+    pcm = got["pcm"]
     want_text, want_pcm, _ = _chat_answer(served)
     assert got["errors"] == [] and got["rates"] == [RATE]
     assert got["text"] == want_text
