@@ -14,7 +14,6 @@ import base64
 import io
 import json
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,17 +25,16 @@ import pytest
 import soundfile
 import soxr
 import websockets
-import yaml
 
 from omni_mp.client.omni_client import OmniClient
 from omni_mp.http.realtime.history import History, HistoryItem, played_prefix
 from omni_mp.http.realtime.vad import Detector, VadSettings
 from omni_mp.stage_configs import CONFIG_DIR
 from tests.client_scripts import client_script
-from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
+from tests.launcher import ServedPipeline, settled_client
+from tests.speech_checks import KEY, serve_http
 from tests.synthetic_media import speechlike
 
-KEY = "rt-key-42"
 MAX_SESSIONS = 4
 IDLE_S = 8.0
 MAX_TURN_S = 5.0
@@ -119,23 +117,10 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    raw = yaml.safe_load((CONFIG_DIR / "tiny_qwen2_5_omni.yaml").read_text())
-    raw["http"] = {
-        "realtime": {
-            "max_sessions": MAX_SESSIONS,
-            "max_append_bytes": 64 << 10,
-            "idle_timeout_s": IDLE_S,
-            "max_turn_audio_s": MAX_TURN_S,
-        }
-    }
-    config = Path(tmp_path_factory.mktemp("rt")) / "tiny_rt.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    with serve(config, "--http", f"127.0.0.1:{port}", "--api-key", KEY) as pipeline:
-        wait_healthy(url, pipeline, timeout_s=600)
+    bounds = {"max_sessions": MAX_SESSIONS, "max_append_bytes": 64 << 10, "idle_timeout_s": IDLE_S,
+              "max_turn_audio_s": MAX_TURN_S}  # fmt: skip
+    tmp = tmp_path_factory.mktemp("rt")
+    with serve_http(CONFIG_DIR / "tiny_qwen2_5_omni.yaml", tmp, http={"realtime": bounds}) as (pipeline, url):
         yield Served(pipeline, url)
 
 

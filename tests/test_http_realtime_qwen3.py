@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 import soxr
 
 from omni_mp.stage_configs import CONFIG_DIR
-from tests.launcher import serve, wait_healthy
+from tests.speech_checks import KEY, serve_http
 from tests.test_http_realtime import RATE, SPEECH, _audio_of, _chunks, _pcm16, _pcm16_float, _say, _until, _wav_b64
 
 VOICE = "ethan"
@@ -32,18 +31,13 @@ SESSION = {"type": "realtime", "output_modalities": ["audio"], "max_output_token
 
 
 @pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    with serve(CONFIG_DIR / "tiny_qwen3_omni.yaml", "--http", f"127.0.0.1:{port}") as pipeline:
-        wait_healthy(url, pipeline, timeout_s=600)
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serve_http(CONFIG_DIR / "tiny_qwen3_omni.yaml", tmp_path_factory.mktemp("rt3")) as (_, url):
         yield url
 
 
 def _client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=900)
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=900)
 
 
 def test_a_spoken_turn_equals_chat_completions(url: str) -> None:
@@ -64,7 +58,7 @@ def test_a_spoken_turn_equals_chat_completions(url: str) -> None:
     transcript = next(e.transcript for e in seen if e.type == "response.output_audio_transcript.done")
     pcm = np.frombuffer(_audio_of(seen), dtype="<i2")
     at_16k = soxr.resample(_pcm16_float(SPEECH), RATE, 16_000).astype(np.float32)
-    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=900)
+    chat = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=900)
     r = chat.chat.completions.create(
         model="tiny", modalities=["text", "audio"], audio={"voice": VOICE, "format": "pcm16"}, max_completion_tokens=12,
         messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": _wav_b64(at_16k), "format": "wav"}}]}],
