@@ -584,3 +584,31 @@ def test_an_audio_item_is_a_user_turn_and_one_response_runs_at_a_time(served: Se
     want_text, want_pcm, _ = _chat_answer(served)
     pcm = np.frombuffer(_audio_of(seen), dtype="<i2")
     assert transcript == want_text and len(pcm) == len(want_pcm)
+
+
+def test_items_are_retrieved_and_deleted(served: Served) -> None:
+    async def run() -> list[dict[str, Any]]:
+        got = []
+        async with websockets.connect(served.ws, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            await ws.recv()
+            item = {
+                "id": "item_mine",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi"}],
+            }
+            for ev in ({"type": "conversation.item.create", "item": item}, {"type": "conversation.item.retrieve", "item_id": "item_mine"},
+                       {"type": "conversation.item.delete", "item_id": "item_mine"}, {"type": "conversation.item.retrieve", "item_id": "item_mine"}):  # fmt: skip
+                await ws.send(json.dumps(ev))
+                got.append(json.loads(await ws.recv()))
+                if ev["type"] == "conversation.item.create":
+                    got.append(json.loads(await ws.recv()))  # (added, then done)
+        return got
+
+    added, done, retrieved, deleted, missing = asyncio.run(run())
+    assert added["type"] == "conversation.item.added" and done["type"] == "conversation.item.done"
+    assert retrieved["type"] == "conversation.item.retrieved" and retrieved["item"]["content"] == [
+        {"type": "input_text", "text": "Hi"}
+    ]
+    assert deleted == {**deleted, "type": "conversation.item.deleted", "item_id": "item_mine"}
+    assert missing["error"]["code"] == "item_not_found" and missing["error"]["param"] == "item_id"

@@ -148,6 +148,10 @@ class ItemCreate(msgspec.Struct):
     previous_item_id: str | None = None
 
 
+class ItemRef(msgspec.Struct):
+    item_id: str
+
+
 class Truncate(msgspec.Struct):
     item_id: str
     content_index: int
@@ -191,6 +195,8 @@ CLIENT_EVENTS: dict[str, type[msgspec.Struct]] = {
     "conversation.item.truncate": Truncate,
     "response.create": ResponseCreate,
     "response.cancel": ResponseCancel,
+    "conversation.item.delete": ItemRef,
+    "conversation.item.retrieve": ItemRef,
     "output_audio_buffer.clear": Empty,  # (WebRTC's; nothing is buffered here: acknowledged)
 }
 

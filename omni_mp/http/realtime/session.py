@@ -32,6 +32,7 @@ from omni_mp.http.realtime.events import (
     ErrorBody,
     Item,
     ItemCreate,
+    ItemRef,
     RealtimeError,
     ResponseCreate,
     ServerEvent,
@@ -143,6 +144,8 @@ class RealtimeSession:
             if self.response is None:
                 raise RealtimeError("no response is in progress", "response_cancel_not_active")
             await self.cancel_response()
+        elif kind in ("conversation.item.delete", "conversation.item.retrieve"):
+            await self._item_ref(kind, ev)
         elif kind == "output_audio_buffer.clear":
             await self.send("output_audio_buffer.cleared")
 
@@ -205,6 +208,19 @@ class RealtimeSession:
         max_b64 = int(self.cfg.max_turn_audio_s * 24_000 * 2 * 4 / 3) + 4
         item = _history_item(ev.item, max_b64)
         await self._add(item, self.history.last_id())
+
+    async def _item_ref(self, kind: str, ev: ItemRef) -> None:
+        """Delete an item from the conversation (LiveKit does, to sync its chat context), or send it back."""
+        item = self.history.find(ev.item_id)
+        if item is None:
+            raise RealtimeError(f"no item {ev.item_id!r} in the conversation", "item_not_found", "item_id")
+        if kind == "conversation.item.retrieve":
+            await self.send("conversation.item.retrieved", item=_item_json(item))
+            return
+        if self.response is not None and (self.response.message is item or item in self.response.calls.values()):
+            await self.cancel_response()
+        self.history.items.remove(item)
+        await self.send("conversation.item.deleted", item_id=item.id)
 
     async def _truncate(self, ev: Truncate) -> None:
         item = self.history.find(ev.item_id)
