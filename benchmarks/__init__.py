@@ -9,6 +9,7 @@ Pipelines at real sizes (random weights) against a baseline, per concurrency lev
   peer_vllm_omni    vllm-omni on the same model dirs, prompts and lengths (the peer)
   gpu_pipeline      one AR stage vs vLLM alone; the thinker -> talker chain vs its first stage
   http_serving      the OpenAI-compatible HTTP server vs the ZMQ client, same pipeline
+  realtime_sessions /v1/realtime: simulated callers, voice-to-voice latency, audio gaps, VAD CPU
 Parts alone: token2wav, code2wav, first_chunk, ar_hidden_states, transport, step_metadata,
 resample, client_import, ray_two_nodes; on a GPU, kernel by kernel: token2wav_profile,
 token2wav_graphs (speed of its CUDA graphs), qwen3_code_predictor_profile,

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from benchmarks.common.speech import speechlike  # noqa: F401  (the realtime tests' voice)
+
 
 def tone(seconds: float = 2.0, rate: int = 16_000) -> np.ndarray:
     """A chirp, float32 in [-0.3, 0.3]."""

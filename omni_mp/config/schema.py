@@ -205,6 +205,17 @@ class AudioIdsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ttl_s: Annotated[int, Meta(ge=1, le=30 * 86_400)] = 3600  # an answer's `expires_at` is this after it
 
 
+class RealtimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`/v1/realtime` sessions (omni_mp.http.realtime): bounds and barge-in."""
+
+    max_sessions: Annotated[int, Meta(ge=0, le=100_000)] = 64  # open WebSockets per server process
+    max_turn_audio_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 60.0  # one user turn's buffered audio
+    max_append_bytes: Annotated[int, Meta(ge=1024, le=64 << 20)] = 1 << 20  # one append's base64 text
+    max_history_items: Annotated[int, Meta(ge=2, le=10_000)] = 64  # oldest user turns dropped past it
+    idle_timeout_s: Seconds = 300.0  # no client event for this long: the session is closed
+    barge_in: bool = True  # speech starting while an answer plays cancels it (server VAD)
+
+
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The OpenAI-compatible HTTP server's settings (omni_mp.http)."""
 
@@ -212,6 +223,7 @@ class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # coordinator; with more than one they share the audio-id store (SQLite) and the metrics.
     workers: Annotated[int, Meta(ge=1, le=64)] = 1
     audio_ids: AudioIdsConfig = AudioIdsConfig()
+    realtime: RealtimeConfig = RealtimeConfig()
 
     # Voice names a request may use for one of the model's voices, e.g. {alloy: Chelsie}: added
     # to (or replacing) the defaults that map each of OpenAI's voice names (omni_mp.http.voices).

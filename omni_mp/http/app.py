@@ -42,6 +42,7 @@ from omni_mp.http.images import (
 from omni_mp.http.media import MediaSizes
 from omni_mp.http.metrics import Metrics
 from omni_mp.http.pipeline import PipelineView, voices_of
+from omni_mp.http.realtime.route import add_realtime_route
 from omni_mp.http.schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -137,6 +138,7 @@ class Server:
         self.audio_ids = audio_store(settings)
         template = None if tokenizer is None else functools.partial(tokenizer.apply_chat_template)
         self.chat = ChatContext(view, self.sizes, template, self.audio_ids, tokenizer)  # type: ignore[arg-type]
+        self.realtime_sessions = 0  # open /v1/realtime WebSockets (omni_mp.http.realtime)
 
     @property
     def omni(self) -> AsyncOmniClient:
@@ -156,6 +158,10 @@ class Server:
         prompt_param = "messages" if endpoint == "chat" else "input"
         inner = as_api_errors(run_chat(self.omni, self.view, self.tokenizer, job, rid), prompt_param)
         return tracked(self.metrics, endpoint, t0, inner)
+
+    def realtime_events(self, job: ChatJob) -> AsyncIterator[ChatEvent]:
+        """A realtime response's stream (closing it aborts the request in every stage)."""
+        return self.events(job, "realtime", time.monotonic())
 
     async def guarded(self, request: Request, coro: Any) -> Any:
         """Await `coro`; None once cancelled (its request aborted) if the client goes away first."""
@@ -370,4 +376,5 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
     _audio_routes(app, srv, [Depends(srv.require_key)])
     _image_routes(app, srv, [Depends(srv.require_key)])
     add_transcription_route(app, srv, [Depends(srv.require_key)], _body)
+    add_realtime_route(app, srv)
     return app

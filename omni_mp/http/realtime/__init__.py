@@ -1,0 +1,1 @@
+"""OpenAI's Realtime API over WebSocket (`GET /v1/realtime`): docs/http.md, section Realtime."""
