@@ -20,6 +20,7 @@ from omni_mp.control.stage_handle import StageHandle, gpu_stage_threads, stage_e
 from omni_mp.control.wiring import Wiring
 from omni_mp.wire.codec import Limits, decode, encode
 from omni_mp.wire.messages import (
+    MAX_PROCESSES,
     Abort,
     Connect,
     ErrorEvent,
@@ -308,7 +309,7 @@ def _recv_all(port: ClientPort) -> list[tuple[bytes, object]]:
 
 
 def test_connect_lists_are_bounded_in_the_type() -> None:
-    body = msgspec.msgpack.encode({"t": "Connect", "downstream": [{"stage_id": 1, "endpoint": "x"}] * 100})
+    body = msgspec.msgpack.encode({"t": "Connect", "downstream": [{"stage_id": 1, "endpoint": "x"}] * (MAX_PROCESSES + 1)})
     with pytest.raises(ValueError, match="downstream"):
         decode([body])
     assert isinstance(decode(encode(Connect(downstream=[StageEndpoint(stage_id=1, endpoint="x")]))), Connect)

@@ -14,6 +14,7 @@ from omni_mp.config.schema import PipelineConfig, StageConfig, config_to_json, p
 from omni_mp.control.endpoints import RunEndpoints
 from omni_mp.control.mps import PIPE_ENV, PRIORITY_ENV, PRIORITY_LEVELS, SM_PERCENT_ENV
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
+from omni_mp.utils.devices import VISIBLE_ENV, visible_entries
 from omni_mp.utils.procs import popen
 from omni_mp.wire.messages import StageStats
 
@@ -34,7 +35,8 @@ def stage_env(
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if stage.devices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, stage.devices))
+        # Indices into the caller's visible GPUs (omni_mp.utils.devices), as vLLM and torch read them.
+        env[VISIBLE_ENV] = ",".join(visible_entries(stage.devices, env, f"stage {stage.id}"))
         env[PRIORITY_ENV] = PRIORITY_LEVELS[stage.mps_priority]  # read by CUDA at init, as an MPS client
         if stage.mps_sm_percent is not None:
             env[SM_PERCENT_ENV] = str(stage.mps_sm_percent)
@@ -49,7 +51,7 @@ def stage_env(
     else:
         # CPU stage: its own KV cache budget and its own cores (by default one core per stage,
         # round-robin), so several engines on one host neither take all RAM nor share cores.
-        env["CUDA_VISIBLE_DEVICES"] = ""
+        env[VISIBLE_ENV] = ""
         env["VLLM_CPU_KVCACHE_SPACE"] = str(stage.cpu_kv_cache_gib)
         if stage.cpu_cores is not None:
             cores = stage.cpu_cores
