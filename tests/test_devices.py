@@ -78,7 +78,9 @@ def test_the_memory_check_reads_the_callers_gpu_and_names_who_holds_it() -> None
     # devices: [0] under CUDA_VISIBLE_DEVICES=2 is GPU 2, where only 40 GiB are free now.
     with pytest.raises(MemoryBudgetError, match=r"device 2: .*> 40.00 GiB free now.*pid 4242 \(python train.py\) 39"):
         plan_memory(_pipeline([0], gib=50), devices, needs=lambda s: NEEDS, env={"CUDA_VISIBLE_DEVICES": "2"})
-    by_uuid = plan_memory(_pipeline([1], gib=30), devices, needs=lambda s: NEEDS, env={"CUDA_VISIBLE_DEVICES": "GPU-0,GPU-1"})
+    by_uuid = plan_memory(
+        _pipeline([1], gib=30), devices, needs=lambda s: NEEDS, env={"CUDA_VISIBLE_DEVICES": "GPU-0,GPU-1"}
+    )
     assert by_uuid.stages[0].gpus == [1]
 
 

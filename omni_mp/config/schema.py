@@ -146,7 +146,7 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class PlacementConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Where stage processes run. `local`: subprocesses of the coordinator on this host.
     `ray`: actors on a Ray cluster (`address` as for `ray.init`, e.g. "auto" or
-    "10.0.0.5:6379"; None starts a local Ray), one placement-group bundle per stage, placed
+    "10.0.0.5:6379"; None starts a local Ray), one placement-group bundle per stage replica, placed
     by `strategy`; stages then talk over tcp with CURVE keys (`endpoints`, `security`)."""
 
     kind: Literal["local", "ray"] = "local"

@@ -142,7 +142,8 @@ def _check_replicas(s: StageConfig, where: str, placement: str) -> None:
         sizes = {len(d) for d in s.replica_devices}
         if 0 in sizes or len(sizes) > 1:
             raise ConfigError(
-                f"`{where}.replica_devices`: every replica needs the same number of GPUs (>= 1), got {s.replica_devices}"
+                f"`{where}.replica_devices`: every replica needs the same number of GPUs (>= 1), "
+                f"got {s.replica_devices}"
             )
         for r, devs in enumerate(s.replica_devices):
             if any(d < 0 for d in devs) or len(set(devs)) != len(devs):

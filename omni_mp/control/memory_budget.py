@@ -24,9 +24,8 @@ import os
 import shutil
 import struct
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 import msgspec

@@ -195,34 +195,40 @@ class RayPlacement:
         self._own_connection = not ray.is_initialized()
         if self._own_connection:
             ray.init(address=p.address, namespace=p.namespace, log_to_driver=False, logging_level=logging.WARNING)
-        self.index = {s.id: i for i, s in enumerate(cfg.stages)}
-        self.group = placement_group([bundle(s) for s in cfg.stages], strategy=p.strategy, name=f"{run_id}-stages")
+        processes = cfg.replica_stages()  # one bundle per replica of each stage
+        self.index = {(s.id, r): i for i, (r, s) in enumerate(processes)}
+        self.group = placement_group([bundle(s) for _, s in processes], strategy=p.strategy, name=f"{run_id}-stages")
         self._actor_cls = ray.remote(StageProcessActor)
-        self.actors: dict[int, Any] = {}
+        self.actors: dict[tuple[int, int], Any] = {}
 
     def wait_placed(self, timeout_s: float) -> None:
         ray = _ray()
         if not ray.get(self.group.ready(), timeout=timeout_s):
-            raise TimeoutError(f"placement group for {len(self.cfg.stages)} stage(s) not placed in {timeout_s:.0f}s")
+            raise TimeoutError(
+                f"placement group for {len(self.index)} stage process(es) not placed in {timeout_s:.0f}s"
+            )
 
-    def launch(self, stage: StageConfig, cmd: list[str], env: dict[str, str], log_name: str) -> RayStageProcess:
-        """Start the stage in its bundle (asynchronously: Ray places the actor)."""
+    def launch(
+        self, stage: StageConfig, cmd: list[str], env: dict[str, str], log_name: str, replica: int = 0
+    ) -> RayStageProcess:
+        """Start a replica of the stage in its bundle (asynchronously: Ray places the actor)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        old = self.actors.pop(stage.id, None)
+        key = (stage.id, replica)
+        old = self.actors.pop(key, None)
         if old is not None:
             _ray().kill(old, no_restart=True)
         strategy = PlacementGroupSchedulingStrategy(
-            placement_group=self.group, placement_group_bundle_index=self.index[stage.id]
+            placement_group=self.group, placement_group_bundle_index=self.index[key]
         )
         actor = self._actor_cls.options(  # holds its bundle's CPU and GPUs
             num_cpus=1,
             num_gpus=len(stage.devices),
             scheduling_strategy=strategy,
-            name=f"{self.run_id}-stage{stage.id}",
+            name=f"{self.run_id}-stage{stage.id}.{replica}",
             namespace=self.cfg.placement.namespace,
         ).remote(cmd, env, log_name)
-        self.actors[stage.id] = actor
+        self.actors[key] = actor
         return RayStageProcess(actor)
 
     def close(self) -> None:

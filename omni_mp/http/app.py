@@ -168,6 +168,10 @@ async def _collect(events: AsyncIterator[ChatEvent]) -> tuple[str, bytes, ChatEn
     return end.text, b"".join(pcm), end
 
 
+def _name(stage: StageStatus) -> str:
+    return f"stage {stage.stage_id}" + (f" replica {stage.replica}" if stage.replica else "")
+
+
 def _why_down(stage: StageStatus) -> str:
     if stage.failed is not None:  # its restart budget is spent: down for good
         return f"down for good: {stage.failed}"
@@ -185,15 +189,21 @@ def _routes(app: FastAPI, srv: Server) -> None:
             return _json({"status": "unavailable", "reason": "the coordinator does not answer"}, 503)
         except ClientClosed as err:  # this server can answer no request any more
             return _json({"status": "unavailable", "reason": f"the coordinator client is closed: {err}"}, 503)
-        down = [s for s in status.stages if not (s.alive and s.ready)]
         stages = [
-            {"stage_id": s.stage_id, "alive": s.alive, "ready": s.ready, "restarts": s.restarts, "failed": s.failed}
+            {"stage_id": s.stage_id, "replica": s.replica, "alive": s.alive, "ready": s.ready,
+             "restarts": s.restarts, "failed": s.failed}
             for s in status.stages
-        ]
-        if down:
-            names = ", ".join(f"stage {s.stage_id} ({_why_down(s)})" for s in down)
+        ]  # fmt: skip
+        down = [s for s in status.stages if not (s.alive and s.ready)]
+        # The pipeline serves while every stage has a replica that serves.
+        serving = {s.stage_id for s in status.stages if s.alive and s.ready}
+        if any(s.stage_id not in serving for s in down):
+            names = ", ".join(f"{_name(s)} ({_why_down(s)})" for s in down if s.stage_id not in serving)
             return _json({"status": "unavailable", "reason": f"not serving: {names}", "stages": stages}, 503)
-        return _json({"status": "ok", "pipeline": status.pipeline, "inflight": status.inflight, "stages": stages})
+        body = {"status": "ok", "pipeline": status.pipeline, "inflight": status.inflight, "stages": stages}
+        if down:  # some replicas are down, others of their stages serve
+            body["degraded"] = ", ".join(f"{_name(s)} ({_why_down(s)})" for s in down)
+        return _json(body)
 
     @app.get("/")
     async def playground() -> Response:

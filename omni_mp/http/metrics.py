@@ -1,8 +1,9 @@
-"""Prometheus metrics of the server and, per stage (labels stage_id and stage_name), of the
-pipeline behind it: read from each request's stage timings and, at scrape time, from the
-coordinator's status, whose per-stage `StageStats` (sent with each stage's heartbeats) become
-the running/waiting gauges and the step and byte counters. Those counters restart from zero
-when their stage restarts; Prometheus' rate() treats a drop as a counter reset.
+"""Prometheus metrics of the server and, per stage (labels stage_id and stage_name; the
+process gauges and counters also `replica`, which replica of the stage), of the pipeline
+behind it: read from each request's stage timings and, at scrape time, from the coordinator's
+status, whose per-process `StageStats` (sent with each replica's heartbeats) become the
+running/waiting gauges and the step and byte counters. Those counters restart from zero when
+their replica restarts; Prometheus' rate() treats a drop as a counter reset.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from omni_mp.http.pipeline import PipelineView, stage_name
 from omni_mp.wire.messages import StageDone, StageStatus, StatusReply
 
 _STAGE = ("stage_id", "stage_name")
+_REPLICA = (*_STAGE, "replica")  # what one stage process reports: per replica
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -29,24 +31,24 @@ class StageStatsCollector(Collector):
         self.stages: list[StageStatus] = []
 
     def collect(self) -> Iterator[Metric]:
-        running = GaugeMetricFamily("omni_mp_stage_requests_running", "requests in the stage's engine", labels=_STAGE)
+        running = GaugeMetricFamily("omni_mp_stage_requests_running", "requests in the stage's engine", labels=_REPLICA)
         waiting = GaugeMetricFamily(
             "omni_mp_stage_requests_waiting", "requests registered in the stage, waiting on upstream or preparation",
-            labels=_STAGE,
+            labels=_REPLICA,
         )  # fmt: skip
-        steps = CounterMetricFamily("omni_mp_stage_engine_steps", "engine steps of the stage's run", labels=_STAGE)
+        steps = CounterMetricFamily("omni_mp_stage_engine_steps", "engine steps of the stage's run", labels=_REPLICA)
         step_s = CounterMetricFamily(
             "omni_mp_stage_engine_step_seconds", "time in engine steps (rate / steps rate: mean step time)",
-            labels=_STAGE,
+            labels=_REPLICA,
         )  # fmt: skip
         sent = CounterMetricFamily(
             "omni_mp_stage_sent_bytes", "bytes sent to a downstream stage over its socket (shared memory excluded)",
-            labels=[*_STAGE, "downstream"],
+            labels=[*_REPLICA, "downstream"],
         )  # fmt: skip
         for s in self.stages:
             if s.stats is None:
                 continue
-            labels = [str(s.stage_id), self.names.get(s.stage_id, "?")]
+            labels = [str(s.stage_id), self.names.get(s.stage_id, "?"), str(s.replica)]
             running.add_metric(labels, s.stats.running)
             waiting.add_metric(labels, s.stats.waiting)
             steps.add_metric(labels, s.stats.steps)
@@ -87,9 +89,11 @@ class Metrics:
             "omni_mp_stage_time_to_first_token_seconds", "per request: registered -> first token", _STAGE,
             buckets=_SECONDS, registry=r,
         )  # fmt: skip
-        self.stage_alive = Gauge("omni_mp_stage_alive", "1 if the stage process is alive", _STAGE, registry=r)
-        self.stage_ready = Gauge("omni_mp_stage_ready", "1 if the stage serves", _STAGE, registry=r)
-        self.stage_restarts = Gauge("omni_mp_stage_restarts", "restarts of the stage so far", _STAGE, registry=r)
+        self.stage_alive = Gauge("omni_mp_stage_alive", "1 if the stage process is alive", _REPLICA, registry=r)
+        self.stage_ready = Gauge("omni_mp_stage_ready", "1 if the stage replica serves", _REPLICA, registry=r)
+        self.stage_restarts = Gauge(
+            "omni_mp_stage_restarts", "restarts of the stage replica so far", _REPLICA, registry=r
+        )
         self.inflight = Gauge("omni_mp_requests_inflight", "requests in flight in the coordinator", registry=r)
         self.stage_stats = StageStatsCollector(self.names)
         r.register(self.stage_stats)
@@ -115,7 +119,7 @@ class Metrics:
             self.inflight.set(status.inflight)
             self.stage_stats.stages = list(status.stages)
             for s in status.stages:
-                labels = self._labels(s.stage_id)
+                labels = {**self._labels(s.stage_id), "replica": str(s.replica)}
                 self.stage_alive.labels(**labels).set(int(s.alive))
                 self.stage_ready.labels(**labels).set(int(s.ready))
                 self.stage_restarts.labels(**labels).set(s.restarts)

@@ -44,6 +44,7 @@ __all__ = [
     "REQUEST_ID_PATTERN",
     "RequestParams",
     "Abort",
+    "BoundReplica",
     "AdditionalInformation",
     "AudioInput",
     "Connect",
@@ -242,6 +243,13 @@ class MessageBase(
     which shared-memory regions a message holds without keeping the message alive.)"""
 
 
+class BoundReplica(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    """A request's replica of one stage."""
+
+    stage_id: StageId
+    replica: ReplicaIndex
+
+
 class StageRequest(MessageBase):
     """Coordinator -> stage: register a request (every stage of the pipeline gets one); an
     entry stage also gets the prompt, as text (tokenized by the stage) or token ids."""
@@ -264,7 +272,7 @@ class StageRequest(MessageBase):
     hidden_states: bool = False  # a final stage sends its hidden rows to the client too (Submit.hidden_states)
     # The replica of each downstream stage this request is bound to (omni_mp.control.router):
     # its outputs go there only. A stage missing here: its replica 0.
-    downstream_replicas: Annotated[dict[StageId, ReplicaIndex], PerStage] = {}
+    downstream_replicas: Annotated[list[BoundReplica], PerStage] = []
 
 
 class StageOutputChunk(MessageBase):
@@ -570,6 +578,7 @@ class StageDone(MessageBase):
     t_first_token: float | None
     t_finished: float
     finish_reason: str | None = None
+    replica: ReplicaIndex = 0  # which replica of the stage ran it
 
 
 class StageSampling(msgspec.Struct, forbid_unknown_fields=True):
