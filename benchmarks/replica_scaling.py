@@ -67,7 +67,7 @@ def router_cost(replicas: int, requests: int, down_share: float) -> dict[str, fl
     router = Router(cfg, lambda k: k not in down, lambda u, d: True, lambda k: load.get(k, 0))
     inflight: list[dict[int, int]] = []
     samples = []
-    for i in range(requests):
+    for _ in range(requests):
         t0 = time.perf_counter_ns()
         route = router.bind()
         inflight.append(route)
@@ -139,7 +139,9 @@ def main() -> None:
             "router_p99_us": round(all_up["p99_us"], 2),
             "router_p50_us_quarter_down": round(some_down["p50_us"], 2),
             "links": links,
-            "shm_pinned_gib": round(links * args.pool_mib / 1024, 1),
+            "shm_pinned_gib_full_pools": round(links * args.pool_mib / 1024, 1),
+            # omni_mp.stage.loop.link_pools: a link to one of R replicas gets 1/R of the pool
+            "shm_pinned_gib": round(links * max(args.pool_mib / r, min(args.pool_mib, 16)) / 1024, 1),
             "connect_s_per_upstream_replica": round(r * link["seconds"], 2),
             **{f"{k}_bytes": v for k, v in sizes.items()},
         }

@@ -12,6 +12,7 @@ from omni_mp.config.validate import parse_config
 from omni_mp.control.router import NoReplica, ReplicaKey, Router
 from omni_mp.http.metrics import Metrics
 from omni_mp.http.pipeline import PipelineView
+from omni_mp.stage.loop import link_pools
 from omni_mp.wire.messages import StageStats, StageStatus, StatusReply
 
 
@@ -123,3 +124,14 @@ def test_metrics_carry_the_replica_label() -> None:
     assert 'omni_mp_stage_ready{replica="1",stage_id="1",stage_name="ar"} 0.0' in text
     assert 'omni_mp_stage_restarts{replica="1",stage_id="1",stage_name="ar"} 1.0' in text
     assert 'omni_mp_stage_requests_running{replica="1",stage_id="1",stage_name="ar"} 3.0' in text
+
+
+def test_links_to_a_replicated_stage_split_its_shared_memory_pool() -> None:
+    """Every upstream replica links to every downstream one, and each pool is prefaulted: a
+    link to one of R replicas gets 1/R of `endpoints.shm`, so R replicas pin no more."""
+    cfg = _cfg(replicas=2)
+    base = cfg.endpoints.shm
+    assert link_pools(cfg, 0)[1].capacity_bytes == base.capacity_bytes // 2
+    assert link_pools(cfg, 1)[2].capacity_bytes == base.capacity_bytes // 3
+    assert link_pools(cfg, 1)[2].threshold_bytes == base.threshold_bytes
+    assert link_pools(cfg, 2) == {}

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,7 +155,7 @@ class OutputPump(threading.Thread):
         ctx: zmq.Context,
         events: MessageSender,
         limits: Limits,
-        shm: ShmPoolConfig | None,
+        shm: Mapping[int, ShmPoolConfig] | None,  # per downstream stage: its links' pool (none: no pool)
         stop: threading.Event,
         stage_id: int,
         on_sent: Callable[[int, float, float, dict[int, int]], None],
@@ -189,7 +189,8 @@ class OutputPump(threading.Thread):
             old = self.downstream.pop(key, None)
             if old is not None:
                 old.close()
-            self.downstream[key] = MessageSender(self.ctx, target.endpoint, self.limits, shm=self.shm, hwm=CONTROL_HWM)
+            pool = None if self.shm is None else self.shm.get(target.stage_id)
+            self.downstream[key] = MessageSender(self.ctx, target.endpoint, self.limits, shm=pool, hwm=CONTROL_HWM)
         # The coordinator admits requests only once every link is open (a pool is prefaulted
         # when it is created: doing that under the first request would delay it).
         connected = Connected(stage_id=self.stage_id, downstream=list(msg.downstream), replica=self.replica)

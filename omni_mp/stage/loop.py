@@ -93,7 +93,7 @@ class StageLoop:
         # Entry stages prepare requests (media, prompt format, vLLM input processing) off this thread.
         self.preparer = None if stage.inputs else Preparer(stage, engine, self.inbox.put, self._stop)
         # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
-        shm: ShmPoolConfig | None = cfg.endpoints.shm if cfg.endpoints.transport == "ipc" else None
+        shm = link_pools(cfg, stage.id) if cfg.endpoints.transport == "ipc" else None
         self.input = InputPump(input_link, self.inbox, self._stop, stage.id)
         self.output = OutputPump(ctx, events, self.limits, shm, self._stop, stage.id, self._sent, replica)
         timeouts = cfg.timeouts
@@ -478,3 +478,22 @@ def _targets(downstream: list[int], bound: list[BoundReplica]) -> tuple[tuple[in
     downstream stage (replica 0 where none is named)."""
     replica = {b.stage_id: b.replica for b in bound}
     return tuple((d, replica.get(d, 0)) for d in downstream)
+
+
+MIN_POOL_BYTES = 16 * 2**20
+
+
+def link_pools(cfg: PipelineConfig, stage_id: int) -> dict[int, ShmPoolConfig]:
+    """Each downstream stage's links' shared-memory pool. A stage with R replicas gets R links
+    from each upstream replica, each with 1/R of `endpoints.shm` (at least MIN_POOL_BYTES): a
+    pool is prefaulted, so R full pools would pin R times the memory (at 64 x 64 replicas, 4160
+    links of 256 MiB: 1 TiB; benchmarks/replica_scaling.py), while a request's rows go to one
+    replica only."""
+    base = cfg.endpoints.shm
+    out = {}
+    for d in cfg.downstream(stage_id):
+        n = cfg.stage(d).replicas
+        capacity = max(base.capacity_bytes // n, min(base.capacity_bytes, MIN_POOL_BYTES))
+        slots = min(base.num_slots, max(base.num_slots // n, 16))
+        out[d] = msgspec.structs.replace(base, capacity_bytes=capacity, num_slots=slots)
+    return out
