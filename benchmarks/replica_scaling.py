@@ -1,5 +1,5 @@
 """Stage replicas past two GPUs, on a CPU: the router's cost per request and what the
-all-to-all links cost, at 1 to 64 replicas a stage (docs/benchmarks/replicas.md).
+all-to-all links cost, at 1 to 64 replicas a stage (docs/replicas.md).
 
 Measured here, on this host:
   router    `Router.bind` + `release` per request (omni_mp.control.router), for a chain of
@@ -133,6 +133,7 @@ def main() -> None:
         some_down = router_cost(r, args.requests, 0.25)
         sizes = message_bytes(r)
         links = r + r * r  # stage 0 -> R replicas of stage 1, R x R from stage 1 to stage 2
+        per_link_mib = max(args.pool_mib / r, min(args.pool_mib, 16))  # omni_mp.stage.loop.link_pools
         row = {
             "replicas": r,
             "router_p50_us": round(all_up["p50_us"], 2),
@@ -141,8 +142,9 @@ def main() -> None:
             "links": links,
             "shm_pinned_gib_full_pools": round(links * args.pool_mib / 1024, 1),
             # omni_mp.stage.loop.link_pools: a link to one of R replicas gets 1/R of the pool
-            "shm_pinned_gib": round(links * max(args.pool_mib / r, min(args.pool_mib, 16)) / 1024, 1),
-            "connect_s_per_upstream_replica": round(r * link["seconds"], 2),
+            "shm_pinned_gib": round(links * per_link_mib / 1024, 1),
+            # a pool's set-up is its prefault, in proportion to its size (link_pools: 1/R of it each)
+            "connect_s_per_upstream_replica": round(r * link["seconds"] * per_link_mib / args.pool_mib, 2),
             **{f"{k}_bytes": v for k, v in sizes.items()},
         }
         rows.append(row)
