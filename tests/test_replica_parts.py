@@ -10,6 +10,7 @@ import pytest
 from omni_mp.config.schema import ConfigError
 from omni_mp.config.validate import parse_config
 from omni_mp.control.router import NoReplica, ReplicaKey, Router
+from omni_mp.http.app import health_of
 from omni_mp.http.metrics import Metrics
 from omni_mp.http.pipeline import PipelineView
 from omni_mp.stage.loop import link_pools
@@ -135,3 +136,22 @@ def test_links_to_a_replicated_stage_split_its_shared_memory_pool() -> None:
     assert link_pools(cfg, 1)[2].capacity_bytes == base.capacity_bytes // 3
     assert link_pools(cfg, 1)[2].threshold_bytes == base.threshold_bytes
     assert link_pools(cfg, 2) == {}
+
+
+def test_health_is_ok_while_every_stage_has_a_serving_replica() -> None:
+    def status(*up: tuple[int, int, bool]) -> StatusReply:
+        return StatusReply(
+            pipeline="t",
+            inflight=0,
+            stages=[StageStatus(stage_id=s, replica=r, pid=1, alive=ok, ready=ok, restarts=0) for s, r, ok in up],
+        )
+
+    body, code = health_of(status((0, 0, True), (1, 0, True), (1, 1, False)))
+    assert code == 200 and body["status"] == "ok" and body["degraded"] == "stage 1 replica 1 (down, restarting)"
+    assert [(s["stage_id"], s["replica"]) for s in body["stages"]] == [(0, 0), (1, 0), (1, 1)]
+    body, code = health_of(status((0, 0, True), (1, 0, False), (1, 1, False)))
+    assert (
+        code == 503
+        and body["reason"] == "not serving: stage 1 (down, restarting), stage 1 replica 1 (down, restarting)"
+    )
+    assert "degraded" not in health_of(status((0, 0, True)))[0]

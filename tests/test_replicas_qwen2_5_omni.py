@@ -10,18 +10,16 @@ import concurrent.futures
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.stage_configs import CONFIG_DIR
-from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk, StatusReply
-from tests.launcher import ServedPipeline, serve, settled_client
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
+from tests.launcher import ServedPipeline, serve, settled_client, with_replicas
 from tests.test_qwen2_5_omni_pipeline import check_against_transformers
+from tests.test_restart_budget import wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -30,12 +28,7 @@ TEXT = "Tell me a short story about the sea."
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedPipeline]:
-    data = yaml.safe_load((CONFIG_DIR / "tiny_qwen2_5_omni.yaml").read_text())
-    for stage in data["stages"][1:]:
-        stage["replicas"] = 2
-    data["stages"][1]["engine_args"]["max_num_seqs"] = 4
-    config = Path(tmp_path_factory.mktemp("replicas")) / "tiny_qwen2_5_omni_x2.yaml"
-    config.write_text(yaml.safe_dump(data))
+    config = with_replicas(CONFIG_DIR / "tiny_qwen2_5_omni.yaml", tmp_path_factory.mktemp("replicas"), {1: 2, 2: 2})
     with serve(config) as served:
         yield served
 
@@ -67,16 +60,6 @@ def test_every_request_equals_transformers_and_the_replicas_share_them(client: O
     for sid in (1, 2):
         bound = sorted(replicas_of(done, sid) for done in results)
         assert bound == [0, 0, 1, 1], f"stage {sid}: replicas {bound}"
-
-
-def _wait(client: OmniClient, what: str, ok: object, timeout_s: float = 400) -> StatusReply:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = client.status()
-        if ok(status):  # type: ignore[operator]
-            return status
-        assert time.monotonic() < deadline, f"{what}: {status}"
-        time.sleep(0.2)
 
 
 def test_kill_9_of_a_talker_replica_fails_only_its_request(client: OmniClient) -> None:
@@ -116,7 +99,7 @@ def test_kill_9_of_a_talker_replica_fails_only_its_request(client: OmniClient) -
     assert [replicas_of(done, 1) for done in meanwhile] == [0, 0]
     check_against_transformers(meanwhile[0], TEXT)
     # It comes back under its restart budget and takes requests again.
-    _wait(client, "replica 1 of stage 1 not back", lambda s: all(x.ready for x in s.stages))
+    wait_for(client, "replica 1 of stage 1 not back", lambda s: all(x.ready for x in s.stages), timeout_s=600)
     back = next(s for s in client.status().stages if (s.stage_id, s.replica) == (1, 1))
     assert back.restarts == 1 and back.pid != victim.pid and back.failed is None
     with concurrent.futures.ThreadPoolExecutor(2) as pool:

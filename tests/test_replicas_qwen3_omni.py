@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 
 from omni_mp.client.omni_client import OmniClient
 from omni_mp.stage_configs import CONFIG_DIR
-from tests.launcher import ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, serve, settled_client, with_replicas
 from tests.test_qwen3_omni_pipeline import _stream, check
 
 pytestmark = pytest.mark.engine
@@ -22,12 +20,8 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedPipeline]:
-    data = yaml.safe_load((CONFIG_DIR / "tiny_qwen3_omni.yaml").read_text())
-    data["stages"][2]["replicas"] = 2
-    config = Path(tmp_path_factory.mktemp("replicas")) / "tiny_qwen3_omni_code2wav_x2.yaml"
-    config.write_text(yaml.safe_dump(data))
-    with serve(config) as served:
-        yield served
+    with serve(with_replicas(CONFIG_DIR / "tiny_qwen3_omni.yaml", tmp_path_factory.mktemp("replicas"), {2: 2})) as s:
+        yield s
 
 
 @pytest.fixture
