@@ -29,7 +29,7 @@ import soundfile
 import torch
 
 from omni_mp.client.omni_client import OmniClient
-from omni_mp.http.audio_ids import AudioIdError, MemoryAudioStore
+from omni_mp.http.audio_ids import MemoryAudioStore
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import StageOutputChunk
@@ -60,40 +60,6 @@ TOOLS = [
         },
     }
 ]
-
-
-# ---- the audio-id store (no pipeline) ----------------------------------------------------------
-
-
-def test_audio_store_bounds_expiry_and_foreign_ids() -> None:
-    now = [1000.0]
-    store = MemoryAudioStore(max_entries=3, max_bytes=10_000, ttl_s=60, clock=lambda: now[0])
-    ids = [store.new_id() for _ in range(4)]
-    for i, audio_id in enumerate(ids[:3]):
-        store.put(audio_id, f"answer {i}")
-    store.get(ids[0])  # most recently used now: the LRU victim is ids[1]
-    store.put(ids[3], "answer 3")
-    assert store.count == 3
-    with pytest.raises(AudioIdError) as err:
-        store.get(ids[1])
-    assert err.value.reason == "unknown"
-    assert store.get(ids[0]).transcript == "answer 0"
-    now[0] += 61  # past expires_at: said expired (not unknown) for another ttl
-    with pytest.raises(AudioIdError) as err:
-        store.get(ids[3])
-    assert err.value.reason == "expired"
-    now[0] += 60
-    with pytest.raises(AudioIdError) as err:
-        store.get(ids[3])
-    assert err.value.reason == "unknown" and store.count == 0
-    other = MemoryAudioStore().new_id()
-    with pytest.raises(AudioIdError) as err:
-        store.get(other)
-    assert err.value.reason == "foreign"
-    small = MemoryAudioStore(max_bytes=400)  # the byte bound evicts too
-    for _ in range(10):
-        small.put(small.new_id(), "x" * 100)
-    assert small.bytes <= 400 and small.count < 10
 
 
 # ---- forced calls and parallel_tool_calls (vLLM's parser and xgrammar, no pipeline) -------------

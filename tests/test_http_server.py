@@ -15,6 +15,8 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +40,7 @@ from omni_mp.models.qwen2_5_omni.prompt import SPEECH_SYSTEM_PROMPT, omni_prompt
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
+from tests.client_scripts import client_script
 from tests.hf_oracle import assert_close_audio, assert_same_tokens, conversation_inputs, omni_generate
 from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
 from tests.synthetic_media import pattern, tone
@@ -61,6 +64,7 @@ class Served:
     def __init__(self, pipeline: ServedPipeline, url: str, config: Path) -> None:
         self.pipeline = pipeline
         self.url = url
+        self.config = config
         self.cfg = load_config(config)
         self.openai = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
 
@@ -71,6 +75,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     raw = yaml.safe_load(BASE_CONFIG.read_text())
     raw["admission"] = {"max_inflight": MAX_INFLIGHT}
     raw["stages"][2]["restart"] = {"max_restarts": 1, "backoff_s": 0.1}
+    # The thinker's prefix cache on (text-only answers read it; spoken ones compute every row).
+    raw["stages"][0]["engine_args"].update(enable_prefix_caching=True, block_size=16)
     config = tmp_path_factory.mktemp("http") / "tiny_http.yaml"
     config.write_text(yaml.safe_dump(raw))
     url = f"http://127.0.0.1:{_free_port()}"
@@ -739,3 +745,145 @@ def test_health_names_a_killed_stage_until_it_restarts(served: Served, zmq: Omni
     assert saw_503 and saw_5xx and r.status_code == 200
     assert next(s.restarts for s in zmq.status().stages if s.stage_id == 2) == 1
     assert served.openai.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}]).choices
+
+
+# ---- several server processes (http.workers) ----------------------------------------------------
+
+
+def _workers_server(served: Served, port: int) -> subprocess.Popen[bytes]:
+    """A second front on the served pipeline: `python -m omni_mp.http --workers 2`."""
+    cmd = [sys.executable, "-m", "omni_mp.http", "--config", str(served.config), "--endpoint", served.pipeline.endpoint]
+    cmd += ["--listen", f"127.0.0.1:{port}", "--workers", "2"]
+    return subprocess.Popen(cmd, env=dict(os.environ, OMNI_MP_API_KEY=KEY), cwd=Path(__file__).resolve().parents[1])
+
+
+def _clients_on_two_workers(url: str) -> tuple[httpx.Client, httpx.Client, list[httpx.Client]]:
+    """Keep-alive clients, opened until two of them talk to different workers (/health says which)."""
+    opened: list[httpx.Client] = []
+    by_pid: dict[int, httpx.Client] = {}
+    deadline = time.monotonic() + 120
+    while len(by_pid) < 2:
+        assert time.monotonic() < deadline and len(opened) < 200, f"one worker answers every connection: {by_pid}"
+        client = httpx.Client(base_url=url, headers=_auth(), timeout=600)
+        opened.append(client)
+        try:
+            reply = client.get("/health")
+        except httpx.TransportError:
+            time.sleep(0.5)
+            continue
+        if reply.status_code == 200:
+            by_pid.setdefault(reply.json()["worker_pid"], client)
+    a, b = by_pid.values()
+    return a, b, opened
+
+
+def _workers_of(supervisor: psutil.Process) -> list[psutil.Process]:
+    """uvicorn's worker processes (spawned: multiprocessing's spawn_main), not its resource tracker."""
+    return [p for p in supervisor.children() if "spawn_main" in " ".join(p.cmdline())]
+
+
+def _chat_outcomes(client: httpx.Client) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for s in family.samples:
+            if s.name == "omni_mp_http_requests_total" and s.labels["endpoint"] == "chat":
+                out[s.labels["code"]] = out.get(s.labels["code"], 0) + s.value
+    return out
+
+
+def test_two_workers_share_audio_ids_and_metrics_and_leave_nothing(served: Served) -> None:
+    """An answer spoken by one worker continues on another by its audio id (the same prompt as
+    the one-process server given the transcript), an id the store never issued is a 400 on any
+    worker, /metrics on either counts both, a killed worker is replaced while the other serves,
+    and SIGTERM ends every worker and removes the server's private directory."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _workers_server(served, port)
+    try:
+        a, b, opened = _clients_on_two_workers(url)
+        before = _chat_outcomes(a)
+        first = [{"role": "user", "content": "Say something about the sea."}]
+        oa = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, http_client=a, max_retries=0)
+        ob = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, http_client=b, max_retries=0)
+        spoken = oa.chat.completions.create(
+            model="tiny", messages=first, modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav"},
+            max_completion_tokens=8, seed=3,
+        )  # fmt: skip
+        audio = spoken.choices[0].message.audio
+        assert audio is not None and audio.transcript
+        follow = [*first, {"role": "assistant", "audio": {"id": audio.id}}, {"role": "user", "content": "And then?"}]
+        got = ob.chat.completions.create(model="tiny", messages=follow, max_completion_tokens=8)
+        as_text = [*first, {"role": "assistant", "content": audio.transcript}, {"role": "user", "content": "And then?"}]
+        want = served.openai.chat.completions.create(model="tiny", messages=as_text, max_completion_tokens=8)
+        assert got.choices[0].message.content == want.choices[0].message.content
+        assert got.usage is not None and want.usage is not None
+        assert got.usage.prompt_tokens == want.usage.prompt_tokens
+        never = audio.id[:-4] + ("0000" if not audio.id.endswith("0000") else "1111")
+        with pytest.raises(openai.BadRequestError, match="unknown audio id"):
+            ob.chat.completions.create(model="tiny", messages=[*first, {"role": "assistant", "audio": {"id": never}}])
+        after = _chat_outcomes(b)
+        assert after.get("ok", 0) - before.get("ok", 0) == 2
+        assert after.get("audio_id_unknown", 0) - before.get("audio_id_unknown", 0) == 1
+
+        supervisor = psutil.Process(proc.pid)
+        workers = _workers_of(supervisor)
+        assert len(workers) == 2
+        spec = json.loads(workers[0].environ()["OMNI_MP_HTTP_WORKER"])
+        shared = Path(spec["settings"]["shared_store"]["path"]).parent
+        assert shared.is_dir() and oct(shared.stat().st_mode & 0o777) == "0o700"
+        pid_b = b.get("/health").json()["worker_pid"]
+        psutil.Process(pid_b).kill()
+        assert a.get("/health").status_code == 200  # the other worker serves on
+        deadline = time.monotonic() + 120
+        while {p.pid for p in _workers_of(supervisor)} & {pid_b} or len(_workers_of(supervisor)) < 2:
+            assert time.monotonic() < deadline, "uvicorn did not replace the killed worker"
+            time.sleep(0.5)
+        for client in opened:
+            client.close()
+        workers = supervisor.children()  # the workers and multiprocessing's resource tracker
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+        assert not shared.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_pipecat_openai_llm_service_holds_a_conversation(served: Served, tmp_path: Path) -> None:
+    """pipecat's OpenAILLMService with its context aggregators, as a pipecat bot runs it: a
+    system prompt, a first turn, then a second user message once the first answer is in the
+    context. Each answer it streams is the server's answer to the same message list."""
+    system, first, second = "You are a terse assistant.", "Name a colour.", "And another one?"
+    got = client_script("pipecat_llm", f"{served.url}/v1", KEY, system, first, second, str(tmp_path / "llm.json"))
+    assert got["errors"] == [] and len(got["answers"]) == 2
+    context = got["messages"]  # what pipecat sent: its context (it strips the answers it stores)
+    assert [m["role"] for m in context] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in context][:2] == [system, first] and context[3]["content"] == second
+    for k, answer in enumerate(got["answers"]):
+        want = served.openai.chat.completions.create(model="omni", messages=context[: 2 + 2 * k])
+        assert answer == want.choices[0].message.content and answer.strip()
+        assert context[2 + 2 * k]["content"] == answer.strip()
+
+
+def test_text_answers_read_the_thinkers_prefix_cache_and_spoken_ones_compute_every_row(served: Served) -> None:
+    """With the thinker's prefix cache on, a text-only answer (no talker runs: nobody reads the
+    thinker's hidden rows) starts from the cached prefix of an earlier turn and says the same;
+    a spoken answer reads none of it (the talker needs every prompt row), and speaks as before."""
+    system = "You are a helpful assistant who answers briefly. " * 6
+    turn = [{"role": "system", "content": system}, {"role": "user", "content": "What is the sea?"}]
+
+    def ask(**kw: Any) -> Any:
+        return served.openai.chat.completions.create(model="tiny", messages=turn, max_completion_tokens=8, **kw)
+
+    first, again = ask(), ask()
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 16 <= cached < again.usage.prompt_tokens and cached % 16 == 0, cached
+    assert again.choices[0].message.content == first.choices[0].message.content
+    spoken = [ask(modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav"}, seed=5) for _ in range(2)]
+    for answer in spoken:
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+        assert answer.usage.prompt_tokens_details.cached_tokens == 0
+    assert spoken[0].choices[0].message.audio.data == spoken[1].choices[0].message.audio.data  # type: ignore[union-attr]

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,8 +27,9 @@ from omni_mp.media.audio_io import resample
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished
+from tests.client_scripts import client_script
 from tests.hf_oracle import assert_same_tokens, omni_generate, reply_ids
-from tests.launcher import REPO, ServedPipeline, settled_client
+from tests.launcher import ServedPipeline, settled_client
 from tests.speech_checks import KEY, Decoded, opus_input_rate, pcm_samples, serve_http
 
 pytestmark = pytest.mark.engine
@@ -45,7 +44,6 @@ WAV_ATOL = 2e-6
 PCM_LSB = 1 / 32768
 # LiveKit's and pipecat's clients live in a virtualenv of their own: their requirements pin
 # other versions of packages omni_mp pins (protobuf, soundfile, soxr); scripts/setup.sh builds it.
-CLIENTS_PY = Path(os.environ.get("OMNI_MP_CLIENTS_VENV", REPO / ".venv-clients")) / "bin" / "python"
 ALIASES = {"narrator": "Ethan", "echo": "Chelsie"}  # configured: one new name, one of OpenAI's remapped
 TEXTS = {
     "plain": "Good morning, how are you today?",
@@ -268,25 +266,10 @@ def test_a_given_reply_is_checked_before_any_stage_runs(zmq: OmniClient) -> None
     assert done.outputs[0].token_ids == reply_ids(resolve_model("tiny-qwen2_5-omni"), "Hi.")
 
 
-def _client_script(name: str, *args: str) -> dict:
-    """tests/clients/NAME.py in the clients' virtualenv (scripts/setup.sh builds it)."""
-    if not CLIENTS_PY.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CLIENTS_PY} is missing: scripts/setup.sh builds it")
-        pytest.skip(f"{CLIENTS_PY} is missing (scripts/setup.sh builds it)")
-    out = Path(args[-1])
-    proc = subprocess.run([str(CLIENTS_PY), str(REPO / "tests" / "clients" / f"{name}.py"), *args],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    info = json.loads(out.read_text())
-    info["pcm"] = np.frombuffer(Path(f"{out}.pcm").read_bytes(), dtype="<i2")
-    return info
-
-
 def test_livekit_openai_tts_plugin_with_its_defaults(served: Served, tmp_path: Path) -> None:
     """LiveKit's plugin as configured by default (voice `ash`, mp3 over SSE): it decodes the mp3
     itself; what it plays is the mp3 answer of the same request."""
-    got = _client_script("livekit_tts", f"{served.url}/v1", KEY, LONG, str(tmp_path / "livekit.json"))
+    got = client_script("livekit_tts", f"{served.url}/v1", KEY, LONG, str(tmp_path / "livekit.json"))
     assert got["rates"] == [24_000] and got["channels"] == [1]
     mp3 = Decoded(served.speech(LONG, voice="ash", fmt="mp3")).samples
     pcm = got["pcm"].astype(np.float32) / 32768
@@ -301,6 +284,6 @@ def test_livekit_openai_tts_plugin_with_its_defaults(served: Served, tmp_path: P
 def test_pipecat_openai_tts_service(served: Served, tmp_path: Path) -> None:
     """pipecat's OpenAITTSService (pcm, OpenAI's voice names only) in a pipecat pipeline: the
     frames it pushes hold exactly the pcm answer for the voice `alloy` is an alias of."""
-    got = _client_script("pipecat_tts", f"{served.url}/v1", KEY, LONG, "alloy", str(tmp_path / "pipecat.json"))
+    got = client_script("pipecat_tts", f"{served.url}/v1", KEY, LONG, "alloy", str(tmp_path / "pipecat.json"))
     assert got["errors"] == [] and got["rates"] == [24_000] and got["channels"] == [1]
     assert got["pcm"].tobytes() == served.speech(LONG, voice="Chelsie", fmt="pcm")

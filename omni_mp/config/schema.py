@@ -215,8 +215,22 @@ class GpuSharingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     mode: Literal["auto", "mps", "time_slice"] = "auto"
 
 
+class AudioIdsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The spoken answers kept for `assistant.audio.id` (omni_mp.http.audio_ids): bounds and
+    lifetime. Expired entries are evicted first, then the least recently used."""
+
+    max_entries: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
+    max_bytes: Annotated[int, Meta(ge=1 << 10, le=1 << 34)] = 32 << 20  # ids + transcripts (UTF-8) + 96 B each
+    ttl_s: Annotated[int, Meta(ge=1, le=30 * 86_400)] = 3600  # an answer's `expires_at` is this after it
+
+
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The OpenAI-compatible HTTP server's settings (omni_mp.http)."""
+
+    # Server processes on the one listening socket (uvicorn's workers), each a client of the
+    # coordinator; with more than one they share the audio-id store (SQLite) and the metrics.
+    workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    audio_ids: AudioIdsConfig = AudioIdsConfig()
 
     # Voice names a request may use for one of the model's voices, e.g. {alloy: Chelsie}: added
     # to (or replacing) the defaults that map each of OpenAI's voice names (omni_mp.http.voices).

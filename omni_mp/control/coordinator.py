@@ -146,6 +146,8 @@ class Coordinator:
         self._final = {s.id for s in cfg.final_stages}
         # Registration order: downstream stages first, so their upstream data rarely has to wait.
         self._register_order = sorted(cfg.stages, key=lambda s: not s.inputs)
+        # The stages fed by each stage (StageRequest.rows_wanted: who may read its hidden rows).
+        self._readers = {s.id: set(cfg.downstream(s.id)) for s in cfg.stages}
         self._stop = threading.Event()
         self._closed = False
 
@@ -613,6 +615,7 @@ class Coordinator:
                     deadline_s=left,
                     hidden_states=msg.hidden_states and stage.final_output,
                     downstream_replicas=[BoundReplica(d, req.route[d]) for d in self.cfg.downstream(stage.id)],
+                    rows_wanted=(msg.hidden_states and stage.final_output) or bool(self._readers[stage.id] & runs),
                 )
             )
 

@@ -101,8 +101,11 @@ class AREngine:
         self.hooked = hooked
         args = dict(engine_args)
         if self.io.capturing:
-            # A prefix-cache hit skips computing the cached tokens: their hidden states would be missing.
-            args["enable_prefix_caching"] = False
+            # A prefix-cache hit skips computing the cached tokens, so their hidden rows would be
+            # missing: off unless the stage's engine_args turn it on, and then read only by the
+            # requests whose rows nobody reads (StageInput.rows_wanted; e.g. text-only answers
+            # of a thinker whose talker does not run for them).
+            args.setdefault("enable_prefix_caching", False)
         if features.prompt_embeds or features.step_embeds:
             # Step embeddings are added into the persistent inputs_embeds buffer (vllm_hooks),
             # which the model reads only when prompt embeddings are enabled.
@@ -285,6 +288,8 @@ class AREngine:
             )
         try:
             params = self.to_vllm_sampling(sampling, only)
+            if self.io.capturing and stage_input.rows_wanted:
+                params.skip_reading_prefix_cache = True  # every row is computed (see __init__)
             req = self._inputs.process(request_id, prompt, params)
         except EngineInputError:
             raise
@@ -295,7 +300,7 @@ class AREngine:
         positions = None if stage_input.positions is None else self._check_positions(stage_input.positions, prompt_len)
         hooked = None
         if self.hooked:
-            hooked = HookedRequest(prompt_len=prompt_len, positions=positions)
+            hooked = HookedRequest(prompt_len=prompt_len, positions=positions, rows_wanted=stage_input.rows_wanted)
             if stage_input.step_embeds:
                 fill = stage_input.step_fill
                 fill = torch.zeros(self.inputs_embeds_size) if fill is None else fill
@@ -442,7 +447,7 @@ class AREngine:
             if req is not None:
                 req.num_output += len(new_ids)
             hidden = None
-            if rid in captured and req is not None:
+            if rid in captured and req is not None and req.rows_wanted:
                 # A finished request has states for its prompt and all generated tokens but the last.
                 limit = req.prompt_len + req.num_output - 1 if rid in finished else None
                 hidden = self._hidden_rows(rid, req, captured[rid], limit)
@@ -451,7 +456,9 @@ class AREngine:
             reason = None if out is None or out.finish_reason is None else str(out.finish_reason)
             if rid in self._forced:
                 new_ids, hidden = self._report_given(rid, new_ids, hidden)
-            result.append(StepOutput(rid, new_ids, rid in finished, reason, hidden=hidden))
+            stats = None if out is None else out.prefill_stats  # on the first output of a request
+            cached = 0 if stats is None else int(stats.num_cached_tokens)
+            result.append(StepOutput(rid, new_ids, rid in finished, reason, hidden=hidden, cached_tokens=cached))
         for rid in finished:
             self.io.release(rid)
         return (self._merge_groups(result) if self._groups else result), executed

@@ -49,6 +49,11 @@ class StageInput(msgspec.Struct):
     # tokens, as if generated; the last (the turn's end) is the one token sampled, the only
     # one allowed. The request's hidden rows are then exactly a generated reply's.
     forced_reply: list[int] = []
+    # Whether anything reads this request's hidden rows (a downstream stage or the client:
+    # StageRequest.rows_wanted). A stage that captures rows computes such a request's whole
+    # prompt (a prefix-cache hit would skip the rows of the cached positions); one nobody
+    # reads may start from the prefix cache, and its rows are dropped.
+    rows_wanted: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,7 @@ class StepOutput:
     finish_reason: str | None
     info: AdditionalInformation | None = None  # named outputs of the step (diffusion: an audio chunk)
     hidden: HiddenRows | None = None  # hidden-state rows this step completed (stages that emit them)
+    cached_tokens: int = 0  # with a request's first output: prompt tokens read from the prefix cache
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,6 +114,7 @@ class HookedRequest:
     source_positions: tuple[torch.Tensor, int] | None = None
     recorded: bool = False
     hidden_next: int = 0  # position of the next captured row to hand out
+    rows_wanted: bool = True  # False: nobody reads its rows (StageInput.rows_wanted): dropped
     num_output: int = 0  # tokens generated so far
 
     def decode_ready(self, num_computed_tokens: int) -> bool:

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", required=True, help="HOST:PORT")
     p.add_argument("--max-body-mb", type=float, default=64.0)
     p.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) is gone")
+    p.add_argument("--workers", type=int, help="server processes (default: the config's http.workers)")
+    p.add_argument("--shared-dir", help="an empty private directory for the workers' shared files (default: a new one)")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s http %(levelname)s %(name)s: %(message)s")
@@ -35,31 +37,28 @@ def main(argv: list[str] | None = None) -> int:
         from omni_mp.utils.procs import die_with_parent
 
         die_with_parent(args.parent_pid)
-    import uvicorn
-
-    from omni_mp.client.omni_client import AsyncOmniClient
     from omni_mp.config.validate import load_config
-    from omni_mp.http.app import ServerSettings, create_app
-    from omni_mp.http.detok import load_tokenizer
-    from omni_mp.http.pipeline import PipelineView
+    from omni_mp.http.app import ServerSettings
+    from omni_mp.http.workers import build_app, run_workers
     from omni_mp.stage_configs import resolve_config
-    from omni_mp.wire.keys import INTERNAL, client_identity
 
     host, port = parse_listen(args.listen)
-    cfg = load_config(resolve_config(args.config))
-    view = PipelineView.of(cfg)
+    config = str(resolve_config(args.config))
+    cfg = load_config(config)
     body = int(args.max_body_mb * (1 << 20))
     settings = ServerSettings(
         endpoint=args.endpoint, model=cfg.name, api_key=os.environ.get(API_KEY_ENV) or None,
-        max_body_bytes=body, max_media_bytes=body,
+        max_body_bytes=body, max_media_bytes=body, audio_ids=cfg.http.audio_ids,
     )  # fmt: skip
-    keys = None if cfg.security.keys is None else client_identity(cfg.security.keys, INTERNAL)
-    app = create_app(
-        settings, view, None if view.text_stage is None else load_tokenizer(view.text_stage.model),
-        lambda: AsyncOmniClient(args.endpoint, limits=cfg.limits, keys=keys),
-    )  # fmt: skip
-    print(f"omni_mp http serving {cfg.name!r} on http://{args.listen}", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
+    workers = args.workers or cfg.http.workers
+    print(f"omni_mp http serving {cfg.name!r} on http://{args.listen} ({workers} worker(s))", flush=True)
+    if workers > 1:
+        run_workers(config, settings, workers, host, port, args.log_level.lower(), args.shared_dir)
+    else:
+        import uvicorn
+
+        app = build_app(config, settings)
+        uvicorn.run(app, host=host, port=port, log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
     return 0
 
 

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import hmac
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -22,8 +23,10 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omni_mp.client.omni_client import AsyncOmniClient, ClientClosed, RequestError
+from omni_mp.config.schema import AudioIdsConfig
 from omni_mp.http.audio_encode import MEDIA_TYPES
 from omni_mp.http.audio_ids import AudioStore, MemoryAudioStore
+from omni_mp.http.audio_ids_sqlite import SqliteAudioStore
 from omni_mp.http.audio_out import SAMPLE_RATE, b64, wav_bytes
 from omni_mp.http.chat import AudioDelta, ChatContext, ChatEnd, ChatJob, TextDelta, parse_chat, run_chat
 from omni_mp.http.errors import ApiError, from_request_error, from_validation, too_large
@@ -66,6 +69,11 @@ _PLAYGROUND = Path(__file__).resolve().parent / "static" / "playground.html"
 CLIENT_GONE = 499  # the answer to a client that disconnected (nobody reads it)
 
 
+class SharedStore(msgspec.Struct, frozen=True):
+    path: str  # the SQLite file, in the server's private directory
+    tag: str  # the server's id tag, the same in every worker
+
+
 class ServerSettings(msgspec.Struct, frozen=True):
     endpoint: str  # the coordinator's client endpoint
     model: str  # the name /v1/models lists (requests may name any model: there is one)
@@ -73,9 +81,20 @@ class ServerSettings(msgspec.Struct, frozen=True):
     max_body_bytes: int = 64 << 20
     max_media_bytes: int = 32 << 20
     # Spoken answers kept for `assistant.audio.id` (omni_mp.http.audio_ids): bounds and lifetime.
-    audio_ids_max: int = 10_000
-    audio_ids_max_bytes: int = 32 << 20
-    audio_ids_ttl_s: int = 3600
+    audio_ids: AudioIdsConfig = AudioIdsConfig()
+    # A server of several worker processes (omni_mp.http.workers): the store they share.
+    shared_store: SharedStore | None = None
+
+
+def audio_store(settings: ServerSettings) -> AudioStore:
+    """The audio-id store of this process: its own, or the one its server's workers share."""
+    b = settings.audio_ids
+    if settings.shared_store is None:
+        return MemoryAudioStore(max_entries=b.max_entries, max_bytes=b.max_bytes, ttl_s=b.ttl_s)
+    shared = settings.shared_store
+    return SqliteAudioStore(
+        shared.path, tag=shared.tag, max_entries=b.max_entries, max_bytes=b.max_bytes, ttl_s=b.ttl_s
+    )
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -114,10 +133,8 @@ class Server:
         self.client: AsyncOmniClient | None = None
         self.voices = Voices([])  # once the stages serve: their voices and the aliases of them
         self.started = int(time.time())
-        # One store for every request this process serves (see omni_mp.http.audio_ids).
-        self.audio_ids: AudioStore = MemoryAudioStore(
-            max_entries=settings.audio_ids_max, max_bytes=settings.audio_ids_max_bytes, ttl_s=settings.audio_ids_ttl_s
-        )
+        # One store for every request this server serves (see omni_mp.http.audio_ids).
+        self.audio_ids = audio_store(settings)
         template = None if tokenizer is None else functools.partial(tokenizer.apply_chat_template)
         self.chat = ChatContext(view, self.sizes, template, self.audio_ids, tokenizer)  # type: ignore[arg-type]
 
@@ -209,6 +226,8 @@ def _routes(app: FastAPI, srv: Server) -> None:
         except ClientClosed as err:  # this server can answer no request any more
             return _json({"status": "unavailable", "reason": f"the coordinator client is closed: {err}"}, 503)
         body, code = health_of(status)
+        if code == 200:
+            body["worker_pid"] = os.getpid()  # which of the server's processes answered (http.workers)
         return _json(body, code)
 
     @app.get("/")
@@ -357,6 +376,7 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
             yield
         finally:
             await srv.client.close()
+            srv.audio_ids.close()
 
     app = FastAPI(title="omni_mp", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = srv

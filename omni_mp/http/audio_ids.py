@@ -9,11 +9,11 @@ used. An expired id is remembered as expired for another `ttl_s` (so the 400 can
 bounded by the same limits; after that it is unknown.
 
 Sharing: ids carry the issuing store's `tag` (`audio_<tag>_<random>`), so an id of another
-server is told apart from an unknown one. `MemoryAudioStore` lives in the HTTP server process:
-every connection and request of that process shares the one instance (one event loop; the lock
-only guards against a caller on another thread). A deployment with several server processes
-would put one implementation of `AudioStore` they all reach (e.g. a key-value service) behind
-them, with one tag; nothing here assumes a single process beyond `MemoryAudioStore` itself.
+server is told apart from an unknown one. `MemoryAudioStore` serves a server of one process
+(`http.workers: 1`): every connection and request shares the one instance (one event loop; the
+lock only guards against a caller on another thread). A server of several worker processes
+shares one `SqliteAudioStore` (omni_mp.http.audio_ids_sqlite) with one tag: an id issued by one
+worker resolves in every other.
 """
 
 from __future__ import annotations
@@ -45,6 +45,18 @@ class AudioIdError(ValueError):
         self.reason = reason
 
 
+def check_id(audio_id: str, tag: str) -> None:
+    """AudioIdError unless `audio_id` has the shape of an id issued by the store tagged `tag`."""
+    if not audio_id.startswith(ID_PREFIX) or audio_id.count("_") != 2:
+        raise AudioIdError(audio_id, "unknown", f"unknown audio id {audio_id!r}")
+    if audio_id[len(ID_PREFIX) :].split("_", 1)[0] != tag:
+        raise AudioIdError(
+            audio_id,
+            "foreign",
+            f"audio id {audio_id!r} was issued by another server (this one's ids: {ID_PREFIX}{tag}_...)",
+        )
+
+
 class AudioStore(Protocol):
     """What the chat endpoint (and later the realtime session) needs of a store of answers."""
 
@@ -62,6 +74,10 @@ class AudioStore(Protocol):
 
     def get(self, audio_id: str) -> AudioEntry:
         """The live entry, or AudioIdError saying why not."""
+        ...
+
+    def close(self) -> None:
+        """Release what the store holds open (its file); entries of a shared store stay."""
         ...
 
 
@@ -97,6 +113,9 @@ class MemoryAudioStore:
 
     def new_id(self) -> str:
         return f"{ID_PREFIX}{self.tag}_{secrets.token_hex(16)}"
+
+    def close(self) -> None:
+        pass  # nothing held open
 
     @staticmethod
     def _size(audio_id: str, entry: AudioEntry) -> int:
@@ -143,15 +162,7 @@ class MemoryAudioStore:
         return entry
 
     def get(self, audio_id: str) -> AudioEntry:
-        if not audio_id.startswith(ID_PREFIX) or audio_id.count("_") != 2:
-            raise AudioIdError(audio_id, "unknown", f"unknown audio id {audio_id!r}")
-        tag = audio_id[len(ID_PREFIX) :].split("_", 1)[0]
-        if tag != self.tag:
-            raise AudioIdError(
-                audio_id,
-                "foreign",
-                f"audio id {audio_id!r} was issued by another server (this one's ids: {ID_PREFIX}{self.tag}_...)",
-            )
+        check_id(audio_id, self.tag)
         now = self._clock()
         with self._lock:
             self._purge(now)

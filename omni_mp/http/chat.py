@@ -19,7 +19,14 @@ from omni_mp.http.detok import Detokenizer
 from omni_mp.http.errors import bad_request
 from omni_mp.http.media import MediaSizes
 from omni_mp.http.pipeline import PipelineView, Sampling
-from omni_mp.http.schemas import ChatCompletionRequest, DeltaToolCall, NamedToolChoice, ToolCall, Usage
+from omni_mp.http.schemas import (
+    ChatCompletionRequest,
+    DeltaToolCall,
+    NamedToolChoice,
+    PromptTokensDetails,
+    ToolCall,
+    Usage,
+)
 from omni_mp.http.vllm_hooks_tools import ToolCallReader, structural_tag
 from omni_mp.models.family import ChatPolicy
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageDone, StageOutputChunk
@@ -260,7 +267,9 @@ async def run_chat(
                     spoken = True
                     yield AudioDelta(*got)
     n = len(detok.ids)
-    usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=n, total_tokens=prompt_tokens + n)
+    cached = next((d.num_cached_tokens for d in timings if d.stage_id == view.text_stage.id), 0)
+    usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=n, total_tokens=prompt_tokens + n,
+                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))  # fmt: skip
     content, calls = (detok.text, []) if reader is None else reader.final(detok.text)
     if calls:
         reason = "tool_calls"

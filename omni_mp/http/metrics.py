@@ -8,10 +8,12 @@ their replica restarts; Prometheus' rate() treats a drop as a counter reset.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from omni_mp.http.pipeline import PipelineView, stage_name
@@ -29,8 +31,29 @@ class StageStatsCollector(Collector):
     def __init__(self, names: dict[int, str]) -> None:
         self.names = names
         self.stages: list[StageStatus] = []
+        self.inflight: int | None = None
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._liveness()
+        yield from self._stats()
+
+    def _liveness(self) -> Iterator[Metric]:
+        """Alive, ready, restarts and requests in flight: gauges of the last status read."""
+        alive = GaugeMetricFamily("omni_mp_stage_alive", "1 if the stage process is alive", labels=_REPLICA)
+        ready = GaugeMetricFamily("omni_mp_stage_ready", "1 if the stage replica serves", labels=_REPLICA)
+        restarts = GaugeMetricFamily("omni_mp_stage_restarts", "restarts of the stage replica so far", labels=_REPLICA)
+        for s in self.stages:
+            labels = [str(s.stage_id), self.names.get(s.stage_id, "?"), str(s.replica)]
+            alive.add_metric(labels, int(s.alive))
+            ready.add_metric(labels, int(s.ready))
+            restarts.add_metric(labels, s.restarts)
+        yield from (alive, ready, restarts)
+        if self.inflight is not None:
+            yield GaugeMetricFamily(
+                "omni_mp_requests_inflight", "requests in flight in the coordinator", value=self.inflight
+            )
+
+    def _stats(self) -> Iterator[Metric]:
         running = GaugeMetricFamily("omni_mp_stage_requests_running", "requests in the stage's engine", labels=_REPLICA)
         waiting = GaugeMetricFamily(
             "omni_mp_stage_requests_waiting", "requests registered in the stage, waiting on upstream or preparation",
@@ -89,14 +112,15 @@ class Metrics:
             "omni_mp_stage_time_to_first_token_seconds", "per request: registered -> first token", _STAGE,
             buckets=_SECONDS, registry=r,
         )  # fmt: skip
-        self.stage_alive = Gauge("omni_mp_stage_alive", "1 if the stage process is alive", _REPLICA, registry=r)
-        self.stage_ready = Gauge("omni_mp_stage_ready", "1 if the stage replica serves", _REPLICA, registry=r)
-        self.stage_restarts = Gauge(
-            "omni_mp_stage_restarts", "restarts of the stage replica so far", _REPLICA, registry=r
-        )
-        self.inflight = Gauge("omni_mp_requests_inflight", "requests in flight in the coordinator", registry=r)
         self.stage_stats = StageStatsCollector(self.names)
         r.register(self.stage_stats)
+        # Several server processes (omni_mp.http.workers): the counters and histograms live in
+        # prometheus_client's multiprocess files, summed over the workers at a scrape.
+        self.shared: CollectorRegistry | None = None
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            self.shared = CollectorRegistry()
+            MultiProcessCollector(self.shared)
+            self.shared.register(self.stage_stats)
 
     def _labels(self, stage_id: int) -> dict[str, str]:
         return {"stage_id": str(stage_id), "stage_name": self.names.get(stage_id, "?")}
@@ -116,11 +140,6 @@ class Metrics:
 
     def render(self, status: StatusReply | None) -> bytes:
         if status is not None:
-            self.inflight.set(status.inflight)
+            self.stage_stats.inflight = status.inflight
             self.stage_stats.stages = list(status.stages)
-            for s in status.stages:
-                labels = {**self._labels(s.stage_id), "replica": str(s.replica)}
-                self.stage_alive.labels(**labels).set(int(s.alive))
-                self.stage_ready.labels(**labels).set(int(s.ready))
-                self.stage_restarts.labels(**labels).set(s.restarts)
-        return generate_latest(self.registry)
+        return generate_latest(self.shared or self.registry)

@@ -172,10 +172,15 @@ class ImageGenerationRequest(_Req):
 # ---- responses ---------------------------------------------------------------------------------
 
 
-class Usage(msgspec.Struct):
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int  # read from the text stage's prefix cache
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class MessageAudio(msgspec.Struct):

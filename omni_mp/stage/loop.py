@@ -350,6 +350,7 @@ class StageLoop:
             rows += 0 if out.hidden is None or out.hidden.last is None else out.hidden.last.shape[0]
             if (out.new_token_ids or out.info) and state.t_first_token is None:
                 state.t_first_token = now
+            state.cached_tokens = out.cached_tokens or state.cached_tokens
             state.output_token_ids.extend(out.new_token_ids)
             first = not state.sent_first
             state.sent_first = True
@@ -414,6 +415,7 @@ class StageLoop:
             stage_id=self.stage.id,
             num_prompt_tokens=state.prompt_len + state.inputs_extended,  # with inputs streamed in after the start
             num_output_tokens=len(state.output_token_ids),
+            num_cached_tokens=state.cached_tokens,
             t_registered=state.t_registered,
             t_started=state.t_started or now,
             t_first_token=state.t_first_token,

@@ -115,6 +115,7 @@ class Preparer(threading.Thread):
         rid = job.msg.request_id
         try:
             stage_input = entry_input(self.stage, self.engine, job.msg)
+            stage_input.rows_wanted = job.msg.rows_wanted
             prepared = self.engine.prepare(rid, job.sampling, stage_input, job.msg.speaker)
         except (EngineInputError, MediaError) as err:
             return Prepared(rid, job.token, code="invalid_input", error=str(err))

@@ -31,6 +31,7 @@ class StageRequestState:
     sent_first: bool = False  # the first chunk (which carries the prompt ids) went out
     rows_extended: int = 0  # per-step extra embeddings handed to the engine
     inputs_extended: int = 0  # input ids handed to the engine after its prompt (streamed inputs)
+    cached_tokens: int = 0  # prompt tokens the engine read from its prefix cache
     t_registered: float = field(default_factory=time.time)
     t_started: float | None = None
     t_first_token: float | None = None

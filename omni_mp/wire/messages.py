@@ -273,6 +273,9 @@ class StageRequest(MessageBase):
     # The replica of each downstream stage this request is bound to (omni_mp.control.router):
     # its outputs go there only. A stage missing here: its replica 0.
     downstream_replicas: Annotated[list[BoundReplica], PerStage] = []
+    # Whether a stage this request runs on (downstream of this one) or the client reads this
+    # stage's hidden rows: false lets a stage that captures them read its prefix cache.
+    rows_wanted: bool = True
 
 
 class StageOutputChunk(MessageBase):
@@ -579,6 +582,7 @@ class StageDone(MessageBase):
     t_finished: float
     finish_reason: str | None = None
     replica: ReplicaIndex = 0  # which replica of the stage ran it
+    num_cached_tokens: int = 0  # prompt tokens read from the stage's prefix cache (of num_prompt_tokens)
 
 
 class StageSampling(msgspec.Struct, forbid_unknown_fields=True):
