@@ -40,8 +40,11 @@ def stage_env(
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if stage.devices:
-        # Indices into the caller's visible GPUs (omni_mp.utils.devices), as vLLM and torch read them.
-        env[VISIBLE_ENV] = ",".join(visible_entries(stage.devices, env, f"stage {stage.id}"))
+        # Indices into the caller's visible GPUs (omni_mp.utils.devices), as vLLM and torch read
+        # them. On Ray the stage's actor sets the GPUs Ray gave it instead (the node's, not ours).
+        local = cfg.placement.kind == "local"
+        entries = visible_entries(stage.devices, env, f"stage {stage.id}") if local else map(str, stage.devices)
+        env[VISIBLE_ENV] = ",".join(entries)
         env[PRIORITY_ENV] = PRIORITY_LEVELS[stage.mps_priority]  # read by CUDA at init, as an MPS client
         if stage.mps_sm_percent is not None:
             env[SM_PERCENT_ENV] = str(stage.mps_sm_percent)
