@@ -101,6 +101,7 @@ from benchmarks.common.phases import (
     run_phase_process,
     split_phases,
 )
+from benchmarks.common.replica_layouts import LAYOUTS, apply_layout, scaling_lines
 from benchmarks.common.report import make_say, ms, pyplot
 from benchmarks.common.rounds import SAMPLE_RATE, check_round, measure_levels, playback_line, token_prompts
 from benchmarks.common.timelines import (
@@ -299,6 +300,16 @@ def budgets_gib(args: argparse.Namespace) -> list[float]:
     return split_budgets(devices[0].total_bytes / GiB, args.gpus)
 
 
+def device_total_gib() -> float:
+    """GPU 0's size (the layouts' budgets are shares of it)."""
+    from omni_mp.control.memory_budget import GiB, query_devices
+
+    devices = query_devices()
+    if not devices:
+        raise SystemExit("--layout needs a GPU to size the budgets")
+    return devices[0].total_bytes / GiB
+
+
 def split_budgets(total_gib: float, gpus: int) -> list[float]:
     """Thinker / talker / token2wav budgets (GiB) on a device of `total_gib`: SHARES, with
     token2wav at T2W_MIN_GIB at least, taken from the stages beside it on its GPU (on one GPU
@@ -378,9 +389,16 @@ def omni_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     stages = [thinker, talker, token2wav]
     if not stream:
         talker["wait_for_upstream"] = token2wav["wait_for_upstream"] = True
-    if not args.smoke:
+    if args.smoke:
+        apply_layout(stages, args.layout, None, None)
+    else:
         for s, gib in zip(stages, budgets_gib(args), strict=True):
             s["memory"] = {"gpu_gib": gib}
+        if args.layout != "split":
+            if args.gpus != 2:
+                raise SystemExit(f"--layout {args.layout} needs --gpus 2")
+            total = device_total_gib()
+            apply_layout(stages, args.layout, split_budgets(total, 1), split_budgets(total, 2))
         token2wav["mps_priority"] = args.token2wav_priority
         talker["mps_priority"] = args.talker_priority
         thinker["mps_priority"] = args.thinker_priority
@@ -664,6 +682,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
     st = results.get("stream", {})
     lines = [*setup_lines(args, device), *measured_setup_lines(results, args)]
     lines += level_table(results, args)
+    lines += scaling_lines(results, args.baseline, args.gpus, args.concurrency)
     playback = playback_line(st, args.concurrency)
     if playback:
         lines.append(playback)
@@ -925,6 +944,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     p.add_argument("--phases", default=",".join(PHASES))
     p.add_argument("--gpus", type=int, default=2, choices=[1, 2])
+    p.add_argument(
+        "--layout", choices=LAYOUTS, default="split", help="stage replicas (benchmarks/common/replica_layouts.py)"
+    )
+    p.add_argument("--baseline", type=Path, help="a one-GPU run's --out: report the scaling efficiency against it")
     add_gpu_sharing_arg(p)
     p.add_argument("--concurrency", type=int_list, default=[1, 8, 32, 64])
     p.add_argument("--thinker-tokens", type=int, default=128)

@@ -78,6 +78,7 @@ from benchmarks.common.phases import (
     run_phase_process,
     split_phases,
 )
+from benchmarks.common.replica_layouts import LAYOUTS, apply_layout, scaling_lines
 from benchmarks.common.report import make_say, ms, pyplot
 from benchmarks.common.rounds import chat_prompts, check_round, closed_loop_round, measure_levels, playback_line
 from benchmarks.common.timelines import read_timelines, stage_step_summary, stage_steps_table, transport_summary
@@ -178,14 +179,21 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     stages = [thinker, talker, code2wav]
     if not stream:
         talker["wait_for_upstream"] = code2wav["wait_for_upstream"] = True
-    if not args.smoke:
+    if args.smoke:
+        apply_layout(stages, args.layout, None, None)
+    else:
         from omni_mp.control.memory_budget import GiB, query_devices
 
         devices = query_devices()
         if not devices or any(d not in devices for d in range(args.gpus)):
             raise SystemExit(f"--gpus {args.gpus} needs GPUs 0..{args.gpus - 1} to size the memory budgets")
+        total = devices[0].total_bytes / GiB
         for s, share in zip(stages, SHARES[args.gpus], strict=True):
             s["memory"] = {"gpu_gib": round(devices[s["devices"][0]].total_bytes * share / GiB, 1)}
+        if args.layout != "split":
+            if args.gpus != 2:
+                raise SystemExit(f"--layout {args.layout} needs --gpus 2")
+            apply_layout(stages, args.layout, [total * x for x in SHARES[1]], [total * x for x in SHARES[2]])
         for s in (thinker, talker):
             s["memory"]["reserve_gib"] = args.ar_reserve_gib
         code2wav["mps_priority"] = args.code2wav_priority
@@ -197,18 +205,23 @@ def pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     }
 
 
+def replica_label(key: Any) -> str:
+    """A stage process in the results: its stage id, `.replica` for replicas past the first."""
+    return str(key.stage_id) if key.replica == 0 else f"{key.stage_id}.{key.replica}"
+
+
 def stage_memory_now(coord: Any) -> dict[str, str]:
     """What each GPU stage's process holds now, by the driver's count (PyTorch keeps what it
     once allocated cached, so after the rounds this is about each stage's peak)."""
     from omni_mp.utils.gpu_memory import GiB, process_gpu_bytes
 
     out = {}
-    for sid, h in coord.stages.items():
+    for key, h in coord.stages.items():
         if h.run is None or not h.stage.devices:
             continue
         used = process_gpu_bytes(h.pid, h.stage.devices)
         if used is not None:
-            out[str(sid)] = "; ".join(f"GPU {d}: {n / GiB:.2f} GiB" for d, n in sorted(used.items()))
+            out[replica_label(key)] = "; ".join(f"GPU {d}: {n / GiB:.2f} GiB" for d, n in sorted(used.items()))
     return out
 
 
@@ -237,7 +250,7 @@ def run_pipeline(args: argparse.Namespace, stream: bool) -> dict[str, Any]:
         out["gpu_sharing"] = coord.sharing_note
         # what each stage holds once started, against its budget (omni_mp.stage.memory_check)
         out["stage_memory"] = {
-            str(sid): h.run.info.get("gpu_memory") for sid, h in coord.stages.items() if h.run is not None
+            replica_label(key): h.run.info.get("gpu_memory") for key, h in coord.stages.items() if h.run is not None
         }
         say(f"{name}: pipeline ready in {out['cold_start_s']:.1f}s")
         levels, windows, warmups = measure_levels(
@@ -334,6 +347,9 @@ def report(results: dict[str, Any], args: argparse.Namespace, device: str) -> st
             f"| {c} | {p} | {ms(b.get('first_audio_p50_s'))} | {a.get('rtf_mean', float('nan')):.3f} "
             f"| {a.get('audio_s_per_s', float('nan')):.2f} | {a.get('thinker_tok_s', float('nan')):.0f} |"
         )
+    if args.layout != "split":
+        lines.append(f"\nstage replicas: --layout {args.layout} (benchmarks/common/replica_layouts.py)")
+    lines += scaling_lines(results, args.baseline, st.get("gpus", args.gpus), args.concurrency)
     playback = playback_line(st, args.concurrency)
     if playback:
         lines.append(playback)
@@ -388,7 +404,8 @@ def stage_lines(st: dict[str, Any], args: argparse.Namespace) -> list[str]:
     for sid, note in (st.get("stage_memory") or {}).items():
         if note:
             later = f"; after the rounds {after[sid]}" if sid in after else ""
-            lines.append(f"{STAGE_NAMES[int(sid)]} GPU memory once started: {note}{later}")
+            name = STAGE_NAMES[int(sid.split(".")[0])] + (f" replica {sid.split('.')[1]}" if "." in sid else "")
+            lines.append(f"{name} GPU memory once started: {note}{later}")
     if st.get("graph_sizes"):
         lines.append(f"thinker and talker CUDA graph sizes (tokens per step): {st['graph_sizes']}")
     return lines
@@ -501,6 +518,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=sorted(DEVICES),
         help="1: all three stages on GPU 0 (issue 22's targets); 2: the thinker on GPU 0, talker + code2wav on GPU 1",
     )
+    p.add_argument(
+        "--layout", choices=LAYOUTS, default="split", help="stage replicas (benchmarks/common/replica_layouts.py)"
+    )
+    p.add_argument("--baseline", type=Path, help="a one-GPU run's --out: report the scaling efficiency against it")
     p.add_argument("--phases", default="stream", help=f"comma-separated, of {PHASES}; '' only renders the report")
     p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     p.add_argument("--concurrency", type=int, nargs="+", default=None)

@@ -165,3 +165,15 @@ def wait_healthy(url: str, pipeline: ServedPipeline, timeout_s: float = 300) -> 
             pass
         assert time.monotonic() < deadline, "the HTTP server did not come up:\n" + "".join(pipeline.lines[-40:])
         time.sleep(0.5)
+
+
+def with_replicas(config: Path, directory: Path, replicas: dict[int, int]) -> Path:
+    """A copy of a pipeline YAML in `directory` with `replicas` set on stages (by position)."""
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    for index, n in replicas.items():
+        data["stages"][index]["replicas"] = n
+    out = directory / f"{config.stem}-replicas.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out

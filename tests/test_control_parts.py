@@ -16,10 +16,12 @@ from omni_mp.config.validate import parse_config
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
 from omni_mp.control.links import ClientPort, StageLink
 from omni_mp.control.requests import Rejected, RequestTable, check_submit
+from omni_mp.control.router import ReplicaKey
 from omni_mp.control.stage_handle import StageHandle, gpu_stage_threads, stage_env
 from omni_mp.control.wiring import Wiring
 from omni_mp.wire.codec import Limits, decode, encode
 from omni_mp.wire.messages import (
+    MAX_PROCESSES,
     Abort,
     Connect,
     ErrorEvent,
@@ -72,12 +74,16 @@ class SleepingStage(StageHandle):
         return subprocess.Popen(["sleep", "60"])
 
 
+def K(sid: int) -> ReplicaKey:  # noqa: N802 - the one replica of stage `sid`
+    return ReplicaKey(sid, 0)
+
+
 @pytest.fixture
-def chain(tmp_path: Path) -> Iterator[tuple[Wiring, dict[int, StageHandle]]]:
+def chain(tmp_path: Path) -> Iterator[tuple[Wiring, dict[ReplicaKey, StageHandle]]]:
     cfg = chain_cfg()
     endpoints = RunEndpoints(cfg.endpoints, new_run_id())
-    stages: dict[int, StageHandle] = {
-        s.id: SleepingStage(cfg, s, "ipc://@nobody-listens", endpoints, tmp_path) for s in cfg.stages
+    stages: dict[ReplicaKey, StageHandle] = {
+        K(s.id): SleepingStage(cfg, s, "ipc://@nobody-listens", endpoints, tmp_path) for s in cfg.stages
     }
     try:
         yield Wiring(cfg, stages), stages
@@ -87,26 +93,26 @@ def chain(tmp_path: Path) -> Iterator[tuple[Wiring, dict[int, StageHandle]]]:
             h.wait(5)
 
 
-def up(w: Wiring, stages: dict[int, StageHandle], sid: int, endpoint: str) -> dict[int, Connect]:
-    """A new run of stage `sid` reports itself ready at `endpoint`: the Connects to send."""
-    stages[sid].spawn()
-    stages[sid].became_ready(endpoint, {}, time.monotonic())
-    return dict(w.on_ready(sid))
+def up(w: Wiring, stages: dict[ReplicaKey, StageHandle], sid: int, endpoint: str) -> dict[int, Connect]:
+    """A new run of stage `sid` reports itself ready at `endpoint`: the Connects to send, by stage."""
+    stages[K(sid)].spawn()
+    stages[K(sid)].became_ready(endpoint, {}, time.monotonic())
+    return {key.stage_id: connect for key, connect in w.on_ready(K(sid))}
 
 
-def down(stages: dict[int, StageHandle], sid: int) -> None:
-    stages[sid].kill()
-    stages[sid].wait(5)
-    stages[sid].died(restart_at=None)
+def down(stages: dict[ReplicaKey, StageHandle], sid: int) -> None:
+    stages[K(sid)].kill()
+    stages[K(sid)].wait(5)
+    stages[K(sid)].died(restart_at=None)
 
 
-def bring_up(w: Wiring, stages: dict[int, StageHandle], sid: int, endpoint: str) -> None:
+def bring_up(w: Wiring, stages: dict[ReplicaKey, StageHandle], sid: int, endpoint: str) -> None:
     for target, connect in up(w, stages, sid, endpoint).items():
-        w.on_connected(target, connect.downstream)
+        w.on_connected(K(target), connect.downstream)
 
 
 def test_a_restarted_stage_is_not_wired_before_its_upstream_acknowledges_the_new_connect(
-    chain: tuple[Wiring, dict[int, StageHandle]],
+    chain: tuple[Wiring, dict[ReplicaKey, StageHandle]],
 ) -> None:
     w, stages = chain
     for sid in (2, 1, 0):
@@ -115,30 +121,34 @@ def test_a_restarted_stage_is_not_wired_before_its_upstream_acknowledges_the_new
     # Stage 1 dies and comes back: stage 0's old link acknowledgement must not count any more,
     # even if the new incarnation reported the very same address.
     down(stages, 1)
-    assert w.not_wired() == [0, 1]
+    assert w.not_wired() == [K(0), K(1)]
+    assert w.stages_down() == [0, 1]
     connects = up(w, stages, 1, "ipc://@s1-0")
     assert set(connects) == {0, 1}
-    assert w.not_wired() == [0, 1], "wired before the new Connect was handled"
-    w.on_connected(1, connects[1].downstream)
-    assert w.not_wired() == [0]
+    assert connects[0].downstream == [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")]  # only the new address
+    assert w.not_wired() == [K(0), K(1)], "wired before the new Connect was handled"
+    w.on_connected(K(1), connects[1].downstream)
+    assert w.not_wired() == [K(0)]
     # A late acknowledgement of a Connect to an older address does not count either.
     down(stages, 1)
     connects = up(w, stages, 1, "ipc://@s1-1")
-    w.on_connected(1, connects[1].downstream)
-    w.on_connected(0, [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")])
-    assert w.not_wired() == [0]
-    w.on_connected(0, connects[0].downstream)
+    w.on_connected(K(1), connects[1].downstream)
+    w.on_connected(K(0), [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")])
+    assert w.not_wired() == [K(0)]
+    w.on_connected(K(0), connects[0].downstream)
     assert w.not_wired() == []
 
 
-def test_acknowledgements_from_a_dead_incarnation_are_ignored(chain: tuple[Wiring, dict[int, StageHandle]]) -> None:
+def test_acknowledgements_from_a_dead_incarnation_are_ignored(
+    chain: tuple[Wiring, dict[ReplicaKey, StageHandle]],
+) -> None:
     w, stages = chain
     for sid in (2, 1, 0):
         bring_up(w, stages, sid, f"ipc://@s{sid}-0")
     down(stages, 0)
-    w.on_connected(0, [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")])
-    assert not w.wired(0)
-    w.on_connected(9, [StageEndpoint(stage_id=77, endpoint="x")])  # unknown ids: ignored, no crash
+    w.on_connected(K(0), [StageEndpoint(stage_id=1, endpoint="ipc://@s1-0")])
+    assert not w.wired(K(0))
+    w.on_connected(K(9), [StageEndpoint(stage_id=77, endpoint="x")])  # unknown ids: ignored, no crash
 
 
 # ---- request table and admission -----------------------------------------------------------------
@@ -308,7 +318,9 @@ def _recv_all(port: ClientPort) -> list[tuple[bytes, object]]:
 
 
 def test_connect_lists_are_bounded_in_the_type() -> None:
-    body = msgspec.msgpack.encode({"t": "Connect", "downstream": [{"stage_id": 1, "endpoint": "x"}] * 100})
+    body = msgspec.msgpack.encode(
+        {"t": "Connect", "downstream": [{"stage_id": 1, "endpoint": "x"}] * (MAX_PROCESSES + 1)}
+    )
     with pytest.raises(ValueError, match="downstream"):
         decode([body])
     assert isinstance(decode(encode(Connect(downstream=[StageEndpoint(stage_id=1, endpoint="x")]))), Connect)

@@ -12,6 +12,7 @@ import pytest
 from omni_mp.config.validate import parse_config
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.control.links import StageLink
+from omni_mp.control.router import ReplicaKey
 from omni_mp.wire.codec import PayloadError, decode, encode
 from omni_mp.wire.messages import StageRequest, Submit
 from omni_mp.wire.transport import MessageReceiver, MessageSender
@@ -24,9 +25,12 @@ def test_a_stage_request_carries_the_seconds_left_not_a_clock_reading() -> None:
     endpoint = f"ipc://@omni_mp-test-deadline-{os.getpid()}"
     stage_input = MessageReceiver(coord.ctx, endpoint, cfg.limits)
     try:
-        coord.links[0] = StageLink(MessageSender(coord.ctx, endpoint, cfg.limits), cfg.limits, max_queue=8)
+        coord.links[ReplicaKey(0, 0)] = StageLink(
+            MessageSender(coord.ctx, endpoint, cfg.limits), cfg.limits, max_queue=8
+        )
         msg = Submit(request_id="r", prompt="hi", deadline_s=30.0)
         req = coord.table.admit(b"client", msg, time.time(), msg.deadline_s, {0})
+        req.route = {0: 0}  # what the router binds at admission
         before = time.monotonic()
         coord._register(req, msg, {}, before + 30.0)  # what admission does, by the coordinator's clock
         got = stage_input.recv(timeout=5)

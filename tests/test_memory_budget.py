@@ -119,7 +119,7 @@ def test_budgets_over_a_device_are_refused_with_the_numbers() -> None:
     plan_memory(_three_stages([99, 40, 30], [0, 0, 1]), H200, needs=lambda s: NEEDS)  # 139 GiB: fits
     cfg = _three_stages([100, 40, 30], [0, 0, 1])
     with pytest.raises(MemoryBudgetError, match=r"device 0: budgets stage 0 100.00 GiB \+ stage 1 40.00 GiB = "
-                       r"140.00 GiB > 139.00 GiB free \(of 140.00 GiB total\)"):  # fmt: skip
+                       r"140.00 GiB > 139.00 GiB free now \(of 140.00 GiB total\)"):  # fmt: skip
         plan_memory(cfg, H200, needs=lambda s: NEEDS)
     cfg = _three_stages([30, 30, 30], [0, 0, 2])
     with pytest.raises(MemoryBudgetError, match=r"device 2: not found \(this host has GPUs \[0, 1\]\)"):

@@ -6,6 +6,7 @@ the stage is re-placed on the surviving node, and the next request is exact agai
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 from collections.abc import Iterator
@@ -58,7 +59,9 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def chain(cluster: Any, keys: Path, *, pin_talker: bool = True, **placement: Any) -> Any:
+def chain(
+    cluster: Any, keys: Path, *, pin_talker: bool = True, talker: dict[str, Any] | None = None, **placement: Any
+) -> Any:
     stages: list[dict[str, Any]] = [
         {"id": 0, "model": "tiny-qwen2", "engine_args": ENGINE, "sampling": {**SAMPLING, "max_tokens": N0}},
         {
@@ -75,6 +78,7 @@ def chain(cluster: Any, keys: Path, *, pin_talker: bool = True, **placement: Any
     stages[0]["ray_resources"] = {"node_a": 0.01}  # the head node
     if pin_talker:
         stages[1]["ray_resources"] = {"node_b": 0.01}
+    stages[1].update(talker or {})
     return parse_config(
         {
             "name": "ray_chain",
@@ -109,6 +113,22 @@ def test_the_chain_across_two_nodes_matches_transformers(cluster: Any, keys: Pat
             for _ in range(2):
                 done = client.generate(PROMPT, timeout_s=120)
                 assert_same_tokens(done.outputs[-1].token_ids, want, margins, "chain across two Ray nodes")
+
+
+def test_replicas_of_a_stage_on_two_nodes_each_match_transformers(cluster: Any, keys: Path) -> None:
+    """Stage 1 in two replicas, one per node: each request is bound to one, and both answer
+    token-exact (every replica of stage 0 links to every replica of stage 1 over TCP)."""
+    want, margins = chain_oracle(PROMPT)
+    replicas = {"replicas": 2, "replica_ray_resources": [{"node_a": 0.01}, {"node_b": 0.01}]}
+    with embedded_pipeline(chain(cluster, keys, pin_talker=False, talker=replicas)) as coord:
+        with OmniClient(coord.client_endpoint, keys=client_identity(keys, "tester")) as client:
+            nodes = {(s.stage_id, s.replica): s.info.get("node") for s in client.status().stages}
+            assert nodes[(1, 0)] and nodes[(1, 1)] and nodes[(1, 0)] != nodes[(1, 1)], nodes
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                runs = list(pool.map(lambda _: client.generate(PROMPT, timeout_s=120), range(2)))
+            for done in runs:
+                assert_same_tokens(done.outputs[-1].token_ids, want, margins, "a replica on another node")
+            assert sorted(next(d.replica for d in r.stage_timings if d.stage_id == 1) for r in runs) == [0, 1]
 
 
 def test_a_lost_node_fails_its_requests_and_the_stage_moves(cluster: Any, keys: Path) -> None:

@@ -29,6 +29,7 @@ import zmq.asyncio
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.config.validate import load_config
 from omni_mp.control.coordinator import Coordinator
+from omni_mp.control.router import ReplicaKey
 from omni_mp.wire.codec import decode, encode
 from omni_mp.wire.messages import (
     Abort,
@@ -501,7 +502,7 @@ def test_a_stopped_stage_is_detected_killed_and_restarted(coord: Coordinator, cl
     assert detected < coord.cfg.timeouts.heartbeat_timeout_s + 2.0
     assert gone(pid)
     # The restarted stage hangs while its engine starts: it is killed (and restarted) too.
-    h = coord.stages[1]
+    h = coord.stages[ReplicaKey(1, 0)]
     deadline = time.monotonic() + 60
     while not ((run := h.run) is not None and run.proc.pid not in (None, pid) and run.beating and not run.ready):
         assert time.monotonic() < deadline, "the restarted stage never beat before it was ready"

@@ -13,7 +13,7 @@ from msgspec import Meta
 
 from omni_mp.engines.diffusion.params import DiffusionStageConfig
 from omni_mp.wire.codec import Limits
-from omni_mp.wire.messages import MAX_STAGES, SamplingParamsMsg
+from omni_mp.wire.messages import MAX_REPLICAS, MAX_STAGES, SamplingParamsMsg
 from omni_mp.wire.shm_pool import ShmPoolConfig
 
 
@@ -82,7 +82,18 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     model: str  # a checkpoint dir, or the name of a built-in checkpoint (omni_mp.models.registry)
     kind: Literal["ar", "diffusion"] = "ar"
     engine_args: dict[str, Any] = {}
-    devices: list[int] = []  # GPU ids -> CUDA_VISIBLE_DEVICES; empty = CPU
+    # GPU indices into the caller's visible GPUs (its CUDA_VISIBLE_DEVICES, as in vLLM, torch
+    # and Ray; omni_mp.utils.devices); empty = CPU. With `replicas`, every replica's.
+    devices: list[int] = []
+    # Copies of this stage, each its own process with its own devices, memory budget, restart
+    # budget and heartbeats; a request is bound to one replica of each stage at admission
+    # (omni_mp.control.router). Every replica is linked to every replica of its downstream stages.
+    replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] = 1
+    # One device list per replica (e.g. [[0], [1]]: replica 0 on GPU 0, replica 1 on GPU 1),
+    # instead of `devices`; every list of one length (the same tensor-parallel size).
+    replica_devices: list[list[int]] = []
+    # placement ray: one `ray_resources` per replica (e.g. each on its own node), instead of it.
+    replica_ray_resources: list[dict[Annotated[str, Meta(max_length=256)], Annotated[float, Meta(ge=0)]]] = []
     inputs: list[int] = []  # upstream stage ids; empty = takes the client's prompt
     processor: str | None = None  # registry name, required when `inputs` is not empty
     final_output: bool = False
@@ -123,11 +134,19 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # GPUs, e.g. {"node:10.0.0.7": 0.01} or a label resource a node was started with.
     ray_resources: dict[Annotated[str, Meta(max_length=256)], Annotated[float, Meta(ge=0)]] = {}
 
+    def replica(self, index: int) -> StageConfig:
+        """Replica `index` of this stage, as one stage: its own devices and Ray resources."""
+        return msgspec.structs.replace(
+            self,
+            devices=list(self.replica_devices[index]) if self.replica_devices else list(self.devices),
+            ray_resources=dict(self.replica_ray_resources[index]) if self.replica_ray_resources else self.ray_resources,
+        )
+
 
 class PlacementConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Where stage processes run. `local`: subprocesses of the coordinator on this host.
     `ray`: actors on a Ray cluster (`address` as for `ray.init`, e.g. "auto" or
-    "10.0.0.5:6379"; None starts a local Ray), one placement-group bundle per stage, placed
+    "10.0.0.5:6379"; None starts a local Ray), one placement-group bundle per stage replica, placed
     by `strategy`; stages then talk over tcp with CURVE keys (`endpoints`, `security`)."""
 
     kind: Literal["local", "ray"] = "local"
@@ -258,6 +277,10 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     def downstream(self, stage_id: int) -> list[int]:
         return [s.id for s in self.stages if stage_id in s.inputs]
+
+    def replica_stages(self) -> list[tuple[int, StageConfig]]:
+        """Every process of the pipeline: (replica index, the stage as that replica), by stage."""
+        return [(r, s.replica(r)) for s in self.stages for r in range(s.replicas)]
 
 
 def parse_core_list(spec: str) -> list[int]:

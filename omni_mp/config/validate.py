@@ -19,6 +19,7 @@ import yaml
 from omni_mp.config.schema import ConfigError, PipelineConfig, StageConfig, parse_core_list
 from omni_mp.engines.diffusion.params import DiffusionStageConfig
 from omni_mp.models import registry
+from omni_mp.wire.messages import MAX_PROCESSES
 
 
 def _msgspec_path(err: msgspec.ValidationError) -> str:
@@ -127,6 +128,38 @@ def _check_name(kind: registry.Kind, name: str, where: str) -> None:
 BUDGET_ENGINE_ARGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 
 
+def _check_replicas(s: StageConfig, where: str, placement: str) -> None:
+    """`replica_devices` / `replica_ray_resources`: one entry per replica, instead of the
+    stage-wide key; every replica on GPUs or none, with one tensor-parallel size."""
+    if s.replica_devices:
+        if s.devices:
+            raise ConfigError(f"`{where}.replica_devices`: give `devices` (every replica's) or this, not both")
+        if len(s.replica_devices) != s.replicas:
+            raise ConfigError(
+                f"`{where}.replica_devices`: {len(s.replica_devices)} device lists for `replicas: {s.replicas}`; "
+                "give one list per replica"
+            )
+        sizes = {len(d) for d in s.replica_devices}
+        if 0 in sizes or len(sizes) > 1:
+            raise ConfigError(
+                f"`{where}.replica_devices`: every replica needs the same number of GPUs (>= 1), "
+                f"got {s.replica_devices}"
+            )
+        for r, devs in enumerate(s.replica_devices):
+            if any(d < 0 for d in devs) or len(set(devs)) != len(devs):
+                raise ConfigError(f"`{where}.replica_devices[{r}]`: GPU ids must be distinct and >= 0, got {devs}")
+    if s.replica_ray_resources:
+        if placement != "ray":
+            raise ConfigError(f"`{where}.replica_ray_resources`: only with `placement.kind: ray`")
+        if s.ray_resources:
+            raise ConfigError(f"`{where}.replica_ray_resources`: give `ray_resources` or this, not both")
+        if len(s.replica_ray_resources) != s.replicas:
+            raise ConfigError(
+                f"`{where}.replica_ray_resources`: {len(s.replica_ray_resources)} entries for "
+                f"`replicas: {s.replicas}`; give one per replica"
+            )
+
+
 def _check_memory(s: StageConfig, where: str) -> None:
     if not s.devices:
         raise ConfigError(f"`{where}.memory`: a GPU budget needs `devices`; CPU stages use `cpu_kv_cache_gib`")
@@ -193,6 +226,8 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
             raise ConfigError(f"`{where}.hidden_states.layers`: layer indices must be >= 0")
         if any(d < 0 for d in s.devices) or len(set(s.devices)) != len(s.devices):
             raise ConfigError(f"`{where}.devices`: GPU ids must be distinct and >= 0, got {s.devices}")
+        _check_replicas(s, where, cfg.placement.kind)
+        s = s.replica(0)  # the device checks below hold for every replica alike
         if s.memory is not None:
             _check_memory(s, where)
         if s.mps_priority != "normal" and not s.devices:
@@ -222,6 +257,9 @@ def validate(cfg: PipelineConfig, *, check_engine_args: bool = True) -> Pipeline
                 if key not in _engine_arg_names():
                     raise ConfigError(f"`{where}.engine_args.{key}`: not an argument of vLLM 0.25.0's EngineArgs")
     _check_acyclic(cfg)
+    processes = sum(s.replicas for s in cfg.stages)
+    if processes > MAX_PROCESSES:
+        raise ConfigError(f"`stages`: {processes} stage processes (replicas counted); at most {MAX_PROCESSES}")
     if cfg.placement.kind == "ray" and cfg.endpoints.transport != "tcp":
         raise ConfigError("`endpoints.transport`: placement 'ray' puts stages on other hosts; use 'tcp' (with keys)")
     if cfg.placement.kind == "ray" and cfg.gpu_sharing.mode == "mps":

@@ -5,9 +5,11 @@ coordinator sends registrations/aborts to stages, receives their events (ready, 
 final-stage chunks, per-stage done, errors) and talks to clients over a ROUTER socket.
 
 This module is the loop and the client protocol; the parts it drives are small and tested
-on their own: `requests` (the request table and admission checks), `supervisor` (stage
-processes: deaths, hangs, restarts), `wiring` (which stage links are open) and `links`
-(outgoing sockets that never block the loop).
+on their own: `requests` (the request table and admission checks), `router` (which replica
+of each stage a request is bound to), `supervisor` (stage processes: deaths, hangs,
+restarts), `wiring` (which stage links are open) and `links` (outgoing sockets that never
+block the loop). Every stage process is one replica of a stage (`ReplicaKey`); a stage of
+one replica is the common case, and a replica that dies fails only the requests bound to it.
 
 Invariant: every submitted request gets exactly one terminal event (`Finished` or
 `ErrorEvent`), whatever the stages do: errors, deadlines, aborts, dead stages and gone
@@ -20,6 +22,7 @@ they never look like the end of the request in flight.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -38,14 +41,17 @@ from omni_mp.control.memory_budget import resolve_memory_budgets
 from omni_mp.control.mps import MpsDaemon, MpsUnavailable, plan_sharing
 from omni_mp.control.ray_placement import RayPlacement
 from omni_mp.control.requests import Inflight, Rejected, RequestTable, check_submit, request_stages
+from omni_mp.control.router import NoReplica, ReplicaKey, Router
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.control.wiring import Wiring
 from omni_mp.media.limits import resolve_media_limits
+from omni_mp.utils.devices import visible_entries
 from omni_mp.wire.codec import PayloadError
 from omni_mp.wire.keys import CLIENT_DOMAIN, STAGE_DOMAIN, SecureContext, pipeline_identity
 from omni_mp.wire.messages import (
     Abort,
+    BoundReplica,
     Connected,
     ErrorEvent,
     Finished,
@@ -93,6 +99,9 @@ class Coordinator:
         # Before anything is bound or spawned: a model that is not here, or a budget that cannot
         # fit, fails now (ValueErrors naming the stage and every number), not in a stage.
         check_models(cfg)
+        if cfg.placement.kind == "local":  # every replica's GPUs among the ones the caller sees
+            for r, s in cfg.replica_stages():
+                visible_entries(s.devices, os.environ, f"stage {s.id}" + (f" replica {r}" if s.replicas > 1 else ""))
         # Entry stages' media limits resolved from their checkpoints (the stages get them too).
         self.cfg = cfg = resolve_media_limits(resolve_memory_budgets(cfg, progress=progress))
         self.run_id = new_run_id()
@@ -122,7 +131,9 @@ class Coordinator:
         if cfg.placement.kind == "ray":
             self.ray = RayPlacement(cfg, self.run_id)
         self.stages = {
-            s.id: StageHandle(cfg, s, events_endpoint, self.endpoints, self.log_dir, self.ray) for s in cfg.stages
+            ReplicaKey(s.id, r): StageHandle(cfg, s, events_endpoint, self.endpoints, self.log_dir, self.ray, r)
+            for s in cfg.stages
+            for r in range(s.replicas)
         }
         self.sharing = plan_sharing(cfg)
         self.mps: MpsDaemon | None = None  # the private MPS daemon of this run, while it runs
@@ -130,7 +141,8 @@ class Coordinator:
         self.supervisor = Supervisor(cfg, self.stages, self.progress)
         self.wiring = Wiring(cfg, self.stages)
         self.table = RequestTable(cfg.admission.max_inflight)
-        self.links: dict[int, StageLink] = {}
+        self.links: dict[ReplicaKey, StageLink] = {}
+        self.router = Router(cfg, self._usable, self.wiring.linked, self._heartbeat_load)
         self._final = {s.id for s in cfg.final_stages}
         # Registration order: downstream stages first, so their upstream data rarely has to wait.
         self._register_order = sorted(cfg.stages, key=lambda s: not s.inputs)
@@ -157,39 +169,51 @@ class Coordinator:
             raise
         for h in self.stages.values():
             h.spawn()
-            self.progress(f"stage {h.stage.id}: starting {h.stage.kind} engine ({h.stage.model}), pid {h.pid}")
-        deadline = t0 + self.cfg.timeouts.stage_startup_s
+            self.progress(f"{h.name}: starting {h.stage.kind} engine ({h.stage.model}), pid {h.pid}")
         try:
-            while late := self.wiring.not_wired():
-                if self._stop.is_set():
-                    raise StartupError("start-up interrupted")
-                for h in self.stages.values():
-                    code = h.exit_code()
-                    if code is not None:
-                        raise StartupError(
-                            f"stage {h.stage.id} exited with code {code} before it was ready; "
-                            f"last lines of {h.log_path}:\n{h.last_log_lines()}"
-                        )
-                if time.monotonic() > deadline:
-                    h = self.stages[late[0]]
-                    raise StartupError(
-                        f"stage {h.stage.id} not ready after {self.cfg.timeouts.stage_startup_s:.0f}s; "
-                        f"last lines of {h.log_path}:\n{h.last_log_lines()}"
-                    )
-                if self.events.socket.poll(POLL_MS):
-                    self._drain_events()
-                self._flush()
+            self._wait_wired(t0 + self.cfg.timeouts.stage_startup_s)
         except BaseException:
             self.shutdown()
             raise
-        self.progress(f"pipeline {self.cfg.name!r}: {len(self.stages)} stage(s) ready in {time.monotonic() - t0:.1f}s")
+        late = self.wiring.not_wired()
+        what = f"{len(self.stages) - len(late)} of {len(self.stages)} stage process(es)" if late else None
+        what = what or f"{len(self.stages)} stage(s)"
+        self.progress(f"pipeline {self.cfg.name!r}: {what} ready in {time.monotonic() - t0:.1f}s")
+
+    def _wait_wired(self, deadline: float) -> None:
+        """Until every stage process is ready and linked; at `deadline`, a replica still not
+        ready holds back no more: the pipeline serves if every stage has a serving replica
+        (the supervisor deals with the late one as with any replica that hangs at start)."""
+        while late := self.wiring.not_wired():
+            if self._stop.is_set():
+                raise StartupError("start-up interrupted")
+            for h in self.stages.values():
+                code = h.exit_code()
+                if code is not None:
+                    raise StartupError(
+                        f"{h.name} exited with code {code} before it was ready; "
+                        f"last lines of {h.log_path}:\n{h.last_log_lines()}"
+                    )
+            if time.monotonic() > deadline:
+                if not self.wiring.stages_down():
+                    names = ", ".join(self.stages[k].name for k in late)
+                    self.progress(f"{names}: not ready after {self.cfg.timeouts.stage_startup_s:.0f}s; serving without")
+                    return
+                h = self.stages[late[0]]
+                raise StartupError(
+                    f"{h.name} not ready after {self.cfg.timeouts.stage_startup_s:.0f}s; "
+                    f"last lines of {h.log_path}:\n{h.last_log_lines()}"
+                )
+            if self.events.socket.poll(POLL_MS):
+                self._drain_events()
+            self._flush()
 
     def _share_gpus(self) -> None:
         """Before any stage starts: make the stages that share a GPU clients of an MPS daemon
         (omni_mp.control.mps), the host's or one of our own, as `gpu_sharing` says."""
         plan, mode = self.sharing, self.cfg.gpu_sharing.mode
         if not plan.stages:
-            if mode != "auto" or any(s.devices for s in self.cfg.stages):
+            if mode != "auto" or any(s.devices for _, s in self.cfg.replica_stages()):
                 self.progress(f"gpu sharing: {self.sharing_note}")
             return
         pipe = plan.host_pipe
@@ -211,8 +235,9 @@ class Coordinator:
 
     def _use_mps(self, pipe: str | None) -> None:
         """Stages on shared GPUs start as clients of the daemon at `pipe` (None: of none)."""
-        for sid in self.sharing.stages:
-            self.stages[sid].mps_pipe = pipe
+        for key, h in self.stages.items():
+            if key.stage_id in self.sharing.stages:
+                h.mps_pipe = pipe
 
     def stop(self) -> None:
         self._stop.set()
@@ -243,8 +268,8 @@ class Coordinator:
         self._closed = True
         for rid in self.table.ids():
             self._finish_with_error(rid, "shutdown", "the pipeline is shutting down", None)
-        for sid, link in self.links.items():
-            if self.stages[sid].is_alive():
+        for key, link in self.links.items():
+            if self.stages[key].is_alive():
                 link.send_control(Shutdown(reason="coordinator shutdown"))
         deadline = time.monotonic() + 2.0  # bounded: a hung stage is terminated below anyway
         while any(link.pending() for link in self.links.values()) and time.monotonic() < deadline:
@@ -284,14 +309,14 @@ class Coordinator:
             self.mps.stop()
             self.mps = None
             self._use_mps(None)
-        stalled = {sid for sid, link in self.links.items() if link.stalled()}
-        for sid, reason in self.supervisor.check(now, stalled):
-            link = self.links.pop(sid, None)
+        stalled = {key for key, link in self.links.items() if link.stalled()}
+        for key, reason in self.supervisor.check(now, stalled):
+            link = self.links.pop(key, None)
             if link is not None:
                 link.close()
-            # Every in-flight request may hold state in the dead stage (registrations go to all).
-            for rid in self.table.ids():
-                self._finish_with_error(rid, "stage_died", reason, sid)
+            # The requests bound to the dead replica end; the other replicas' go on.
+            for rid in self.table.bound_to(key.stage_id, key.replica):
+                self._finish_with_error(rid, "stage_died", reason, key.stage_id)
 
     # ---- stage events -------------------------------------------------------------------------
     def _drain_events(self) -> None:
@@ -326,32 +351,34 @@ class Coordinator:
             if msg.request_id is not None:
                 self._finish_with_error(msg.request_id, msg.code, msg.message, msg.stage_id)
         elif isinstance(msg, Heartbeat):
-            self.supervisor.heartbeat(msg.stage_id, time.monotonic(), msg.stats)
+            self.supervisor.heartbeat(ReplicaKey(msg.stage_id, msg.replica), time.monotonic(), msg.stats)
         elif isinstance(msg, Ready):
             self._on_ready(msg)
         elif isinstance(msg, Connected):
-            self.wiring.on_connected(msg.stage_id, msg.downstream)
+            self.wiring.on_connected(ReplicaKey(msg.stage_id, msg.replica), msg.downstream)
         else:
             log.warning("unexpected stage event %s", type(msg).__name__)
 
     def _on_ready(self, msg: Ready) -> None:
-        h = self.stages.get(msg.stage_id)
+        key = ReplicaKey(msg.stage_id, msg.replica)
+        h = self.stages.get(key)
         if h is None or h.pid != msg.pid or h.ready:
             return  # a late or repeated message, or one from a previous incarnation
         endpoint = msg.info.get("input", "")
         if not endpoint.startswith(("ipc://", "tcp://")):
-            log.error("stage %d: ignored a Ready without a valid info['input'] (got %r)", msg.stage_id, endpoint)
+            log.error("%s: ignored a Ready without a valid info['input'] (got %r)", h.name, endpoint)
             return
         h.became_ready(endpoint, dict(msg.info), time.monotonic())
         sender = MessageSender(self.ctx, endpoint, self.cfg.limits, hwm=CONTROL_HWM)
-        self.links[h.stage.id] = StageLink(sender, self.cfg.limits, self.cfg.admission.stage_queue)
+        old = self.links.pop(key, None)
+        if old is not None:
+            old.close()
+        self.links[key] = StageLink(sender, self.cfg.limits, self.cfg.admission.stage_queue)
         warm = "".join(f"; {msg.info[k]}" for k in ("warmup", "gpu_memory", "mps_share") if k in msg.info)
-        self.progress(
-            f"stage {h.stage.id}: ready in {msg.info.get('init_s', '?')}s (pid {msg.pid}, restarts {h.restarts}{warm})"
-        )
-        # Wire it to its downstream stages, and its upstream stages to it (its address is new).
-        for sid, connect in self.wiring.on_ready(h.stage.id):
-            self.links[sid].send_control(connect)
+        self.progress(f"{h.name}: ready in {msg.info.get('init_s', '?')}s (pid {msg.pid}, restarts {h.restarts}{warm})")
+        # Wire it to its downstream replicas, and its upstream replicas to it (its address is new).
+        for target, connect in self.wiring.on_ready(key):
+            self.links[target].send_control(connect)
 
     def _on_final_chunk(self, chunk: StageOutputChunk) -> None:
         req = self.table.get(chunk.request_id)
@@ -391,14 +418,15 @@ class Coordinator:
         if req is None:
             return
         req.done[done.stage_id] = done
+        self._release(req, done.stage_id)
         req.pending_final.discard(done.stage_id)
         if req.pending_final:
             return
-        self.table.pop(req.internal_id)
+        self._end(req.internal_id)
         # Stages still working on it (a final stage may end before its upstream) stop now.
-        for sid, link in self.links.items():
-            if sid not in req.done:
-                link.abort(req.internal_id, Abort(request_id=req.internal_id, reason="finished downstream"))
+        for key in self._bound(req):
+            if key.stage_id not in req.done:
+                self.links[key].abort(req.internal_id, Abort(request_id=req.internal_id, reason="finished downstream"))
         results = []
         for sid in sorted(req.results):
             res = req.results[sid]
@@ -477,33 +505,65 @@ class Coordinator:
             pipeline=self.cfg.name,
             stages=[
                 StageStatus(
-                    stage_id=sid,
+                    stage_id=key.stage_id,
+                    replica=key.replica,
                     pid=h.pid or 0,
                     alive=h.is_alive(),
-                    ready=self.wiring.wired(sid),
+                    ready=self.wiring.serving(key),
                     restarts=h.restarts,
                     failed=h.failure,
                     info={} if h.run is None else h.run.info,
                     stats=None if h.run is None else h.run.stats,
                 )
-                for sid, h in self.stages.items()
+                for key, h in self.stages.items()
             ],
             inflight=len(self.table),
             request_id=request_id,
         )
 
     def down_for_good(self) -> dict[int, str]:
-        """Stages that died with their restart budget spent, and why: while there is one, no
-        request can be served (a served pipeline then exits; omni_mp.cli)."""
+        """Stages whose every replica died with its restart budget spent, and why: while there
+        is one, no request can be served (a served pipeline then exits; omni_mp.cli)."""
         return self.supervisor.down_for_good()
+
+    # ---- replicas -----------------------------------------------------------------------------
+    def _usable(self, key: ReplicaKey) -> bool:
+        """The router may bind a request to `key` now: it serves and its queue has room."""
+        link = self.links.get(key)
+        return link is not None and not link.full() and self.wiring.serving(key)
+
+    def _serving(self, stage_id: int) -> list[ReplicaKey]:
+        return [k for k in self.wiring.replicas(stage_id) if k in self.links and self.wiring.serving(k)]
+
+    def _heartbeat_load(self, key: ReplicaKey) -> int:
+        run = self.stages[key].run
+        stats = None if run is None else run.stats
+        return 0 if stats is None else stats.running + stats.waiting
+
+    def _bound(self, req: Inflight) -> list[ReplicaKey]:
+        return [ReplicaKey(sid, r) for sid, r in req.route.items() if ReplicaKey(sid, r) in self.links]
+
+    def _release(self, req: Inflight, stage_id: int) -> None:
+        """The request no longer counts as outstanding in its replica of `stage_id`."""
+        if stage_id in req.route and stage_id not in req.released:
+            req.released.add(stage_id)
+            self.router.release(ReplicaKey(stage_id, req.route[stage_id]))
+
+    def _end(self, internal_id: str) -> Inflight | None:
+        """Take a request out of the table (it is ending; None if it already ended)."""
+        req = self.table.pop(internal_id)
+        if req is not None:
+            for sid in list(req.route):
+                self._release(req, sid)
+        return req
 
     def _on_submit(self, client: bytes, msg: Submit) -> None:
         try:
             sampling = check_submit(self.cfg, msg)
-            down = self.wiring.not_wired()
+            down = self.wiring.stages_down()
             if down:
                 raise Rejected("stage_unavailable", f"stage(s) {down} are not ready (restarting or failed)")
-            full = [sid for sid, link in self.links.items() if link.full()]
+            full = [s.id for s in self.cfg.stages if all(self.links[k].full() for k in self._serving(s.id))]
             if full:
                 raise Rejected("overloaded", f"stage(s) {full} have a full queue; retry later")
             now, admitted = time.time(), time.monotonic()
@@ -512,6 +572,11 @@ class Coordinator:
             req = self.table.admit(client, msg, now, deadline_s, finals)
         except Rejected as err:
             return self._reject(client, msg.request_id, err.code, str(err))
+        try:
+            req.route = self.router.bind()
+        except NoReplica as err:
+            self.table.pop(req.internal_id)
+            return self._reject(client, msg.request_id, "stage_unavailable", str(err))
         try:
             self._register(req, msg, sampling, None if deadline_s is None else admitted + deadline_s)
         except PayloadError as err:  # e.g. a prompt within the client's limits but not a stage's
@@ -523,17 +588,18 @@ class Coordinator:
         """The request's stages get it (entry stages get its prompt) and the seconds left until
         `deadline_at` (time.monotonic()): every stage, or with `final_stages` those and the
         stages upstream of them."""
-        runs = request_stages(self.cfg, set(msg.final_stages)) if msg.final_stages else set(self.stages)
+        runs = request_stages(self.cfg, set(msg.final_stages)) if msg.final_stages else set(req.route)
         for stage in self._register_order:
+            link = self.links[ReplicaKey(stage.id, req.route[stage.id])]
             if stage.id not in runs:
                 # Not on the way to a wanted output: never registered there, and what its
                 # upstream still streams to it for this request is dropped on arrival.
-                off_path = Abort(request_id=req.internal_id, reason="not a stage of this request")
-                self.links[stage.id].send_control(off_path)
+                link.send_control(Abort(request_id=req.internal_id, reason="not a stage of this request"))
+                self._release(req, stage.id)
                 continue
             left = None if deadline_at is None else max(deadline_at - time.monotonic(), 0.0)
             entry = not stage.inputs
-            self.links[stage.id].register(
+            link.register(
                 StageRequest(
                     request_id=req.internal_id,
                     stage_id=stage.id,
@@ -548,17 +614,18 @@ class Coordinator:
                     sampling_params=sampling.get(stage.id, stage.sampling),
                     deadline_s=left,
                     hidden_states=msg.hidden_states and stage.final_output,
+                    downstream_replicas=[BoundReplica(d, req.route[d]) for d in self.cfg.downstream(stage.id)],
                     rows_wanted=(msg.hidden_states and stage.final_output) or bool(self._readers[stage.id] & runs),
                 )
             )
 
     # ---- failures -----------------------------------------------------------------------------
     def _finish_with_error(self, internal_id: str, code: str, message: str, stage_id: int | None) -> None:
-        req = self.table.pop(internal_id)
+        req = self._end(internal_id)
         if req is None:
             return  # already terminal
-        for link in self.links.values():
-            link.abort(internal_id, Abort(request_id=internal_id, reason=code))
+        for key in self._bound(req):  # the replicas it is bound to, none other
+            self.links[key].abort(internal_id, Abort(request_id=internal_id, reason=code))
         error = ErrorEvent(request_id=req.request_id, stage_id=stage_id, code=code, message=message)
         self._to_client(req.client, error)
 

@@ -33,8 +33,8 @@ class RunEndpoints:
     def events(self) -> str:
         return self._name("events")
 
-    def stage_input(self, stage_id: int, incarnation: int = 0) -> str:
-        return self._name(f"stage{stage_id}-{incarnation}")
+    def stage_input(self, stage_id: int, incarnation: int = 0, replica: int = 0) -> str:
+        return self._name(f"stage{stage_id}.{replica}-{incarnation}")
 
     def client(self) -> str:
         return self._name("client")

@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import struct
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from omni_mp.config.schema import PipelineConfig, StageConfig
 from omni_mp.models.family import CheckpointSizing
 from omni_mp.models.registry import checkpoint_sizing
+from omni_mp.utils.devices import DeviceError, nvml_index, visible_entries
 from omni_mp.utils.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml
 
 log = logging.getLogger("omni_mp.control.memory_budget")
@@ -43,10 +45,20 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
+class GpuProcess(msgspec.Struct, frozen=True):
+    """A process holding memory on a GPU, as NVML lists it."""
+
+    pid: int
+    name: str
+    used_bytes: int | None  # None: the driver does not say (some containers, MIG)
+
+
 class DeviceMemory(msgspec.Struct, frozen=True):
-    index: int
+    index: int  # NVML's
     total_bytes: int
-    free_bytes: int
+    free_bytes: int  # now, when queried
+    uuid: str = ""
+    holders: list[GpuProcess] = []  # who holds what is not free (empty: none, or not known)
 
 
 class StageNeeds(msgspec.Struct, frozen=True):
@@ -60,12 +72,18 @@ class StageNeeds(msgspec.Struct, frozen=True):
 
 class StagePlan(msgspec.Struct, frozen=True):
     stage_id: int
-    devices: list[int]
+    devices: list[int]  # as the stage names them (indices into the caller's visible GPUs)
     budget_bytes: int
     reserve_bytes: int
     needs: StageNeeds
     kv_cache_bytes: int | None  # AR stages: what vLLM gets as kv_cache_memory_bytes
     gpu_memory_utilization: float | None  # AR stages with a known device total
+    replica: int = 0
+    gpus: list[int] = []  # NVML's indices of `devices` (empty: not known)
+
+    @property
+    def name(self) -> str:
+        return f"stage {self.stage_id}" + (f" replica {self.replica}" if self.replica else "")
 
 
 class MemoryPlan(msgspec.Struct, frozen=True):
@@ -78,17 +96,62 @@ def _gib(n: float) -> str:
 
 
 # ---- devices --------------------------------------------------------------------------------
+class NvmlReader(Protocol):
+    """What the memory check reads of the GPUs (NVML; a stand-in in tests of the logic)."""
+
+    def count(self) -> int: ...
+    def memory(self, index: int) -> tuple[int, int, str]: ...  # total bytes, free bytes, uuid
+    def processes(self, index: int) -> list[GpuProcess]: ...
+
+
+class PynvmlReader:
+    """NVML through its Python bindings (omni_mp.utils.gpu_memory.nvml)."""
+
+    def __init__(self, pynvml: Any) -> None:
+        self.nvml = pynvml
+
+    def count(self) -> int:
+        return int(self.nvml.nvmlDeviceGetCount())
+
+    def memory(self, index: int) -> tuple[int, int, str]:
+        handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+        info = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+        uuid = self.nvml.nvmlDeviceGetUUID(handle)
+        return int(info.total), int(info.free), uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+
+    def processes(self, index: int) -> list[GpuProcess]:
+        handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+        procs = list(self.nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        procs += list(self.nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
+        return [GpuProcess(p.pid, _process_name(p.pid), p.usedGpuMemory) for p in procs]
+
+
+def _process_name(pid: int) -> str:
+    """A process's command line, shortened ("?" when it is not visible from here)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+    except OSError:
+        return "?"
+    return " ".join(a.decode(errors="replace") for a in args[:4] if a)[:120] or "?"
+
+
+def read_devices(reader: NvmlReader) -> dict[int, DeviceMemory]:
+    """Every GPU's total and free memory now, and the processes holding it."""
+    out = {}
+    for i in range(reader.count()):
+        total, free, uuid = reader.memory(i)
+        out[i] = DeviceMemory(i, total, free, uuid, reader.processes(i))
+    return out
+
+
 def query_devices() -> dict[int, DeviceMemory] | None:
-    """Total and free memory of every NVIDIA GPU of this host, without a CUDA context; None
-    when there is no driver. Indices are NVML's (PCI order); CUDA's default order can differ
-    on hosts with mixed GPU models (set CUDA_DEVICE_ORDER=PCI_BUS_ID there)."""
+    """Total and free memory of every NVIDIA GPU of this host now, and who holds it, without
+    a CUDA context; None when there is no driver. Indices are NVML's (PCI order); CUDA's
+    default order can differ on hosts with mixed GPU models (set CUDA_DEVICE_ORDER=PCI_BUS_ID there)."""
     with nvml() as pynvml:
         if pynvml is not None:
-            out = {}
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
-                out[i] = DeviceMemory(i, int(info.total), int(info.free))
-            return out
+            return read_devices(PynvmlReader(pynvml))
     smi = shutil.which("nvidia-smi")  # no NVML, or it failed (logged)
     if smi is None:
         return None
@@ -218,35 +281,42 @@ def plan_memory(
     devices: dict[int, DeviceMemory] | None,
     *,
     needs: Callable[[StageConfig], StageNeeds] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> MemoryPlan:
-    """Check every budget of `cfg` against `devices` (None: device totals unknown, that check
-    is skipped) and the stages' needs; raise MemoryBudgetError naming every problem."""
+    """Check every budget of `cfg`, each replica's, against `devices` (None: device totals
+    unknown, that check is skipped) and the stages' needs; raise MemoryBudgetError naming
+    every problem. `env`: the caller's environment (its CUDA_VISIBLE_DEVICES; default: ours)."""
     from omni_mp.models.registry import resolve_model
 
     estimate = needs or (lambda s: estimate_needs(s, Path(resolve_model(s.model))))
+    env = os.environ if env is None else env
     problems: list[str] = []
     plans: list[StagePlan] = []
-    for s in cfg.stages:
+    known: dict[int, StageNeeds] = {}  # one estimate per stage, whatever its replicas
+    for r, s in cfg.replica_stages():
         if s.memory is None:
             continue
-        n = estimate(s)
+        if s.id not in known:
+            known[s.id] = estimate(s)
+        n = known[s.id]
         budget, reserve = int(s.memory.gpu_gib * GiB), int(s.memory.reserve_gib * GiB)
         # Tensor parallel stages hold 1/len(devices) of the weights on each device.
         weights = n.weight_bytes // max(1, len(s.devices))
         need = weights + n.min_kv_bytes + n.activation_bytes + reserve
         what = "min KV cache (one max_model_len request)" if s.kind == "ar" else "no KV cache"
-        if budget < need:
+        if budget < need and r == 0:  # the same for every replica: said once
             problems.append(
                 f"stage {s.id}: memory.gpu_gib {s.memory.gpu_gib:g} ({_gib(budget)}) < {_gib(need)} needed = "
                 f"weights {_gib(weights)} [{n.weight_source}] + {what} {_gib(n.min_kv_bytes)} + "
                 f"activations {_gib(n.activation_bytes)} + reserve {_gib(reserve)}"
             )
+        gpus = _nvml_gpus(s, r, devices, env, problems)
         kv = budget - weights - n.activation_bytes - reserve if s.kind == "ar" else None
         util = None
-        if s.kind == "ar" and devices is not None and all(d in devices for d in s.devices):
-            total = min(devices[d].total_bytes for d in s.devices)
+        if s.kind == "ar" and devices is not None and gpus and all(d in devices for d in gpus):
+            total = min(devices[d].total_bytes for d in gpus)
             util = round(max(budget - CUDA_CONTEXT_BYTES, GiB // 4) / total, 4)
-        plans.append(StagePlan(s.id, list(s.devices), budget, reserve, n, kv, util))
+        plans.append(StagePlan(s.id, list(s.devices), budget, reserve, n, kv, util, r, gpus))
     if devices is not None:
         problems += _device_problems(plans, devices)
     if problems:
@@ -254,11 +324,42 @@ def plan_memory(
     return MemoryPlan(plans, devices)
 
 
+def _nvml_gpus(
+    s: StageConfig, replica: int, devices: dict[int, DeviceMemory] | None, env: Mapping[str, str], problems: list[str]
+) -> list[int]:
+    """NVML's indices of a replica's `devices`, read through the caller's CUDA_VISIBLE_DEVICES;
+    a device it does not see is a problem (empty result)."""
+    who = f"stage {s.id}" + (f" replica {replica}" if replica else "")
+    try:
+        entries = visible_entries(s.devices, env, who)
+    except DeviceError as err:
+        problems.append(str(err))
+        return []
+    uuids = {} if devices is None else {d.uuid: i for i, d in devices.items() if d.uuid}
+    found = [nvml_index(e, uuids.get) for e in entries]
+    if any(i is None for i in found):
+        if devices is not None:
+            problems.append(f"{who}: GPU {entries} not found on this host (its GPUs: {sorted(devices)})")
+        return []
+    return [i for i in found if i is not None]
+
+
+def _holders(dev: DeviceMemory) -> str:
+    if not dev.holders:
+        return ""
+    parts = [
+        f"pid {p.pid} ({p.name}){'' if p.used_bytes is None else ' ' + _gib(p.used_bytes)}"
+        for p in sorted(dev.holders, key=lambda p: -(p.used_bytes or 0))[:8]
+    ]
+    more = len(dev.holders) - len(parts)
+    return "; held by " + ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+
+
 def _device_problems(plans: list[StagePlan], devices: dict[int, DeviceMemory]) -> list[str]:
     problems = []
     on: dict[int, list[StagePlan]] = {}
     for p in plans:
-        for d in p.devices:
+        for d in p.gpus:
             on.setdefault(d, []).append(p)
     for d, ps in sorted(on.items()):
         if d not in devices:
@@ -266,24 +367,29 @@ def _device_problems(plans: list[StagePlan], devices: dict[int, DeviceMemory]) -
             continue
         dev, used = devices[d], sum(p.budget_bytes for p in ps)
         if used > dev.free_bytes:
-            parts = " + ".join(f"stage {p.stage_id} {_gib(p.budget_bytes)}" for p in ps)
+            parts = " + ".join(f"{p.name} {_gib(p.budget_bytes)}" for p in ps)
             problems.append(
-                f"device {d}: budgets {parts} = {_gib(used)} > {_gib(dev.free_bytes)} free "
-                f"(of {_gib(dev.total_bytes)} total)"
+                f"device {d}: budgets {parts} = {_gib(used)} > {_gib(dev.free_bytes)} free now "
+                f"(of {_gib(dev.total_bytes)} total{_holders(dev)}): lower memory.gpu_gib, use fewer "
+                "replicas on this GPU, or free it"
             )
     return problems
 
 
 def apply_memory_plan(cfg: PipelineConfig, plan: MemoryPlan) -> PipelineConfig:
-    """`cfg` with each AR stage's budget turned into vLLM engine args."""
-    by_id = {p.stage_id: p for p in plan.stages}
+    """`cfg` with each AR stage's budget turned into vLLM engine args (one set for all its
+    replicas: the smallest device's utilization share)."""
+    by_id: dict[int, list[StagePlan]] = {}
+    for p in plan.stages:
+        by_id.setdefault(p.stage_id, []).append(p)
     stages = []
     for s in cfg.stages:
-        p = by_id.get(s.id)
-        if p is not None and p.kv_cache_bytes is not None:
-            args = {**s.engine_args, "kv_cache_memory_bytes": p.kv_cache_bytes}
-            if p.gpu_memory_utilization is not None:
-                args["gpu_memory_utilization"] = p.gpu_memory_utilization
+        ps = by_id.get(s.id, [])
+        if ps and ps[0].kv_cache_bytes is not None:
+            args = {**s.engine_args, "kv_cache_memory_bytes": ps[0].kv_cache_bytes}
+            utils = [p.gpu_memory_utilization for p in ps if p.gpu_memory_utilization is not None]
+            if utils:
+                args["gpu_memory_utilization"] = max(utils)
             s = msgspec.structs.replace(s, engine_args=args)
         stages.append(s)
     return msgspec.structs.replace(cfg, stages=stages)
@@ -313,7 +419,7 @@ def resolve_memory_budgets(
     for p in plan.stages:
         kv = "" if p.kv_cache_bytes is None else f", KV cache {_gib(p.kv_cache_bytes)}"
         say(
-            f"stage {p.stage_id}: budget {_gib(p.budget_bytes)} on GPU {p.devices}: weights "
+            f"{p.name}: budget {_gib(p.budget_bytes)} on GPU {p.devices}: weights "
             f"{_gib(p.needs.weight_bytes)}, activations {_gib(p.needs.activation_bytes)}{kv}"
         )
     return apply_memory_plan(cfg, plan)

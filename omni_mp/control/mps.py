@@ -69,7 +69,7 @@ class SharingPlan:
 def shared_gpus(cfg: PipelineConfig) -> dict[int, list[int]]:
     """GPU id -> the ids of the stages pinned to it, for GPUs that two or more stages use."""
     users: dict[int, list[int]] = {}
-    for s in cfg.stages:
+    for _, s in cfg.replica_stages():  # replicas of one stage on one GPU share it too
         for gpu in s.devices:
             users.setdefault(gpu, []).append(s.id)
     return {gpu: ids for gpu, ids in sorted(users.items()) if len(ids) > 1}

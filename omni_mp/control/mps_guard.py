@@ -37,8 +37,9 @@ def daemon_env(root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env[PIPE_ENV], env[LOG_ENV] = str(root / "pipe"), str(root / "log")
     # Without it the server sees every GPU under its own index, so a client's
-    # CUDA_VISIBLE_DEVICES (a stage's `devices`) means what it means without MPS; set, the
-    # server would renumber the devices it lists and a client's indices would point elsewhere.
+    # CUDA_VISIBLE_DEVICES means what it means without MPS; set, the server would renumber the
+    # devices it lists and a client's entries would point elsewhere. A client gets the
+    # caller's entries for its stage's `devices` (omni_mp.utils.devices), never the bare indices.
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
 

@@ -106,6 +106,7 @@ class RayStageProcess:
         self._info_ref = actor.info.remote()  # resolves once the actor has started the stage
         self._info: dict[str, Any] | None = None
         self.returncode: int | None = None
+        self._poll_ref: Any = None  # the query of the actor's poll in flight, if any
 
     def _call(self, ref: Any, timeout_s: float = RPC_TIMEOUT_S) -> Any:
         ray = _ray()
@@ -130,15 +131,25 @@ class RayStageProcess:
         return None if self.info is None else int(self.info["pid"])
 
     def poll(self) -> int | None:
+        """The stage's exit code; None while it runs, or while its actor has not answered (the
+        heartbeat timeout decides whether it hangs). Never blocks: one query to the actor is in
+        flight at a time and read once answered, so a coordinator that watches many Ray stages
+        (replicas) every tick does not wait out each one's round trip in turn."""
         if self.returncode is not None:
             return self.returncode
         if self.info is None:  # still being placed or starting: alive as far as we know
             return None
         ray = _ray()
+        if self._poll_ref is None:
+            self._poll_ref = self.actor.poll.remote()
+        ready, _ = ray.wait([self._poll_ref], timeout=0)
+        if not ready:
+            return None
+        ref, self._poll_ref = self._poll_ref, None
         try:
-            code = ray.get(self.actor.poll.remote(), timeout=RPC_TIMEOUT_S)
+            code = ray.get(ref, timeout=RPC_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            return None  # slow to answer: the heartbeat timeout decides whether it hangs
+            return None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.NodeDiedError):
             code = NODE_LOST
         self.returncode = code
@@ -195,34 +206,40 @@ class RayPlacement:
         self._own_connection = not ray.is_initialized()
         if self._own_connection:
             ray.init(address=p.address, namespace=p.namespace, log_to_driver=False, logging_level=logging.WARNING)
-        self.index = {s.id: i for i, s in enumerate(cfg.stages)}
-        self.group = placement_group([bundle(s) for s in cfg.stages], strategy=p.strategy, name=f"{run_id}-stages")
+        processes = cfg.replica_stages()  # one bundle per replica of each stage
+        self.index = {(s.id, r): i for i, (r, s) in enumerate(processes)}
+        self.group = placement_group([bundle(s) for _, s in processes], strategy=p.strategy, name=f"{run_id}-stages")
         self._actor_cls = ray.remote(StageProcessActor)
-        self.actors: dict[int, Any] = {}
+        self.actors: dict[tuple[int, int], Any] = {}
 
     def wait_placed(self, timeout_s: float) -> None:
         ray = _ray()
         if not ray.get(self.group.ready(), timeout=timeout_s):
-            raise TimeoutError(f"placement group for {len(self.cfg.stages)} stage(s) not placed in {timeout_s:.0f}s")
+            raise TimeoutError(
+                f"placement group for {len(self.index)} stage process(es) not placed in {timeout_s:.0f}s"
+            )
 
-    def launch(self, stage: StageConfig, cmd: list[str], env: dict[str, str], log_name: str) -> RayStageProcess:
-        """Start the stage in its bundle (asynchronously: Ray places the actor)."""
+    def launch(
+        self, stage: StageConfig, cmd: list[str], env: dict[str, str], log_name: str, replica: int = 0
+    ) -> RayStageProcess:
+        """Start a replica of the stage in its bundle (asynchronously: Ray places the actor)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        old = self.actors.pop(stage.id, None)
+        key = (stage.id, replica)
+        old = self.actors.pop(key, None)
         if old is not None:
             _ray().kill(old, no_restart=True)
         strategy = PlacementGroupSchedulingStrategy(
-            placement_group=self.group, placement_group_bundle_index=self.index[stage.id]
+            placement_group=self.group, placement_group_bundle_index=self.index[key]
         )
         actor = self._actor_cls.options(  # holds its bundle's CPU and GPUs
             num_cpus=1,
             num_gpus=len(stage.devices),
             scheduling_strategy=strategy,
-            name=f"{self.run_id}-stage{stage.id}",
+            name=f"{self.run_id}-stage{stage.id}.{replica}",
             namespace=self.cfg.placement.namespace,
         ).remote(cmd, env, log_name)
-        self.actors[stage.id] = actor
+        self.actors[key] = actor
         return RayStageProcess(actor)
 
     def close(self) -> None:

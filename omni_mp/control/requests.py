@@ -29,6 +29,8 @@ class Inflight:
     done: dict[int, StageDone] = field(default_factory=dict)
     audio: dict[int, AudioParts] = field(default_factory=dict)  # final stages' audio chunks
     image: dict[int, FinalImage] = field(default_factory=dict)  # final stages' final images
+    route: dict[int, int] = field(default_factory=dict)  # stage -> the replica it is bound to (router)
+    released: set[int] = field(default_factory=set)  # stages where it no longer counts as outstanding
 
 
 class Rejected(Exception):
@@ -159,6 +161,15 @@ class RequestTable:
 
     def ids(self) -> list[str]:
         return list(self._by_internal)
+
+    def bound_to(self, stage_id: int, replica: int) -> list[str]:
+        """The requests bound to that replica of that stage and not done there (one done there
+        holds nothing in it any more)."""
+        return [
+            r.internal_id
+            for r in self._by_internal.values()
+            if r.route.get(stage_id) == replica and stage_id not in r.released
+        ]
 
     def of_client(self, client: bytes) -> list[str]:
         return [r.internal_id for r in self._by_internal.values() if r.client == client]

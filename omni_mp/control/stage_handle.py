@@ -14,15 +14,21 @@ from omni_mp.config.schema import PipelineConfig, StageConfig, config_to_json, p
 from omni_mp.control.endpoints import RunEndpoints
 from omni_mp.control.mps import PIPE_ENV, PRIORITY_ENV, PRIORITY_LEVELS, SM_PERCENT_ENV
 from omni_mp.control.ray_placement import ACTOR_PID, NODE_HOST, RayPlacement, RayStageProcess
+from omni_mp.utils.devices import VISIBLE_ENV, visible_entries
 from omni_mp.utils.procs import popen
 from omni_mp.wire.messages import StageStats
 
 
 def stage_env(
-    cfg: PipelineConfig, stage: StageConfig, base: dict[str, str] | None = None, mps_pipe: str | None = None
+    cfg: PipelineConfig,
+    stage: StageConfig,
+    base: dict[str, str] | None = None,
+    mps_pipe: str | None = None,
+    replica: int = 0,
 ) -> dict[str, str]:
     """The environment a stage process starts with; device pinning must precede its first import.
-    `mps_pipe`: the MPS daemon it is a client of (omni_mp.control.mps); None: none of ours."""
+    `stage`: the replica's own view (StageConfig.replica). `mps_pipe`: the MPS daemon it is a
+    client of (omni_mp.control.mps); None: none of ours."""
     env = dict(os.environ if base is None else base)
     if mps_pipe is not None:
         env[PIPE_ENV] = mps_pipe
@@ -34,7 +40,11 @@ def stage_env(
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if stage.devices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, stage.devices))
+        # Indices into the caller's visible GPUs (omni_mp.utils.devices), as vLLM and torch read
+        # them. On Ray the stage's actor sets the GPUs Ray gave it instead (the node's, not ours).
+        local = cfg.placement.kind == "local"
+        entries = visible_entries(stage.devices, env, f"stage {stage.id}") if local else map(str, stage.devices)
+        env[VISIBLE_ENV] = ",".join(entries)
         env[PRIORITY_ENV] = PRIORITY_LEVELS[stage.mps_priority]  # read by CUDA at init, as an MPS client
         if stage.mps_sm_percent is not None:
             env[SM_PERCENT_ENV] = str(stage.mps_sm_percent)
@@ -45,17 +55,18 @@ def stage_env(
         # gets an equal share, one share kept for the coordinator and its client; a value the
         # user set is kept. Measured: three Qwen3-Omni stages on one H200 host of 16 cores,
         # first audio 336 -> 275 ms at 1 request and 1469 -> 745 ms at 8 (docs/benchmarks/journal.md).
-        env.setdefault("OMP_NUM_THREADS", str(gpu_stage_threads(len(cfg.stages))))
+        env.setdefault("OMP_NUM_THREADS", str(gpu_stage_threads(sum(s.replicas for s in cfg.stages))))
     else:
         # CPU stage: its own KV cache budget and its own cores (by default one core per stage,
         # round-robin), so several engines on one host neither take all RAM nor share cores.
-        env["CUDA_VISIBLE_DEVICES"] = ""
+        env[VISIBLE_ENV] = ""
         env["VLLM_CPU_KVCACHE_SPACE"] = str(stage.cpu_kv_cache_gib)
         if stage.cpu_cores is not None:
             cores = stage.cpu_cores
         else:
             ncpu = os.cpu_count() or 1
-            cores = str([s.id for s in cfg.stages].index(stage.id) % ncpu)
+            processes = [(s.id, r) for r, s in cfg.replica_stages()]
+            cores = str(processes.index((stage.id, replica)) % ncpu)
         # The stage pins itself to these cores (sched_setaffinity) before vLLM starts: the
         # in-process executor does not apply VLLM_CPU_OMP_THREADS_BIND (only vLLM's mp one does).
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
@@ -101,8 +112,8 @@ class Incarnation:
     beating: bool = False  # it has sent a heartbeat (it may, before it is ready)
     endpoint: str | None = None  # the input address from its Ready; None until it is ready
     info: dict[str, str] = field(default_factory=dict)  # from its Ready: init time, devices it sees
-    # Downstream stage -> the run of it whose address this one acknowledged linking to.
-    links: dict[int, Incarnation] = field(default_factory=dict)
+    # Downstream replica (stage, replica) -> the run of it whose address this one acknowledged linking to.
+    links: dict[tuple[int, int], Incarnation] = field(default_factory=dict)
     stats: StageStats | None = None  # from its latest heartbeat that carried them
 
     @property
@@ -122,12 +133,16 @@ class StageHandle:
         endpoints: RunEndpoints,
         log_dir: Path,
         ray: RayPlacement | None = None,
+        replica: int = 0,
     ):
         self.cfg = cfg
-        self.stage = stage
+        self.replica = replica
+        self.stage = stage.replica(replica)  # its own devices and Ray resources
         self.events_endpoint = events_endpoint
         self.endpoints = endpoints
-        self.log_path = log_dir / f"stage{stage.id}.log"
+        # A stage of one replica keeps the plain names (its log, its messages).
+        self.name = f"stage {stage.id}" if stage.replicas == 1 else f"stage {stage.id} replica {replica}"
+        self.log_path = log_dir / (f"stage{stage.id}.log" if stage.replicas == 1 else f"stage{stage.id}.{replica}.log")
         self.ray = ray  # placement ray: the stage runs in a Ray actor on some node
         self.run: Incarnation | None = None  # None: not started, dead, or failed for good
         self.restarts = 0
@@ -150,7 +165,8 @@ class StageHandle:
     def _command(self, input_endpoint: str, parent_pid: str) -> list[str]:
         # Ray: the same interpreter path on every node (one venv layout).
         return [sys.executable, "-m", "omni_mp.stage", "--stage-id", str(self.stage.id)] + [
-            "--events", self.events_endpoint, "--input", input_endpoint, "--parent-pid", parent_pid
+            "--events", self.events_endpoint, "--input", input_endpoint, "--parent-pid", parent_pid,
+            "--replica", str(self.replica),
         ]  # fmt: skip
 
     def spawn(self) -> None:
@@ -163,16 +179,17 @@ class StageHandle:
         if self.ray is not None:
             # The node Ray places it on binds its input; it dies with the actor that runs it.
             cmd = self._command(f"tcp://{NODE_HOST}:*", ACTOR_PID)
-            name = f"{self.endpoints.run_id}-stage{self.stage.id}-{self.restarts}.log"
-            return self.ray.launch(self.stage, cmd, stage_env(self.cfg, self.stage), name)
+            name = f"{self.endpoints.run_id}-stage{self.stage.id}.{self.replica}-{self.restarts}.log"
+            env = stage_env(self.cfg, self.stage, replica=self.replica)
+            return self.ray.launch(self.stage, cmd, env, name, self.replica)
         # A fresh ipc name per incarnation: nothing addressed to a dead one reaches this one.
-        cmd = self._command(self.endpoints.stage_input(self.stage.id, self.restarts), str(os.getpid()))
+        cmd = self._command(self.endpoints.stage_input(self.stage.id, self.restarts, self.replica), str(os.getpid()))
         with open(self.log_path, "ab") as log:
             log.write(f"==== spawn {time.strftime('%H:%M:%S')} (restart {self.restarts}) ====\n".encode())
             log.flush()
             return popen(
                 cmd,
-                env=stage_env(self.cfg, self.stage, mps_pipe=self.mps_pipe),
+                env=stage_env(self.cfg, self.stage, mps_pipe=self.mps_pipe, replica=self.replica),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -201,10 +218,10 @@ class StageHandle:
         if self.run is not None:
             self.run.endpoint, self.run.info, self.run.last_heartbeat = endpoint, info, now
 
-    def linked(self, stage_id: int, downstream: Incarnation) -> None:
-        """The current run acknowledged its link to `downstream`, a run of stage `stage_id`."""
+    def linked(self, key: tuple[int, int], downstream: Incarnation) -> None:
+        """The current run acknowledged its link to `downstream`, a run of replica `key` (stage, replica)."""
         if self.run is not None:
-            self.run.links[stage_id] = downstream
+            self.run.links[key] = downstream
 
     def exit_code(self) -> int | None:
         """None while running (or never spawned); the exit code once it has exited, also

@@ -61,7 +61,7 @@ from omni_mp.http.speech import parse_speech, run_speech, speech_bytes, speech_s
 from omni_mp.http.sse import AbortingStream, ChunkMeta, SpokenAnswer, cancel_on_disconnect, chat_events
 from omni_mp.http.transcriptions import add_transcription_route
 from omni_mp.http.voices import Voices
-from omni_mp.wire.messages import StageStatus
+from omni_mp.wire.messages import StageStatus, StatusReply
 
 log = logging.getLogger("omni_mp.http")
 T = TypeVar("T")
@@ -191,6 +191,29 @@ async def _collect(events: AsyncIterator[ChatEvent]) -> tuple[str, bytes, ChatEn
     return end.text, b"".join(pcm), end
 
 
+def health_of(status: StatusReply) -> tuple[dict[str, Any], int]:
+    """/health's answer: 200 while every stage has a replica that serves (`degraded` names the
+    replicas down meanwhile), else 503 naming the stages that have none."""
+    stages = [
+        {"stage_id": s.stage_id, "replica": s.replica, "alive": s.alive, "ready": s.ready,
+         "restarts": s.restarts, "failed": s.failed}
+        for s in status.stages
+    ]  # fmt: skip
+    down = [s for s in status.stages if not (s.alive and s.ready)]
+    serving = {s.stage_id for s in status.stages if s.alive and s.ready}
+    if any(s.stage_id not in serving for s in down):
+        names = ", ".join(f"{_name(s)} ({_why_down(s)})" for s in down if s.stage_id not in serving)
+        return {"status": "unavailable", "reason": f"not serving: {names}", "stages": stages}, 503
+    body: dict[str, Any] = {"status": "ok", "pipeline": status.pipeline, "inflight": status.inflight, "stages": stages}
+    if down:  # some replicas are down, others of their stages serve
+        body["degraded"] = ", ".join(f"{_name(s)} ({_why_down(s)})" for s in down)
+    return body, 200
+
+
+def _name(stage: StageStatus) -> str:
+    return f"stage {stage.stage_id}" + (f" replica {stage.replica}" if stage.replica else "")
+
+
 def _why_down(stage: StageStatus) -> str:
     if stage.failed is not None:  # its restart budget is spent: down for good
         return f"down for good: {stage.failed}"
@@ -208,18 +231,10 @@ def _routes(app: FastAPI, srv: Server) -> None:
             return _json({"status": "unavailable", "reason": "the coordinator does not answer"}, 503)
         except ClientClosed as err:  # this server can answer no request any more
             return _json({"status": "unavailable", "reason": f"the coordinator client is closed: {err}"}, 503)
-        down = [s for s in status.stages if not (s.alive and s.ready)]
-        stages = [
-            {"stage_id": s.stage_id, "alive": s.alive, "ready": s.ready, "restarts": s.restarts, "failed": s.failed}
-            for s in status.stages
-        ]
-        if down:
-            names = ", ".join(f"stage {s.stage_id} ({_why_down(s)})" for s in down)
-            return _json({"status": "unavailable", "reason": f"not serving: {names}", "stages": stages}, 503)
-        return _json({
-            "status": "ok", "pipeline": status.pipeline, "inflight": status.inflight, "stages": stages,
-            "worker_pid": os.getpid(),  # which of the server's processes answered (http.workers)
-        })  # fmt: skip
+        body, code = health_of(status)
+        if code == 200:
+            body["worker_pid"] = os.getpid()  # which of the server's processes answered (http.workers)
+        return _json(body, code)
 
     @app.get("/")
     async def playground() -> Response:

@@ -1,8 +1,9 @@
-"""Prometheus metrics of the server and, per stage (labels stage_id and stage_name), of the
-pipeline behind it: read from each request's stage timings and, at scrape time, from the
-coordinator's status, whose per-stage `StageStats` (sent with each stage's heartbeats) become
-the running/waiting gauges and the step and byte counters. Those counters restart from zero
-when their stage restarts; Prometheus' rate() treats a drop as a counter reset.
+"""Prometheus metrics of the server and, per stage (labels stage_id and stage_name; the
+process gauges and counters also `replica`, which replica of the stage), of the pipeline
+behind it: read from each request's stage timings and, at scrape time, from the coordinator's
+status, whose per-process `StageStats` (sent with each replica's heartbeats) become the
+running/waiting gauges and the step and byte counters. Those counters restart from zero when
+their replica restarts; Prometheus' rate() treats a drop as a counter reset.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omni_mp.http.pipeline import PipelineView, stage_name
 from omni_mp.wire.messages import StageDone, StageStatus, StatusReply
 
 _STAGE = ("stage_id", "stage_name")
+_REPLICA = (*_STAGE, "replica")  # what one stage process reports: per replica
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -37,11 +39,11 @@ class StageStatsCollector(Collector):
 
     def _liveness(self) -> Iterator[Metric]:
         """Alive, ready, restarts and requests in flight: gauges of the last status read."""
-        alive = GaugeMetricFamily("omni_mp_stage_alive", "1 if the stage process is alive", labels=_STAGE)
-        ready = GaugeMetricFamily("omni_mp_stage_ready", "1 if the stage serves", labels=_STAGE)
-        restarts = GaugeMetricFamily("omni_mp_stage_restarts", "restarts of the stage so far", labels=_STAGE)
+        alive = GaugeMetricFamily("omni_mp_stage_alive", "1 if the stage process is alive", labels=_REPLICA)
+        ready = GaugeMetricFamily("omni_mp_stage_ready", "1 if the stage replica serves", labels=_REPLICA)
+        restarts = GaugeMetricFamily("omni_mp_stage_restarts", "restarts of the stage replica so far", labels=_REPLICA)
         for s in self.stages:
-            labels = [str(s.stage_id), self.names.get(s.stage_id, "?")]
+            labels = [str(s.stage_id), self.names.get(s.stage_id, "?"), str(s.replica)]
             alive.add_metric(labels, int(s.alive))
             ready.add_metric(labels, int(s.ready))
             restarts.add_metric(labels, s.restarts)
@@ -52,24 +54,24 @@ class StageStatsCollector(Collector):
             )
 
     def _stats(self) -> Iterator[Metric]:
-        running = GaugeMetricFamily("omni_mp_stage_requests_running", "requests in the stage's engine", labels=_STAGE)
+        running = GaugeMetricFamily("omni_mp_stage_requests_running", "requests in the stage's engine", labels=_REPLICA)
         waiting = GaugeMetricFamily(
             "omni_mp_stage_requests_waiting", "requests registered in the stage, waiting on upstream or preparation",
-            labels=_STAGE,
+            labels=_REPLICA,
         )  # fmt: skip
-        steps = CounterMetricFamily("omni_mp_stage_engine_steps", "engine steps of the stage's run", labels=_STAGE)
+        steps = CounterMetricFamily("omni_mp_stage_engine_steps", "engine steps of the stage's run", labels=_REPLICA)
         step_s = CounterMetricFamily(
             "omni_mp_stage_engine_step_seconds", "time in engine steps (rate / steps rate: mean step time)",
-            labels=_STAGE,
+            labels=_REPLICA,
         )  # fmt: skip
         sent = CounterMetricFamily(
             "omni_mp_stage_sent_bytes", "bytes sent to a downstream stage over its socket (shared memory excluded)",
-            labels=[*_STAGE, "downstream"],
+            labels=[*_REPLICA, "downstream"],
         )  # fmt: skip
         for s in self.stages:
             if s.stats is None:
                 continue
-            labels = [str(s.stage_id), self.names.get(s.stage_id, "?")]
+            labels = [str(s.stage_id), self.names.get(s.stage_id, "?"), str(s.replica)]
             running.add_metric(labels, s.stats.running)
             waiting.add_metric(labels, s.stats.waiting)
             steps.add_metric(labels, s.stats.steps)

@@ -72,7 +72,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--events", required=True, help="coordinator endpoint for events")
     parser.add_argument("--input", required=True, help="endpoint this stage binds for its input")
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--replica", type=int, default=0, help="which replica of the stage (its devices)")
     return parser.parse_args(argv)
+
+
+def _label(args: argparse.Namespace) -> str:
+    """The stage's id in log lines, with its replica's when it has several (`1.2`)."""
+    return f"{args.stage_id}.{args.replica}" if args.replica else str(args.stage_id)
 
 
 def _settle_process(args: argparse.Namespace) -> None:
@@ -87,7 +93,7 @@ def _settle_process(args: argparse.Namespace) -> None:
         os.sched_setaffinity(0, parse_core_list(cores))
     logging.basicConfig(
         level=os.environ.get("OMNI_MP_LOG_LEVEL", "INFO"),
-        format=f"%(asctime)s stage{args.stage_id} %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s stage{_label(args)} %(levelname)s %(name)s: %(message)s",
     )
 
 
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from omni_mp.wire.transport import CONTROL_HWM, MessageReceiver, MessageSender
 
     cfg = config_from_json(os.environ["OMNI_MP_PIPELINE_CONFIG"])
-    stage = cfg.stage(args.stage_id)
+    stage = cfg.stage(args.stage_id).replica(args.replica)  # this replica's devices
     ctx = SecureContext()
     auth = None
     if cfg.security.keys is not None:  # CURVE on every socket: binds serve, connects authenticate
@@ -172,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         # Beat while the engine loads: a stage that hangs or is stopped during start-up is noticed
         # within heartbeat_timeout_s (the loop's own heartbeater takes over the socket after).
         starting = threading.Event()
-        beat = Heartbeater(heartbeats, stage.id, cfg.timeouts.heartbeat_interval_s, math.inf, time.monotonic, starting)
+        interval = cfg.timeouts.heartbeat_interval_s
+        beat = Heartbeater(heartbeats, stage.id, interval, math.inf, time.monotonic, starting, replica=args.replica)
         beat.start()
         try:
             yield
@@ -185,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.monotonic()
         engine, memory = _start_engine(stage, t0)
-    loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats)
+    loop = StageLoop(cfg, stage, engine, ctx, input_link, events, heartbeats, args.replica)
     info = _ready_info(stage, loop, engine, endpoint, t0, memory)
-    events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info), timeout=60)
+    events.send(Ready(stage_id=stage.id, pid=os.getpid(), info=info, replica=args.replica), timeout=60)
     try:
         loop.run()
     finally:

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,8 +141,10 @@ class InputPump(threading.Thread):
 class Outgoing:
     msg: Message
     to_events: bool  # to the coordinator
-    downstream: bool  # to every downstream stage
+    downstream: bool  # to the downstream stages
     step: int = -1  # the engine step it belongs to (for the timeline), -1 for none
+    # With `downstream`: the (stage, replica) links its requests are bound to; None: every link.
+    targets: tuple[tuple[int, int], ...] | None = None
 
 
 class OutputPump(threading.Thread):
@@ -153,15 +155,16 @@ class OutputPump(threading.Thread):
         ctx: zmq.Context,
         events: MessageSender,
         limits: Limits,
-        shm: ShmPoolConfig | None,
+        shm: Mapping[int, ShmPoolConfig] | None,  # per downstream stage: its links' pool (none: no pool)
         stop: threading.Event,
         stage_id: int,
         on_sent: Callable[[int, float, float, dict[int, int]], None],
+        replica: int = 0,
     ) -> None:
         super().__init__(name=f"stage{stage_id}-output", daemon=True)
         self.ctx, self.events, self.limits, self.shm = ctx, events, limits, shm
-        self.stop, self.stage_id, self.on_sent = stop, stage_id, on_sent
-        self.downstream: dict[int, MessageSender] = {}
+        self.stop, self.stage_id, self.on_sent, self.replica = stop, stage_id, on_sent, replica
+        self.downstream: dict[tuple[int, int], MessageSender] = {}  # (stage, replica) -> its link
         self._queue: deque[Outgoing | Connect | None] = deque()
         self._cond = threading.Condition()
         self.error: BaseException | None = None
@@ -182,15 +185,16 @@ class OutputPump(threading.Thread):
     # ---- output thread ---------------------------------------------------------------------
     def _connect(self, msg: Connect) -> None:
         for target in msg.downstream:
-            old = self.downstream.pop(target.stage_id, None)
+            key = (target.stage_id, target.replica)
+            old = self.downstream.pop(key, None)
             if old is not None:
                 old.close()
-            self.downstream[target.stage_id] = MessageSender(
-                self.ctx, target.endpoint, self.limits, shm=self.shm, hwm=CONTROL_HWM
-            )
+            pool = None if self.shm is None else self.shm.get(target.stage_id)
+            self.downstream[key] = MessageSender(self.ctx, target.endpoint, self.limits, shm=pool, hwm=CONTROL_HWM)
         # The coordinator admits requests only once every link is open (a pool is prefaulted
         # when it is created: doing that under the first request would delay it).
-        self._send_one(self.events, Connected(stage_id=self.stage_id, downstream=list(msg.downstream)))
+        connected = Connected(stage_id=self.stage_id, downstream=list(msg.downstream), replica=self.replica)
+        self._send_one(self.events, connected)
 
     def _send_one(self, link: MessageSender, msg: Message) -> int:
         """Send within SEND_TIMEOUT_S, in short waits so that a shutdown is not held up by a
@@ -225,13 +229,17 @@ class OutputPump(threading.Thread):
         """Send `msg` where `item` says; the bytes that went to each downstream stage over sockets."""
         wire_bytes: dict[int, int] = {}
         if item.downstream:
-            for stage_id, link in self.downstream.items():
+            keys = list(self.downstream) if item.targets is None else item.targets
+            for key in keys:
+                link = self.downstream.get(key)
+                if link is None:  # not linked (yet): the coordinator admits none bound to it
+                    continue
                 try:
-                    wire_bytes[stage_id] = self._send_one(link, msg)
+                    wire_bytes[key[0]] = wire_bytes.get(key[0], 0) + self._send_one(link, msg)
                 except TimeoutError:
                     if self.stop.is_set():
                         return wire_bytes
-                    self._fail_undelivered(stage_id, msg)
+                    self._fail_undelivered(key, msg)
         if item.to_events:
             try:
                 self._send_one(self.events, msg)
@@ -249,19 +257,16 @@ class OutputPump(threading.Thread):
                 self.events, ErrorEvent(request_id=rid, stage_id=self.stage_id, code="limit_exceeded", message=text)
             )
 
-    def _fail_undelivered(self, stage_id: int, msg: Message) -> None:
+    def _fail_undelivered(self, key: tuple[int, int], msg: Message) -> None:
         """A downstream stage took nothing for SEND_TIMEOUT_S (it is hung; the coordinator
         restarts it): the requests of the dropped message end with the reason, nothing else."""
         ids = [c.request_id for c in msg.chunks] if isinstance(msg, StageOutputBatch) else []
+        where = f"stage {key[0]} replica {key[1]}"
         log.error(
-            "stage %d: stage %d took nothing for %.0fs; failing %d request(s)",
-            self.stage_id,
-            stage_id,
-            SEND_TIMEOUT_S,
-            len(ids),
+            "stage %d: %s took nothing for %.0fs; failing %d request(s)", self.stage_id, where, SEND_TIMEOUT_S, len(ids)
         )
         for rid in dict.fromkeys(ids):
-            text = f"stage {self.stage_id} could not deliver to stage {stage_id} for {SEND_TIMEOUT_S:.0f}s"
+            text = f"stage {self.stage_id} could not deliver to {where} for {SEND_TIMEOUT_S:.0f}s"
             self._send_one(
                 self.events, ErrorEvent(request_id=rid, stage_id=self.stage_id, code="stage_unavailable", message=text)
             )
@@ -304,9 +309,11 @@ class Heartbeater(threading.Thread):
         last_alive: Callable[[], float],
         stop: threading.Event,
         stats: Callable[[], StageStats] | None = None,
+        replica: int = 0,
     ) -> None:
         super().__init__(name=f"stage{stage_id}-heartbeat", daemon=True)
         self.link, self.stage_id, self.interval_s, self.stale_s = link, stage_id, interval_s, stale_s
+        self.replica = replica
         self.last_alive, self.stop, self.stats = last_alive, stop, stats
 
     def run(self) -> None:
@@ -317,7 +324,7 @@ class Heartbeater(threading.Thread):
                 stats = None if self.stats is None else self.stats()
                 try:
                     self.link.send(
-                        Heartbeat(stage_id=self.stage_id, seq=seq, time=time.time(), stats=stats),
+                        Heartbeat(stage_id=self.stage_id, seq=seq, time=time.time(), stats=stats, replica=self.replica),
                         timeout=self.interval_s,
                     )
                 except TimeoutError:

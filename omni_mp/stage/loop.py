@@ -32,6 +32,7 @@ from omni_mp.stage.torch_profile import StepProfiler
 from omni_mp.wire.codec import Limits, PayloadError
 from omni_mp.wire.messages import (
     Abort,
+    BoundReplica,
     Connect,
     ErrorEvent,
     Message,
@@ -59,9 +60,12 @@ class StageLoop:
         input_link: MessageReceiver,
         events: MessageSender,
         heartbeat_link: MessageSender,
+        replica: int = 0,
     ) -> None:
         self.cfg = cfg
         self.stage = stage
+        self.replica = replica
+        self.downstream_ids = cfg.downstream(stage.id)
         self.engine = engine
         self.limits: Limits = cfg.limits
         self.processor = (
@@ -89,9 +93,9 @@ class StageLoop:
         # Entry stages prepare requests (media, prompt format, vLLM input processing) off this thread.
         self.preparer = None if stage.inputs else Preparer(stage, engine, self.inbox.put, self._stop)
         # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
-        shm: ShmPoolConfig | None = cfg.endpoints.shm if cfg.endpoints.transport == "ipc" else None
+        shm = link_pools(cfg, stage.id) if cfg.endpoints.transport == "ipc" else None
         self.input = InputPump(input_link, self.inbox, self._stop, stage.id)
-        self.output = OutputPump(ctx, events, self.limits, shm, self._stop, stage.id, self._sent)
+        self.output = OutputPump(ctx, events, self.limits, shm, self._stop, stage.id, self._sent, replica)
         timeouts = cfg.timeouts
         self.heart = Heartbeater(
             heartbeat_link,
@@ -101,6 +105,7 @@ class StageLoop:
             lambda: self._alive_at,
             self._stop,
             self.counters.snapshot,
+            replica,
         )
 
     # ---- outgoing -------------------------------------------------------------------------
@@ -135,6 +140,7 @@ class StageLoop:
             inputs=list(self.stage.inputs),
             ctx=RequestContext(speaker=msg.speaker, params=msg.params),
             hidden_to_client=msg.hidden_states,
+            targets=_targets(self.downstream_ids, msg.downstream_replicas),
         )
         self.requests[rid] = state
         try:  # checked at registration: a bad request fails before any stage works on it
@@ -203,7 +209,8 @@ class StageLoop:
             text="" if self.stage.final_output else None,
         )
         self._end(rid, in_engine=False)
-        self._queue(Outgoing(StageOutputBatch.pack([chunk]), to_events=self.stage.final_output, downstream=True))
+        batch = StageOutputBatch.pack([chunk])
+        self._queue(Outgoing(batch, to_events=self.stage.final_output, downstream=True, targets=state.targets))
         self._emit(self._done(state, SILENT_REASON, now))
 
     def _extend(self, state: StageRequestState) -> None:
@@ -334,10 +341,12 @@ class StageLoop:
         rows_for: set[str] = set()
         done: list[StageDone] = []
         rows = 0
+        targets_of: dict[str, tuple[tuple[int, int], ...]] = {}
         for out in outputs:
             state = self.requests.get(out.request_id)
             if state is None:  # ended while the step ran
                 continue
+            targets_of[out.request_id] = state.targets
             rows += 0 if out.hidden is None or out.hidden.last is None else out.hidden.last.shape[0]
             if (out.new_token_ids or out.info) and state.t_first_token is None:
                 state.t_first_token = now
@@ -368,7 +377,12 @@ class StageLoop:
         self.timeline.steps += 1
         if chunks:
             to_events = self.stage.final_output and not split
-            self._queue(Outgoing(StageOutputBatch.pack(chunks), to_events=to_events, downstream=True, step=step))
+            for targets, group in _by_targets(chunks, targets_of).items():  # one group per bound replica set
+                self._queue(
+                    Outgoing(
+                        StageOutputBatch.pack(group), to_events=to_events, downstream=True, step=step, targets=targets
+                    )
+                )
             if split:
                 self._queue(
                     Outgoing(StageOutputBatch.pack(chunks, rows_for), to_events=True, downstream=False, step=step)
@@ -407,6 +421,7 @@ class StageLoop:
             t_first_token=state.t_first_token,
             t_finished=now,
             finish_reason=finish_reason,
+            replica=self.replica,
         )
 
     def _expire(self, now: float) -> None:
@@ -447,3 +462,40 @@ class StageLoop:
         for thread in (self.input, self.output, self.preparer):
             if thread is not None and thread.error is not None:
                 raise RuntimeError(f"stage {self.stage.id}: {thread.name} failed") from thread.error
+
+
+def _by_targets(
+    chunks: list[StageOutputChunk], targets_of: dict[str, tuple[tuple[int, int], ...]]
+) -> dict[tuple[tuple[int, int], ...], list[StageOutputChunk]]:
+    """A step's chunks grouped by the downstream replicas their requests are bound to: one
+    message per group (with one replica per stage, the whole step in one message, as before)."""
+    groups: dict[tuple[tuple[int, int], ...], list[StageOutputChunk]] = {}
+    for chunk in chunks:
+        groups.setdefault(targets_of[chunk.request_id], []).append(chunk)
+    return groups
+
+
+def _targets(downstream: list[int], bound: list[BoundReplica]) -> tuple[tuple[int, int], ...]:
+    """The (stage, replica) links a request's outputs go to: its bound replica of each
+    downstream stage (replica 0 where none is named)."""
+    replica = {b.stage_id: b.replica for b in bound}
+    return tuple((d, replica.get(d, 0)) for d in downstream)
+
+
+MIN_POOL_BYTES = 16 * 2**20
+
+
+def link_pools(cfg: PipelineConfig, stage_id: int) -> dict[int, ShmPoolConfig]:
+    """Each downstream stage's links' shared-memory pool. A stage with R replicas gets R links
+    from each upstream replica, each with 1/R of `endpoints.shm` (at least MIN_POOL_BYTES): a
+    pool is prefaulted, so R full pools would pin R times the memory (at 64 x 64 replicas, 4160
+    links of 256 MiB: 1 TiB; benchmarks/replica_scaling.py), while a request's rows go to one
+    replica only."""
+    base = cfg.endpoints.shm
+    out = {}
+    for d in cfg.downstream(stage_id):
+        n = cfg.stage(d).replicas
+        capacity = max(base.capacity_bytes // n, min(base.capacity_bytes, MIN_POOL_BYTES))
+        slots = min(base.num_slots, max(base.num_slots // n, 16))
+        out[d] = msgspec.structs.replace(base, capacity_bytes=capacity, num_slots=slots)
+    return out

@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 
 from omni_mp.config.schema import StageConfig
-from omni_mp.utils.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, process_gpu_bytes
+from omni_mp.utils.devices import caller_devices
+from omni_mp.utils.gpu_memory import CUDA_CONTEXT_BYTES, GiB, MemoryBudgetError, nvml_indices, process_gpu_bytes
 
 
 def cap_gpu_memory(stage: StageConfig) -> str | None:
@@ -87,7 +88,10 @@ def check_gpu_memory(stage: StageConfig, used: dict[int, int] | None = None) -> 
 
         if not torch.cuda.is_available():
             return None
-        used = process_gpu_bytes(os.getpid(), stage.devices)
+        # This process sees its GPUs as CUDA_VISIBLE_DEVICES lists them (set by the
+        # coordinator: the caller's entries for `devices`); NVML numbers them its own way.
+        indices = nvml_indices(caller_devices(os.environ) or [str(d) for d in stage.devices])
+        used = None if indices is None else process_gpu_bytes(os.getpid(), indices)
         if used is None:
             used, source = torch_gpu_bytes(stage.devices), "PyTorch reserved"
     budget = int(stage.memory.gpu_gib * GiB)

@@ -36,6 +36,8 @@ class StageRequestState:
     t_started: float | None = None
     t_first_token: float | None = None
     hidden_to_client: bool = False  # a final stage streams this request's hidden rows to its client too
+    # The (downstream stage, replica) links its outputs go to (StageRequest.downstream_replicas).
+    targets: tuple[tuple[int, int], ...] = ()
 
     def add_upstream(self, chunk: StageOutputChunk) -> None:
         """Accumulate an upstream chunk; raises ProcessorError on inconsistent hidden states."""

@@ -58,6 +58,23 @@ def nvml() -> Iterator[Any]:
         pynvml.nvmlShutdown()
 
 
+def nvml_indices(entries: list[str]) -> list[int] | None:
+    """NVML's indices of CUDA_VISIBLE_DEVICES entries (omni_mp.utils.devices); None: NVML is
+    not available or an entry is not found."""
+    from omni_mp.utils.devices import nvml_index
+
+    with nvml() as pynvml:
+        if pynvml is None:
+            return None
+
+        def by_uuid(uuid: str) -> int | None:
+            return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(uuid)))
+
+        out = [nvml_index(e, by_uuid) for e in entries]
+        return None if any(i is None for i in out) else [i for i in out if i is not None]
+    return None
+
+
 def process_gpu_bytes(pid: int, devices: list[int]) -> dict[int, int] | None:
     """Bytes `pid` holds on each of `devices` (NVML indices), as the driver counts them: every
     allocation of the process (PyTorch's cached blocks, CUDA graph pools, the CUDA context,

@@ -37,11 +37,14 @@ __all__ = [
     "IMAGE_STEP_KEY",
     "SAMPLE_RATE_KEY",
     "MAX_BATCH",
+    "MAX_PROCESSES",
+    "MAX_REPLICAS",
     "MAX_STAGES",
     "MESSAGE_TYPES",
     "REQUEST_ID_PATTERN",
     "RequestParams",
     "Abort",
+    "BoundReplica",
     "AdditionalInformation",
     "AudioInput",
     "Connect",
@@ -85,6 +88,10 @@ __all__ = [
 MAX_BATCH = 8192
 # Stages of one pipeline (config.PipelineConfig checks it too): bounds every per-stage list.
 MAX_STAGES = 64
+# Replicas of one stage, and stage processes of one pipeline (replicas counted): bound the
+# per-process lists (links, status).
+MAX_REPLICAS = 64
+MAX_PROCESSES = 1024
 
 
 class TensorRef(msgspec.Struct, forbid_unknown_fields=True):
@@ -113,6 +120,8 @@ StageId = Annotated[int, Meta(ge=0, le=2**31)]
 # the bounds of token lists, strings and maps further; they are checked after decoding.
 TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_LIST_LENGTH)]
 PerStage = Meta(max_length=MAX_STAGES)
+PerProcess = Meta(max_length=MAX_PROCESSES)
+ReplicaIndex = Annotated[int, Meta(ge=0, lt=MAX_REPLICAS)]
 InfoValue = Tensor | Annotated[list[int], Meta(max_length=MAX_LIST_LENGTH)] | int | float | bool | str
 # Named tensors and scalars for the next stage (e.g. per-step hidden states, speaker).
 AdditionalInformation = Annotated[dict[str, InfoValue], Meta(max_length=MAX_INFO_ENTRIES)]
@@ -234,6 +243,13 @@ class MessageBase(
     which shared-memory regions a message holds without keeping the message alive.)"""
 
 
+class BoundReplica(msgspec.Struct, forbid_unknown_fields=True, array_like=True):
+    """A request's replica of one stage."""
+
+    stage_id: StageId
+    replica: ReplicaIndex
+
+
 class StageRequest(MessageBase):
     """Coordinator -> stage: register a request (every stage of the pipeline gets one); an
     entry stage also gets the prompt, as text (tokenized by the stage) or token ids."""
@@ -254,6 +270,9 @@ class StageRequest(MessageBase):
     # need agree; the stage adds it to its own monotonic clock on receipt.
     deadline_s: Annotated[float, Meta(ge=0.0, le=1e7)] | None = None
     hidden_states: bool = False  # a final stage sends its hidden rows to the client too (Submit.hidden_states)
+    # The replica of each downstream stage this request is bound to (omni_mp.control.router):
+    # its outputs go there only. A stage missing here: its replica 0.
+    downstream_replicas: Annotated[list[BoundReplica], PerStage] = []
     # Whether a stage this request runs on (downstream of this one) or the client reads this
     # stage's hidden rows: false lets a stage that captures them read its prefix cache.
     rows_wanted: bool = True
@@ -492,6 +511,7 @@ class Ready(MessageBase):
     stage_id: StageId
     pid: int
     info: StrMap = {}
+    replica: ReplicaIndex = 0
 
 
 Count = Annotated[int, Meta(ge=0)]
@@ -521,6 +541,7 @@ class Heartbeat(MessageBase):
     seq: int
     time: float
     stats: StageStats | None = None  # None while the engine starts
+    replica: ReplicaIndex = 0
 
 
 class Shutdown(MessageBase):
@@ -530,20 +551,22 @@ class Shutdown(MessageBase):
 class StageEndpoint(msgspec.Struct, forbid_unknown_fields=True):
     stage_id: StageId
     endpoint: str
+    replica: ReplicaIndex = 0
 
 
 class Connect(MessageBase):
     """Coordinator -> stage: send your outputs to these downstream stage inputs (again after
     a downstream stage restarted, possibly at a new address)."""
 
-    downstream: Annotated[list[StageEndpoint], PerStage]
+    downstream: Annotated[list[StageEndpoint], PerProcess]
 
 
 class Connected(MessageBase):
     """Stage -> coordinator: the links to these downstream stage inputs are open (after Connect)."""
 
     stage_id: StageId
-    downstream: Annotated[list[StageEndpoint], PerStage]
+    downstream: Annotated[list[StageEndpoint], PerProcess]
+    replica: ReplicaIndex = 0
 
 
 class StageDone(MessageBase):
@@ -558,6 +581,7 @@ class StageDone(MessageBase):
     t_first_token: float | None
     t_finished: float
     finish_reason: str | None = None
+    replica: ReplicaIndex = 0  # which replica of the stage ran it
     num_cached_tokens: int = 0  # prompt tokens read from the stage's prefix cache (of num_prompt_tokens)
 
 
@@ -639,11 +663,12 @@ class StageStatus(msgspec.Struct, forbid_unknown_fields=True):
     info: StrMap = {}
     stats: StageStats | None = None  # from the current run's latest heartbeat
     failed: str | None = None  # down for good (its restart budget spent): why it last died
+    replica: ReplicaIndex = 0  # which replica of the stage (StageConfig.replicas)
 
 
 class StatusReply(MessageBase):
     pipeline: str
-    stages: Annotated[list[StageStatus], PerStage]
+    stages: Annotated[list[StageStatus], PerProcess]  # one per replica of each stage
     inflight: int
     request_id: str | None = None  # the StatusRequest's
 
