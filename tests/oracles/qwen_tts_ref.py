@@ -1,0 +1,86 @@
+"""Runs INSIDE the qwen-tts reference venv (scripts/oracle_envs/qwen_tts.sh), never imported by
+omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "requests": [...]}
+(each {"kind": "custom_voice"|"voice_design"|"decode", ...}). OUT.npz: per request i, `codes_i`
+[frames, 16] int64 and `wav_i` float32 (24 kHz), plus `report` (JSON: the load's missing and
+unexpected tensors, per-request errors). Plain JSON/npz across the boundary, no pickle.
+
+fp32, greedy talker and code predictor, repetition penalty 1.0, one request per generate call
+(the reference left-pads batches, which a served request never sees).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import torch
+
+
+def _load(model_dir: str):
+    from transformers.modeling_utils import logging as hf_logging  # noqa: F401
+    from qwen_tts import Qwen3TTSModel
+
+    info: dict = {}
+    tts = Qwen3TTSModel.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=False)
+    # load check: every tensor of the checkpoint used, every parameter loaded
+    from safetensors import safe_open
+
+    for name, module, path in (
+        ("model", tts.model, f"{model_dir}/model.safetensors"),
+        ("speech_tokenizer", tts.model.speech_tokenizer.model, f"{model_dir}/speech_tokenizer/model.safetensors"),
+    ):
+        with safe_open(path, framework="pt") as fh:
+            stored = set(fh.keys())
+        own = set(k for k in module.state_dict() if not k.startswith("speech_tokenizer."))
+        info[name] = {"missing": sorted(own - stored), "unexpected": sorted(stored - own)}
+    return tts.model.eval(), tts, info
+
+
+GREEDY = dict(do_sample=False, subtalker_dosample=False, repetition_penalty=1.0, top_k=1, top_p=1.0,
+              subtalker_top_k=1, subtalker_top_p=1.0)
+
+
+def _codes(model, tts, req: dict) -> np.ndarray:
+    text_ids = tts._tokenize_texts([tts._build_assistant_text(req["text"])])
+    instruct = req.get("instruct") or ""
+    instruct_ids = [tts._tokenize_texts([tts._build_instruct_text(instruct)])[0] if instruct else None]
+    codes, _ = model.generate(
+        input_ids=text_ids,
+        instruct_ids=instruct_ids,
+        languages=[req.get("language", "auto")],
+        speakers=[req.get("speaker")] if req["kind"] == "custom_voice" else None,
+        non_streaming_mode=req.get("non_streaming_mode", True),
+        max_new_tokens=req["max_new_tokens"],
+        **GREEDY,
+    )
+    return codes[0].cpu().numpy().astype(np.int64)
+
+
+def _decode(model, codes: np.ndarray) -> np.ndarray:
+    wavs, _ = model.speech_tokenizer.decode([{"audio_codes": torch.from_numpy(codes)}])
+    return np.asarray(wavs[0], dtype=np.float32)
+
+
+def main() -> None:
+    spec = json.load(open(sys.argv[1]))
+    torch.manual_seed(0)
+    model, tts, info = _load(spec["model_dir"])
+    out: dict[str, np.ndarray] = {}
+    errors: dict[str, str] = {}
+    with torch.no_grad():
+        for i, req in enumerate(spec["requests"]):
+            try:
+                codes = np.asarray(req["codes"], dtype=np.int64) if req["kind"] == "decode" else _codes(model, tts, req)
+                out[f"codes_{i}"] = codes
+                out[f"wav_{i}"] = _decode(model, codes) if len(codes) else np.zeros(0, np.float32)
+            except Exception as e:  # reported, not raised: the caller names the request
+                errors[str(i)] = f"{type(e).__name__}: {e}"
+    info["errors"] = errors
+    info["versions"] = {"torch": torch.__version__, "transformers": __import__("transformers").__version__}
+    out["report"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
+    np.savez(sys.argv[2], **out)
+
+
+if __name__ == "__main__":
+    main()
