@@ -18,7 +18,6 @@ import torch
 
 
 def _load(model_dir: str):
-    from transformers.modeling_utils import logging as hf_logging  # noqa: F401
     from qwen_tts import Qwen3TTSModel
 
     info: dict = {}
@@ -37,8 +36,15 @@ def _load(model_dir: str):
     return tts.model.eval(), tts, info
 
 
-GREEDY = dict(do_sample=False, subtalker_dosample=False, repetition_penalty=1.0, top_k=1, top_p=1.0,
-              subtalker_top_k=1, subtalker_top_p=1.0)
+GREEDY = dict(
+    do_sample=False,
+    subtalker_dosample=False,
+    repetition_penalty=1.0,
+    top_k=1,
+    top_p=1.0,
+    subtalker_top_k=1,
+    subtalker_top_p=1.0,
+)
 
 
 def _codes(model, tts, req: dict) -> np.ndarray:

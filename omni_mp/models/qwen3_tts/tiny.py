@@ -37,7 +37,9 @@ TINY_BUILD = 1  # bump when the build changes without a spec change
 Shape = tuple[int, ...]
 
 
-def _decoder_layer(prefix: str, hidden: int, inter: int, heads: int, kv: int, head_dim: int) -> Iterator[tuple[str, Shape]]:
+def _decoder_layer(
+    prefix: str, hidden: int, inter: int, heads: int, kv: int, head_dim: int
+) -> Iterator[tuple[str, Shape]]:
     """A Qwen3 decoder layer (q/k norms on the head dim), the talker's and code predictor's."""
     yield f"{prefix}.self_attn.q_proj.weight", (heads * head_dim, hidden)
     yield f"{prefix}.self_attn.k_proj.weight", (kv * head_dim, hidden)
@@ -131,13 +133,16 @@ def _decoder_front_shapes(d: dict[str, Any]) -> Iterator[tuple[str, Shape]]:
     yield "decoder.pre_conv.conv.bias", (lat,)
     p = "decoder.pre_transformer"
     for i in range(d["num_hidden_layers"]):
-        l = f"{p}.layers.{i}"
+        lay = f"{p}.layers.{i}"
         yield from (
-            (k, s) for k, s in _decoder_layer(l, h, d["intermediate_size"], d["num_attention_heads"],
-                                              d["num_key_value_heads"], d["head_dim"]) if "_norm." not in k
+            (k, s)
+            for k, s in _decoder_layer(
+                lay, h, d["intermediate_size"], d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"]
+            )
+            if "_norm." not in k
         )
-        yield f"{l}.self_attn_layer_scale.scale", (h,)
-        yield f"{l}.mlp_layer_scale.scale", (h,)
+        yield f"{lay}.self_attn_layer_scale.scale", (h,)
+        yield f"{lay}.mlp_layer_scale.scale", (h,)
     yield f"{p}.norm.weight", (h,)
     yield f"{p}.input_proj.weight", (h, lat)
     yield f"{p}.input_proj.bias", (h,)
@@ -153,13 +158,30 @@ def _decoder_weights(spec: TinyTtsSpec) -> dict[str, Any]:
     from omni_mp.models.qwen3_omni.code2wav_weights import init_code2wav
 
     d = decoder_config(spec)
-    keys = ("codebook_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "intermediate_size", "sliding_window", "num_quantizers", "upsample_rates", "upsampling_ratios", "decoder_dim")
-    omni = Qwen3OmniMoeConfig(code2wav_config={k: d[k] for k in keys} | {"hidden_size": d["latent_dim"]}).code2wav_config
+    keys = (
+        "codebook_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "sliding_window",
+        "num_quantizers",
+        "upsample_rates",
+        "upsampling_ratios",
+        "decoder_dim",
+    )
+    omni = Qwen3OmniMoeConfig(
+        code2wav_config={k: d[k] for k in keys} | {"hidden_size": d["latent_dim"]}
+    ).code2wav_config
     torch.manual_seed(spec.seed)
     convs = Qwen3OmniMoeCode2Wav(omni).eval()
     init_code2wav(convs, spec.seed)  # audible (transformers' init is nearly silent)
-    state = {f"decoder.{k}": v.detach().clone() for k, v in convs.state_dict().items() if k.split(".")[0] in ("upsample", "decoder")}
+    state = {
+        f"decoder.{k}": v.detach().clone()
+        for k, v in convs.state_dict().items()
+        if k.split(".")[0] in ("upsample", "decoder")
+    }
     front = _draw(_decoder_front_shapes(d), spec.seed + 7, 1.0)
     for k, v in front.items():
         if k.endswith("cluster_usage"):
@@ -216,8 +238,19 @@ def _build(spec: TinyTtsSpec, out: Path) -> None:
     tok = _train_tokenizer(spec, out)  # type: ignore[arg-type]  # reads spec.tokenizer_vocab only
     ids = _token_ids(tok)
     _portable_tokenizer_config(out)
-    top = top_config(spec, {k: ids[k] for k in ("im_start_token_id", "im_end_token_id", "tts_pad_token_id",
-                                                "tts_bos_token_id", "tts_eos_token_id")})
+    top = top_config(
+        spec,
+        {
+            k: ids[k]
+            for k in (
+                "im_start_token_id",
+                "im_end_token_id",
+                "tts_pad_token_id",
+                "tts_bos_token_id",
+                "tts_eos_token_id",
+            )
+        },
+    )
     shapes: Iterator[tuple[str, Shape]] = _talker_shapes(top["talker_config"])
     state = _draw(shapes, spec.seed, spec.lm_init_std)
     if spec.variant == "base":
@@ -232,7 +265,9 @@ def _build(spec: TinyTtsSpec, out: Path) -> None:
 
 def build_tiny(spec: TinyTtsSpec, cache_dir: Path | None = None, *, verbose: bool = True) -> Path:
     """The tiny Qwen3-TTS checkpoint dir for `spec`, built once and cached."""
-    return build_cached(f"qwen3_tts-b{TINY_BUILD}", spec, lambda out: _build(spec, out), cache_dir=cache_dir, verbose=verbose)
+    return build_cached(
+        f"qwen3_tts-b{TINY_BUILD}", spec, lambda out: _build(spec, out), cache_dir=cache_dir, verbose=verbose
+    )
 
 
 def build_named(name: str) -> Path:

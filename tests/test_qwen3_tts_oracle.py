@@ -1,0 +1,90 @@
+"""The tiny Qwen3-TTS checkpoints (omni_mp.models.qwen3_tts.tiny, built without the reference)
+against the qwen-tts 0.1.1 reference in its own venv: it loads every tensor we write and no
+other, and its greedy fp32 generation on them is deterministic, audible, and conditioned by
+the preset voice, the language and the instructions (so a later code-for-code comparison of
+our engine against it can fail on each of those)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omni_mp.models.qwen3_tts.tiny import TINY_SPECS, build_tiny
+from omni_mp.models.qwen3_tts.tiny_config import NUM_CODE_GROUPS
+from tests.qwen3_tts_oracle import OracleRun, require_reference, run_reference
+
+FRAME_SAMPLES = 1920  # 24 kHz / 12.5 Hz
+MAX_NEW = 10  # talker steps; the reference returns MAX_NEW - 1 frames (the last code 0 is not expanded)
+
+VOICE = {
+    "kind": "custom_voice",
+    "text": "hello there, how are you?",
+    "speaker": "vivian",
+    "language": "english",
+    "instruct": "speak slowly and warmly",
+    "max_new_tokens": MAX_NEW,
+}
+
+
+@pytest.fixture(scope="module")
+def custom_voice() -> tuple[Path, OracleRun]:
+    require_reference()
+    model_dir = build_tiny(TINY_SPECS["tiny-qwen3-tts-custom-voice"])
+    requests = [
+        VOICE,
+        VOICE,  # same request again: deterministic
+        {**VOICE, "instruct": ""},  # no instructions
+        {**VOICE, "speaker": "ryan"},  # another preset voice
+        {**VOICE, "language": "chinese"},  # another language tag
+        {**VOICE, "non_streaming_mode": False},  # text fed one token per frame
+    ]
+    return model_dir, run_reference(model_dir, requests)
+
+
+def test_reference_loads_every_tensor_of_custom_voice(custom_voice: tuple[Path, OracleRun]) -> None:
+    report = custom_voice[1].report
+    assert report["errors"] == {}
+    for part in ("model", "speech_tokenizer"):
+        assert report[part] == {"missing": [], "unexpected": []}, part
+    assert report["versions"]["transformers"] == "4.57.3"
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-tts-voice-design", "tiny-qwen3-tts-base"])
+def test_reference_loads_every_tensor(name: str) -> None:
+    require_reference()
+    model_dir = build_tiny(TINY_SPECS[name])
+    requests = (
+        [
+            {
+                "kind": "voice_design",
+                "text": "good morning",
+                "instruct": "a deep calm voice",
+                "language": "english",
+                "max_new_tokens": 4,
+            }
+        ]
+        if "design" in name
+        else []
+    )
+    run = run_reference(model_dir, requests)
+    assert run.report["errors"] == {}
+    for part in ("model", "speech_tokenizer"):
+        assert run.report[part] == {"missing": [], "unexpected": []}, part
+    if requests:
+        assert run.codes[0].shape == (3, NUM_CODE_GROUPS)
+
+
+def test_reference_generation_is_deterministic_audible_and_conditioned(custom_voice: tuple[Path, OracleRun]) -> None:
+    run = custom_voice[1]
+    base, again, no_instruct, other_voice, other_lang, streamed_text = run.codes
+    assert base.shape == (MAX_NEW - 1, NUM_CODE_GROUPS)
+    np.testing.assert_array_equal(base, again)
+    np.testing.assert_array_equal(run.wavs[0], run.wavs[1])
+    for other in (no_instruct, other_voice, other_lang, streamed_text):
+        assert not np.array_equal(base, other)  # every prompt part reaches the codes
+    wav = run.wavs[0]
+    assert wav.shape == (base.shape[0] * FRAME_SAMPLES,)
+    rms = float(np.sqrt(np.mean(wav**2)))
+    assert 0.01 < rms < 0.9, rms  # audible and inside the clamp: a waveform comparison means something
