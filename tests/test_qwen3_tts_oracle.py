@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from omni_mp.models.qwen3_tts.prompt import TtsPromptBuilder, TtsPromptError, TtsRequest, assistant_text
 from omni_mp.models.qwen3_tts.tiny import TINY_SPECS, build_tiny
 from omni_mp.models.qwen3_tts.tiny_config import NUM_CODE_GROUPS
 from tests.qwen3_tts_oracle import OracleRun, require_reference, run_reference
@@ -28,19 +29,21 @@ VOICE = {
 }
 
 
+CUSTOM_REQUESTS = [
+    VOICE,
+    VOICE,  # same request again: deterministic
+    {**VOICE, "instruct": ""},  # no instructions
+    {**VOICE, "speaker": "ryan"},  # another preset voice
+    {**VOICE, "language": "chinese"},  # another language tag
+    {**VOICE, "non_streaming_mode": False},  # text fed one token per frame
+]
+
+
 @pytest.fixture(scope="module")
 def custom_voice() -> tuple[Path, OracleRun]:
     require_reference()
     model_dir = build_tiny(TINY_SPECS["tiny-qwen3-tts-custom-voice"])
-    requests = [
-        VOICE,
-        VOICE,  # same request again: deterministic
-        {**VOICE, "instruct": ""},  # no instructions
-        {**VOICE, "speaker": "ryan"},  # another preset voice
-        {**VOICE, "language": "chinese"},  # another language tag
-        {**VOICE, "non_streaming_mode": False},  # text fed one token per frame
-    ]
-    return model_dir, run_reference(model_dir, requests)
+    return model_dir, run_reference(model_dir, CUSTOM_REQUESTS)
 
 
 def test_reference_loads_every_tensor_of_custom_voice(custom_voice: tuple[Path, OracleRun]) -> None:
@@ -74,6 +77,7 @@ def test_reference_loads_every_tensor(name: str) -> None:
         assert run.report[part] == {"missing": [], "unexpected": []}, part
     if requests:
         assert run.codes[0].shape == (3, NUM_CODE_GROUPS)
+        _assert_rows_equal(model_dir, requests, run)
 
 
 def test_reference_generation_is_deterministic_audible_and_conditioned(custom_voice: tuple[Path, OracleRun]) -> None:
@@ -88,3 +92,54 @@ def test_reference_generation_is_deterministic_audible_and_conditioned(custom_vo
     assert wav.shape == (base.shape[0] * FRAME_SAMPLES,)
     rms = float(np.sqrt(np.mean(wav**2)))
     assert 0.01 < rms < 0.9, rms  # audible and inside the clamp: a waveform comparison means something
+
+
+def _request(req: dict) -> TtsRequest:
+    return TtsRequest(
+        text=req["text"],
+        voice=req.get("speaker") if req["kind"] == "custom_voice" else None,
+        language=req.get("language", "auto"),
+        instructions=req.get("instruct") or "",
+        text_streaming=not req.get("non_streaming_mode", True),
+    )
+
+
+ROW_TOL = 1e-5  # fp32, the same ops in another order: measured max |diff| ~1e-7
+
+
+def _assert_rows_equal(model_dir: Path, requests: list[dict], run: OracleRun) -> None:
+    builder = TtsPromptBuilder(model_dir)
+    for i, req in enumerate(requests):
+        rows = builder.rows(_request(req))
+        ref = run.extras[i]
+        assert builder.tokens(assistant_text(req["text"])) == ref["text_ids"].tolist(), i
+        np.testing.assert_allclose(rows.prompt.numpy(), ref["inputs_embeds"], atol=ROW_TOL, rtol=0, err_msg=str(i))
+        np.testing.assert_allclose(rows.steps.numpy(), ref["trailing_text_hidden"], atol=ROW_TOL, rtol=0)
+        np.testing.assert_allclose(rows.pad.numpy(), ref["tts_pad_embed"][0], atol=ROW_TOL, rtol=0)
+
+
+def test_prompt_rows_equal_the_reference_custom_voice(custom_voice: tuple[Path, OracleRun]) -> None:
+    model_dir, run = custom_voice
+    _assert_rows_equal(model_dir, CUSTOM_REQUESTS, run)
+
+
+def test_prompt_rows_equal_the_reference_dialect_voice() -> None:
+    require_reference()
+    model_dir = build_tiny(TINY_SPECS["tiny-qwen3-tts-custom-voice"])
+    requests = [
+        {**VOICE, "speaker": "dylan", "language": "auto", "max_new_tokens": 3},
+        {**VOICE, "speaker": "dylan", "language": "english", "max_new_tokens": 3},
+    ]
+    run = run_reference(model_dir, requests)
+    _assert_rows_equal(model_dir, requests, run)
+    assert not np.array_equal(run.extras[0]["inputs_embeds"][-20:], run.extras[1]["inputs_embeds"][-20:])
+
+
+def test_unknown_voice_and_language_and_empty_text_are_named() -> None:
+    builder = TtsPromptBuilder(build_tiny(TINY_SPECS["tiny-qwen3-tts-custom-voice"]))
+    with pytest.raises(TtsPromptError, match="unknown voice 'nobody'"):
+        builder.rows(TtsRequest(text="hi", voice="nobody"))
+    with pytest.raises(TtsPromptError, match="unknown language 'klingon'"):
+        builder.rows(TtsRequest(text="hi", voice="vivian", language="klingon"))
+    with pytest.raises(TtsPromptError, match="empty"):
+        builder.rows(TtsRequest(text="", voice="vivian"))

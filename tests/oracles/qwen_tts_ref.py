@@ -1,7 +1,9 @@
 """Runs INSIDE the qwen-tts reference venv (scripts/oracle_envs/qwen_tts.sh), never imported by
 omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "requests": [...]}
 (each {"kind": "custom_voice"|"voice_design"|"decode", ...}). OUT.npz: per request i, `codes_i`
-[frames, 16] int64 and `wav_i` float32 (24 kHz), plus `report` (JSON: the load's missing and
+[frames, 16] int64 and `wav_i` float32 (24 kHz), the talker's inputs as generate() builds them
+(`inputs_embeds_i` [rows, hidden], `trailing_text_hidden_i` [steps, hidden], `tts_pad_embed_i`
+[1, hidden]), plus `report` (JSON: the load's missing and
 unexpected tensors, per-request errors). Plain JSON/npz across the boundary, no pickle.
 
 fp32, greedy talker and code predictor, repetition penalty 1.0, one request per generate call
@@ -47,11 +49,38 @@ GREEDY = dict(
 )
 
 
-def _codes(model, tts, req: dict) -> np.ndarray:
+class _TalkerInputs:
+    """Records what generate() hands the talker: its prompt rows, the per-step text rows and the
+    pad row (the reference's own values, for a row-for-row comparison of our prompt builder)."""
+
+    def __init__(self, talker) -> None:
+        self.talker, self.inner, self.seen = talker, talker.generate, {}
+
+    def __call__(self, *args, **kwargs):
+        for key in ("inputs_embeds", "trailing_text_hidden", "tts_pad_embed"):
+            self.seen[key] = kwargs[key][0].detach().float().cpu().numpy()
+        return self.inner(*args, **kwargs)
+
+
+def _codes(model, tts, req: dict, record: dict) -> np.ndarray:
     text_ids = tts._tokenize_texts([tts._build_assistant_text(req["text"])])
     instruct = req.get("instruct") or ""
     instruct_ids = [tts._tokenize_texts([tts._build_instruct_text(instruct)])[0] if instruct else None]
-    codes, _ = model.generate(
+    recorder = _TalkerInputs(model.talker)
+    model.talker.generate = recorder  # an instance attribute of this oracle process only
+    try:
+        codes, _ = _generate(model, text_ids, instruct_ids, req)
+    finally:
+        del model.talker.generate
+    record.update(recorder.seen)
+    record["text_ids"] = text_ids[0][0].cpu().numpy().astype(np.int64)
+    if instruct_ids[0] is not None:
+        record["instruct_ids"] = instruct_ids[0][0].cpu().numpy().astype(np.int64)
+    return codes[0].cpu().numpy().astype(np.int64)
+
+
+def _generate(model, text_ids, instruct_ids, req: dict):
+    return model.generate(
         input_ids=text_ids,
         instruct_ids=instruct_ids,
         languages=[req.get("language", "auto")],
@@ -60,7 +89,6 @@ def _codes(model, tts, req: dict) -> np.ndarray:
         max_new_tokens=req["max_new_tokens"],
         **GREEDY,
     )
-    return codes[0].cpu().numpy().astype(np.int64)
 
 
 def _decode(model, codes: np.ndarray) -> np.ndarray:
@@ -77,7 +105,13 @@ def main() -> None:
     with torch.no_grad():
         for i, req in enumerate(spec["requests"]):
             try:
-                codes = np.asarray(req["codes"], dtype=np.int64) if req["kind"] == "decode" else _codes(model, tts, req)
+                record: dict = {}
+                codes = (
+                    np.asarray(req["codes"], dtype=np.int64)
+                    if req["kind"] == "decode"
+                    else _codes(model, tts, req, record)
+                )
+                out.update({f"{k}_{i}": v for k, v in record.items()})
                 out[f"codes_{i}"] = codes
                 out[f"wav_{i}"] = _decode(model, codes) if len(codes) else np.zeros(0, np.float32)
             except Exception as e:  # reported, not raised: the caller names the request
