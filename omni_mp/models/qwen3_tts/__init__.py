@@ -1,4 +1,40 @@
-"""Qwen3-TTS (the `qwen-tts` package's checkpoints): talker + code predictor -> 12 Hz codec decoder.
+"""Qwen3-TTS (the `qwen-tts` package's checkpoints: CustomVoice, VoiceDesign, Base): a talker with
+its code predictor, then a 12 Hz codec decoder. Facts and what differs from Qwen3-Omni:
+docs/qwen3_tts.md.
 
-Facts and differences from Qwen3-Omni: docs/models/qwen3_tts.md.
+- `tiny_config` / `tiny`: tiny checkpoints in the reference's on-disk format (tests).
+- `prompt`: the talker's prompt and step rows for a request (preset voice, language,
+  instructions), equal to the reference's.
+- `codec_decoder`: the speech tokenizer's decoder as a streaming window decoder
+  (`diffusion.model_type: qwen3_tts_codec`), Qwen3-Omni code2wav's streaming with its own front.
+
+Not yet: the talker as our vLLM model, the entry stage that builds its prompt, cloning (Base).
+This module only declares names (omni_mp.models.registry reads them).
 """
+
+from typing import Any
+
+from omni_mp.models.family import Family
+
+
+def _codec_decoder() -> Any:
+    from omni_mp.models.qwen3_tts.codec_decoder import TtsCodecDecoder
+
+    return TtsCodecDecoder.from_checkpoint
+
+
+def _tiny() -> Any:
+    from omni_mp.models.qwen3_tts.tiny import build_named
+
+    return build_named
+
+
+FAMILY = Family(
+    name="qwen3_tts",
+    diffusion_models={"qwen3_tts_codec": _codec_decoder},
+    builtin_models={
+        "tiny-qwen3-tts-custom-voice": _tiny,
+        "tiny-qwen3-tts-voice-design": _tiny,
+        "tiny-qwen3-tts-base": _tiny,
+    },
+)
