@@ -8,7 +8,10 @@ docs/qwen3_tts.md.
 - `codec_decoder`: the speech tokenizer's decoder as a streaming window decoder
   (`diffusion.model_type: qwen3_tts_codec`), Qwen3-Omni code2wav's streaming with its own front.
 
-Not yet: the talker as our vLLM model, the entry stage that builds its prompt, cloning (Base).
+- `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
+  (`model_part: qwen3_tts_talker`), loaded from a `talker_view` of the checkpoint.
+
+Not yet: the entry stage that builds the talker's prompt from a request, cloning (Base).
 This module only declares names (omni_mp.models.registry reads them).
 """
 
@@ -23,6 +26,12 @@ def _codec_decoder() -> Any:
     return TtsCodecDecoder.from_checkpoint
 
 
+def _talker() -> Any:
+    from omni_mp.models.qwen3_tts.vllm_hooks_talker import talker_engine_model
+
+    return talker_engine_model
+
+
 def _tiny() -> Any:
     from omni_mp.models.qwen3_tts.tiny import build_named
 
@@ -31,6 +40,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_tts",
+    model_parts={"qwen3_tts_talker": _talker},
     diffusion_models={"qwen3_tts_codec": _codec_decoder},
     builtin_models={
         "tiny-qwen3-tts-custom-voice": _tiny,
