@@ -6,7 +6,7 @@ omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "
 [1, hidden]), plus `report` (JSON: the load's missing and
 unexpected tensors, per-request errors). Plain JSON/npz across the boundary, no pickle.
 
-fp32, greedy talker and code predictor, repetition penalty 1.0, one request per generate call
+fp32, greedy talker and code predictor, repetition penalty 1.0 unless a request names one, one request per generate call
 (the reference left-pads batches, which a served request never sees).
 """
 
@@ -87,7 +87,7 @@ def _generate(model, text_ids, instruct_ids, req: dict):
         speakers=[req.get("speaker")] if req["kind"] == "custom_voice" else None,
         non_streaming_mode=req.get("non_streaming_mode", True),
         max_new_tokens=req["max_new_tokens"],
-        **GREEDY,
+        **(GREEDY | {"repetition_penalty": req.get("repetition_penalty", 1.0)}),
     )
 
 

@@ -11,7 +11,11 @@ docs/qwen3_tts.md.
 - `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
   (`model_part: qwen3_tts_talker`), loaded from a `talker_view` of the checkpoint.
 
-Not yet: the entry stage that builds the talker's prompt from a request, cloning (Base).
+- `prompt.PROMPT_FORMAT` (`prompt_format: qwen3_tts`): the entry talker stage's prompt rows from
+  a request's text, speaker (preset voice) and params (instructions, language).
+The talker -> decoder link is Qwen3-Omni's (`processor: qwen3_omni_code2wav`): the same rows.
+
+Not yet: the text-streaming prompt mode on a served stage, cloning (Base), HTTP /v1/audio/speech.
 This module only declares names (omni_mp.models.registry reads them).
 """
 
@@ -24,6 +28,12 @@ def _codec_decoder() -> Any:
     from omni_mp.models.qwen3_tts.codec_decoder import TtsCodecDecoder
 
     return TtsCodecDecoder.from_checkpoint
+
+
+def _prompt_format() -> Any:
+    from omni_mp.models.qwen3_tts.prompt import PROMPT_FORMAT
+
+    return PROMPT_FORMAT
 
 
 def _talker() -> Any:
@@ -40,6 +50,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_tts",
+    prompt_formats={"qwen3_tts": _prompt_format},
     model_parts={"qwen3_tts_talker": _talker},
     diffusion_models={"qwen3_tts_codec": _codec_decoder},
     builtin_models={

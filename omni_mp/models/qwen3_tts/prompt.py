@@ -15,7 +15,9 @@ CustomVoice (preset voices, instructions) and VoiceDesign (instructions, no voic
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,15 @@ import msgspec
 import torch
 import torch.nn.functional as F
 
+from omni_mp.engines.base import StageInput
 from omni_mp.models.checkpoint import load_prefixed, load_tensors
+from omni_mp.models.family import ChatPolicy
 
 TEXT_EMBED = "talker.model.text_embedding.weight"
 CODEC_EMBED = "talker.model.codec_embedding.weight"
 ASSISTANT_HEAD = 3  # `<|im_start|>assistant\n`: the text ids before the text itself
 TEXT_TAIL = 5  # `<|im_end|>\n<|im_start|>assistant\n`: the text ids after it
+CODEC_SPECIAL_RANGE = 1024  # the top codec ids the reference never samples (but eos)
 
 
 class TtsPromptError(ValueError):
@@ -139,3 +144,68 @@ class TtsPromptBuilder:
             parts.append((self.pad + bos)[None])
             steps = self.pad[None]
         return TtsRows(prompt=torch.cat(parts), steps=steps, pad=self.pad)
+
+
+# ---- the entry stage's prompt format (`prompt_format: qwen3_tts`) --------------------------------
+INSTRUCTIONS_PARAM = "instructions"  # Submit.params keys a request may set
+LANGUAGE_PARAM = "language"
+
+
+@functools.cache
+def _builder(model_dir: str) -> TtsPromptBuilder:
+    return TtsPromptBuilder(model_dir)
+
+
+class TtsPromptFormat:
+    """The talker stage's prompt format: the request's text is what to say, its speaker the preset
+    voice, `params` its instructions and language; the stage's input is the talker's prompt rows
+    (`embeds_prompt`: built here, not tokenized by the engine), every decode step then adding
+    T(tts_pad) (the reference wrappers' whole-text mode)."""
+
+    audio_rate = 24000
+    reply_end = None
+    chat = ChatPolicy()
+    embeds_prompt = True  # the entry stage takes `stage_input`'s embeddings, not rendered text
+
+    def max_audio_s(self, model_dir: str) -> float | None:
+        return None
+
+    def render(self, text: str, n_audio: int, n_image: int, system: str | None = None) -> str:
+        return assistant_text(text)  # what the talker reads (as text: never a chat turn)
+
+    def companions(self, params: Mapping[str, Any] | None) -> list[str]:
+        return []
+
+    def stage_input(self, model_dir: str, text: str, params: Mapping[str, Any] | None, voice: str | None) -> StageInput:
+        """The talker's input for one request (TtsPromptError names what is wrong)."""
+        params = params or {}
+        unknown = sorted(set(params) - {INSTRUCTIONS_PARAM, LANGUAGE_PARAM})
+        if unknown:
+            raise TtsPromptError(
+                f"unknown params {unknown}; Qwen3-TTS takes {INSTRUCTIONS_PARAM!r}, {LANGUAGE_PARAM!r}"
+            )
+        for key in (INSTRUCTIONS_PARAM, LANGUAGE_PARAM):
+            if key in params and not isinstance(params[key], str):
+                raise TtsPromptError(f"params[{key!r}] must be a string, got {type(params[key]).__name__}")
+        b = _builder(model_dir)
+        if voice is None and b.voices:
+            raise TtsPromptError(f"this model speaks in a preset voice: one of {sorted(b.voices)}")
+        req = TtsRequest(
+            text=text,
+            voice=voice,
+            language=params.get(LANGUAGE_PARAM, "auto"),
+            instructions=params.get(INSTRUCTIONS_PARAM, ""),
+        )
+        rows = b.rows(req)
+        t = b.talker_config
+        vocab, eos = int(t["vocab_size"]), int(t["codec_eos_token_id"])
+        return StageInput(
+            prompt_token_ids=[int(t["codec_pad_id"])] * rows.prompt.shape[0],
+            prompt_embeds=rows.prompt,
+            step_fill=rows.pad,  # whole-text mode: every step adds T(tts_pad) (steps == [pad])
+            stop_token_ids=[eos],
+            suppress_token_ids=[i for i in range(vocab - CODEC_SPECIAL_RANGE, vocab) if i != eos],
+        )
+
+
+PROMPT_FORMAT = TtsPromptFormat()
