@@ -176,6 +176,10 @@ class TtsPromptFormat:
     def companions(self, params: Mapping[str, Any] | None) -> list[str]:
         return []
 
+    def voices(self, model_dir: str) -> frozenset[str] | None:
+        """The preset voices a request may name (None: a model without presets)."""
+        return frozenset(_builder(model_dir).voices) or None
+
     def stage_input(self, model_dir: str, text: str, params: Mapping[str, Any] | None, voice: str | None) -> StageInput:
         """The talker's input for one request (TtsPromptError names what is wrong)."""
         params = params or {}
