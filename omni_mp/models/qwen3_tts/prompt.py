@@ -158,9 +158,9 @@ def _builder(model_dir: str) -> TtsPromptBuilder:
 
 class TtsPromptFormat:
     """The talker stage's prompt format: the request's text is what to say, its speaker the preset
-    voice, `params` its instructions and language; the stage's input is the talker's prompt rows
-    (`embeds_prompt`: built here, not tokenized by the engine), every decode step then adding
-    T(tts_pad) (the reference wrappers' whole-text mode)."""
+    voice (none given: the first preset by name), `params` its instructions and language; the
+    stage's input is the talker's prompt rows (`embeds_prompt`: built here, not tokenized by the
+    engine), every decode step then adding T(tts_pad) (the reference wrappers' whole-text mode)."""
 
     audio_rate = 24000
     reply_end = None
@@ -193,7 +193,7 @@ class TtsPromptFormat:
                 raise TtsPromptError(f"params[{key!r}] must be a string, got {type(params[key]).__name__}")
         b = _builder(model_dir)
         if voice is None and b.voices:
-            raise TtsPromptError(f"this model speaks in a preset voice: one of {sorted(b.voices)}")
+            voice = min(b.voices)  # the reference has no default preset: the first by name
         req = TtsRequest(
             text=text,
             voice=voice,
