@@ -26,7 +26,7 @@ from omni_mp.engines.base import EngineInputError, Extension
 from omni_mp.engines.diffusion.engine import DiffusionEngine
 from omni_mp.engines.diffusion.params import DiffusionStageConfig, StreamingConfig
 from omni_mp.models.registry import builtin_model
-from tests.launcher import engine_is_empty
+from tests.diffusion_driver import run, worker_streams
 from tests.qwen3_tts_oracle import require_reference, run_reference
 
 ONE_SHOT_ATOL = 1e-5
@@ -84,36 +84,6 @@ def engine(model_dir: Path):
     eng.shutdown()
 
 
-def run(eng: DiffusionEngine, feeds: dict[str, list[int]], per_step: dict[str, int], stream: bool = True):
-    """Feed each request `per_step[rid]` codes before every engine step until all are in, step
-    until idle: audio chunks and finish reasons per request, the requests of each step."""
-    fed = {}
-    for rid, ids in feeds.items():
-        n = per_step[rid]
-        eng.submit(rid, ids[:n], closed=n >= len(ids), stream=stream)
-        fed[rid] = min(n, len(ids))
-    audio: dict[str, list[torch.Tensor]] = {}
-    reasons: dict[str, str | None] = {}
-    batches: list[set[str]] = []
-    for _ in range(10_000):
-        for rid, ids in feeds.items():
-            if fed[rid] < len(ids) and rid in eng.batcher.requests:
-                n = min(per_step[rid], len(ids) - fed[rid])
-                eng.extend(rid, Extension(input_ids=ids[fed[rid] : fed[rid] + n], closed=fed[rid] + n == len(ids)))
-                fed[rid] += n
-        if engine_is_empty(eng):
-            return audio, reasons, batches
-        outs, _ = eng.step()
-        batches.append({o.request_id for o in outs if o.info is not None})
-        for o in outs:
-            if o.info is not None:
-                audio.setdefault(o.request_id, []).append(torch.as_tensor(o.info["audio"]))
-            if o.finished:
-                reasons[o.request_id] = o.finish_reason
-        reasons.update(eng.take_failed())
-    raise AssertionError("engine did not go idle")
-
-
 def test_one_shot_equals_the_reference(engine: DiffusionEngine, reference) -> None:
     codes, want = reference["spoken"]
     assert float(np.sqrt(np.mean(want**2))) > 0.03  # audible: the comparison means something
@@ -157,8 +127,7 @@ def test_eight_batched_requests_each_equal_their_reference(engine: DiffusionEngi
     for rid in LENGTHS:
         want = torch.from_numpy(reference[rid][1])
         torch.testing.assert_close(torch.cat(audio[rid]), want, atol=STREAM_ATOL, rtol=0, msg=rid)
-    streams = set(engine.driver.core.collective_rpc(lambda w: set(w.model_runner.model.streams))[0])
-    assert not streams  # every request's keys, values and kept inputs are gone
+    assert not worker_streams(engine)  # every request's keys, values and kept inputs are gone
 
 
 def test_out_of_range_code_is_refused_naming_it_and_others_go_on(engine: DiffusionEngine, reference) -> None:

@@ -67,6 +67,23 @@ class CodecFront(nn.Module):
         return self.input_proj(self.pre_conv(x).transpose(1, 2))
 
 
+_OMNI_KEYS = (
+    "codebook_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "sliding_window", "num_quantizers", "upsample_rates", "upsampling_ratios", "decoder_dim",
+    "max_position_embeddings", "rms_norm_eps", "layer_scale_initial_scale",
+)  # fmt: skip
+
+
+def omni_code2wav_config(decoder: dict[str, Any], hidden: int) -> Any:
+    """A Qwen3-Omni code2wav config (transformers') of this decoder's sizes at width `hidden`:
+    its modules are the decoder's past the front (the tiny builder draws them from it too)."""
+    from transformers import Qwen3OmniMoeConfig
+
+    rope = {"rope_type": "default", "rope_theta": float(decoder.get("rope_theta", 10000.0))}
+    base = {k: decoder[k] for k in _OMNI_KEYS if k in decoder} | {"rope_parameters": rope, "hidden_size": hidden}
+    return Qwen3OmniMoeConfig(code2wav_config=base).code2wav_config
+
+
 def _linear(state: dict[str, torch.Tensor], prefix: str) -> nn.Linear:
     w, b = state[prefix + "weight"], state[prefix + "bias"]
     lin = nn.Linear(w.shape[1], w.shape[0])
@@ -89,7 +106,6 @@ class TtsCodecDecoder(Code2WavModel):
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> TtsCodecDecoder:
-        from transformers import Qwen3OmniMoeConfig
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             Qwen3OmniMoeCode2Wav,
             Qwen3OmniMoeCode2WavTransformerModel,
@@ -97,27 +113,8 @@ class TtsCodecDecoder(Code2WavModel):
 
         tok_dir = Path(model_dir) / "speech_tokenizer"
         d = json.loads((tok_dir / "config.json").read_text())["decoder_config"]
-        keys = (
-            "codebook_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "intermediate_size",
-            "sliding_window",
-            "num_quantizers",
-            "upsample_rates",
-            "upsampling_ratios",
-            "decoder_dim",
-            "max_position_embeddings",
-            "rms_norm_eps",
-            "layer_scale_initial_scale",
-        )
-        base = {k: d[k] for k in keys if k in d} | {
-            "rope_parameters": {"rope_type": "default", "rope_theta": float(d.get("rope_theta", 10000.0))}
-        }
         # The convolutions run at latent_dim; the transformer at hidden_size (Qwen3-Omni: one width).
-        convs_cfg = Qwen3OmniMoeConfig(code2wav_config=base | {"hidden_size": d["latent_dim"]}).code2wav_config
-        tr_cfg = Qwen3OmniMoeConfig(code2wav_config=base | {"hidden_size": d["hidden_size"]}).code2wav_config
+        convs_cfg, tr_cfg = omni_code2wav_config(d, d["latent_dim"]), omni_code2wav_config(d, d["hidden_size"])
         if "head_dim" in d:
             tr_cfg.head_dim = d["head_dim"]
         for cfg in (convs_cfg, tr_cfg):

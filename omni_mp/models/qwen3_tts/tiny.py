@@ -152,28 +152,13 @@ def _decoder_front_shapes(d: dict[str, Any]) -> Iterator[tuple[str, Shape]]:
 
 def _decoder_weights(spec: TinyTtsSpec) -> dict[str, Any]:
     import torch
-    from transformers import Qwen3OmniMoeConfig
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
     from omni_mp.models.qwen3_omni.code2wav_weights import init_code2wav
+    from omni_mp.models.qwen3_tts.codec_decoder import omni_code2wav_config
 
     d = decoder_config(spec)
-    keys = (
-        "codebook_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "intermediate_size",
-        "sliding_window",
-        "num_quantizers",
-        "upsample_rates",
-        "upsampling_ratios",
-        "decoder_dim",
-    )
-    omni = Qwen3OmniMoeConfig(
-        code2wav_config={k: d[k] for k in keys} | {"hidden_size": d["latent_dim"]}
-    ).code2wav_config
+    omni = omni_code2wav_config(d, d["latent_dim"])
     torch.manual_seed(spec.seed)
     convs = Qwen3OmniMoeCode2Wav(omni).eval()
     init_code2wav(convs, spec.seed)  # audible (transformers' init is nearly silent)
