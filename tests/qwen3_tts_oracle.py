@@ -62,6 +62,13 @@ def run_reference(model_dir: Path, requests: list[dict[str, Any]], timeout: floa
         report = json.loads(bytes(z["report"]).decode())
         codes = [z[f"codes_{i}"] if f"codes_{i}" in z.files else np.zeros((0, 16), np.int64) for i in range(n)]
         wavs = [z[f"wav_{i}"] if f"wav_{i}" in z.files else np.zeros(0, np.float32) for i in range(n)]
-        keys = ("inputs_embeds", "trailing_text_hidden", "tts_pad_embed", "text_ids", "instruct_ids")
+        keys = (
+            "inputs_embeds",
+            "trailing_text_hidden",
+            "tts_pad_embed",
+            "text_ids",
+            "instruct_ids",
+            "speaker_embedding",
+        )
         extras = [{k: z[f"{k}_{i}"] for k in keys if f"{k}_{i}" in z.files} for i in range(n)]
     return OracleRun(codes, wavs, extras, report)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from omni_mp.models.qwen3_tts.prompt import TtsPromptBuilder, TtsPromptError, TtsRequest, assistant_text
 from omni_mp.models.qwen3_tts.tiny import TINY_SPECS, build_tiny
@@ -104,6 +105,7 @@ def _request(req: dict) -> TtsRequest:
     )
 
 
+XVEC_TOL = 1e-4  # x-vector and the rows with it: fp32 STFT, mel and convolutions in another order
 ROW_TOL = 1e-5  # fp32, the same ops in another order: measured max |diff| ~1e-7
 
 
@@ -143,3 +145,25 @@ def test_unknown_voice_and_language_and_empty_text_are_named() -> None:
         builder.rows(TtsRequest(text="hi", voice="vivian", language="klingon"))
     with pytest.raises(TtsPromptError, match="empty"):
         builder.rows(TtsRequest(text="", voice="vivian"))
+
+
+def test_clone_xvector_embedding_and_prompt_rows_equal_the_reference() -> None:
+    """Base, x-vector cloning: our speaker encoder (transformers' ECAPA-TDNN with the checkpoint's
+    weights, our log-mel) gives the reference's x-vector for a 24 kHz clip, and the prompt rows
+    with it in the speaker slot are the reference's."""
+    from omni_mp.models.qwen3_tts.speaker import SpeakerEncoder
+
+    require_reference()
+    model_dir = build_tiny(TINY_SPECS["tiny-qwen3-tts-base"])
+    t = np.arange(24000 * 2) / 24000
+    clip = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    req = {"kind": "clone_xvector", "text": "hello there, how are you?", "language": "english",
+           "ref_audio": clip.tolist(), "max_new_tokens": 4}  # fmt: skip
+    run = run_reference(model_dir, [req])
+    assert run.report["errors"] == {}
+    want = run.extras[0]["speaker_embedding"]
+    got = SpeakerEncoder(model_dir).embed(torch.from_numpy(clip))
+    assert float(np.abs(want).max()) > 0.01  # the x-vector is not trivially small
+    np.testing.assert_allclose(got.numpy(), want, atol=XVEC_TOL, rtol=0)
+    rows = TtsPromptBuilder(model_dir).rows(TtsRequest(text=req["text"], language="english", speaker_embedding=got))
+    np.testing.assert_allclose(rows.prompt.numpy(), run.extras[0]["inputs_embeds"], atol=XVEC_TOL, rtol=0)

@@ -69,7 +69,7 @@ def _codes(model, tts, req: dict, record: dict) -> np.ndarray:
     recorder = _TalkerInputs(model.talker)
     model.talker.generate = recorder  # an instance attribute of this oracle process only
     try:
-        codes, _ = _generate(model, text_ids, instruct_ids, req)
+        codes, _ = _generate(model, text_ids, instruct_ids, req, _clone_prompt(tts, req, record))
     finally:
         del model.talker.generate
     record.update(recorder.seen)
@@ -79,8 +79,19 @@ def _codes(model, tts, req: dict, record: dict) -> np.ndarray:
     return codes[0].cpu().numpy().astype(np.int64)
 
 
-def _generate(model, text_ids, instruct_ids, req: dict):
+def _clone_prompt(tts, req: dict, record: dict) -> dict | None:
+    """Base, x-vector mode: the reference clip's speaker embedding as the reference computes it."""
+    if req["kind"] != "clone_xvector":
+        return None
+    clip = (np.asarray(req["ref_audio"], dtype=np.float32), int(req.get("ref_rate", 24000)))
+    items = tts.create_voice_clone_prompt(ref_audio=clip, x_vector_only_mode=True)
+    record["speaker_embedding"] = items[0].ref_spk_embedding.detach().float().cpu().numpy()
+    return tts._prompt_items_to_voice_clone_prompt(items)
+
+
+def _generate(model, text_ids, instruct_ids, req: dict, clone: dict | None = None):
     return model.generate(
+        voice_clone_prompt=clone,
         input_ids=text_ids,
         instruct_ids=instruct_ids,
         languages=[req.get("language", "auto")],

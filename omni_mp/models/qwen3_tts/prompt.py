@@ -46,6 +46,9 @@ class TtsRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     language: str = "auto"
     instructions: str = ""
     text_streaming: bool = False  # the reference's non_streaming_mode=False
+    # Base, x-vector cloning: the reference clip's speaker embedding (omni_mp.models.qwen3_tts.speaker)
+    # in the preset voice's place; a float32 [hidden] tensor.
+    speaker_embedding: Any = None
 
 
 class TtsRows(msgspec.Struct, frozen=True):
@@ -132,7 +135,12 @@ class TtsPromptBuilder:
             parts.append(self.text_rows(self.tokens(instruction_text(req.instructions))))
         parts.append(self.text_rows(ids[:ASSISTANT_HEAD]))
         track = self._codec_track(req)
-        parts.append(self.pad + self.codec_rows(track))
+        track_rows = self.codec_rows(track)
+        if req.speaker_embedding is not None:  # cloned: the x-vector is the speaker row
+            if req.voice:
+                raise TtsPromptError("a cloned voice and a preset voice at once")
+            track_rows = torch.cat([track_rows, req.speaker_embedding.float()[None]])
+        parts.append(self.pad + track_rows)
         parts.append((self.bos + self.codec_rows([t["codec_pad_id"]])[0])[None])
         bos = self.codec_rows([t["codec_bos_id"]])[0]
         if req.text_streaming:
