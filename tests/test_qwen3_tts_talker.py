@@ -3,7 +3,8 @@ CPU engine, the code predictor inside its step) fed the prompt and step rows of 
 builder (omni_mp.models.qwen3_tts.prompt), against the qwen-tts 0.1.1 reference (its own venv) on
 the tiny CustomVoice and VoiceDesign checkpoints, fp32, greedy talker and code predictor, no
 repetition penalty: every frame's 16 codes equal the reference's, for a preset voice with
-instructions, the other prompt forms, a designed voice, and 8 requests run concurrently.
+instructions, the other prompt forms, a designed voice, a voice cloned from a clip's x-vector
+(Base), and 8 requests run concurrently.
 
 The reference's `max_new_tokens = N` gives N - 1 frames (its last code 0 is never expanded); our
 engine with `max_tokens = N` samples N codes 0 and completes N - 1 frames, the same ones.
@@ -51,8 +52,32 @@ DESIGN = {
 }
 
 
-def _request(req: dict) -> TtsRequest:
+def _clip() -> np.ndarray:
+    """A 2 s 24 kHz reference clip: a modulated 220 Hz tone."""
+    t = np.arange(24000 * 2) / 24000
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+
+
+CLONE = {
+    "cloned": {
+        "kind": "clone_xvector",
+        "text": "hello there, how are you?",
+        "language": "english",
+        "ref_audio": _clip().tolist(),
+        "max_new_tokens": MAX_NEW,
+    },  # fmt: skip
+}
+
+
+def _request(req: dict, model_dir: Path | None = None) -> TtsRequest:
+    embedding = None
+    if req["kind"] == "clone_xvector":
+        from omni_mp.models.qwen3_tts.speaker import SpeakerEncoder
+
+        assert model_dir is not None
+        embedding = SpeakerEncoder(model_dir).embed(torch.tensor(req["ref_audio"]))
     return TtsRequest(
+        speaker_embedding=embedding,
         text=req["text"],
         voice=req.get("speaker") if req["kind"] == "custom_voice" else None,
         language=req.get("language", "auto"),
@@ -70,7 +95,12 @@ class Case:
 def cases() -> dict[str, Case]:
     require_reference()
     out: dict[str, Case] = {}
-    for name, reqs in (("tiny-qwen3-tts-custom-voice", CUSTOM), ("tiny-qwen3-tts-voice-design", DESIGN)):
+    named = (
+        ("tiny-qwen3-tts-custom-voice", CUSTOM),
+        ("tiny-qwen3-tts-voice-design", DESIGN),
+        ("tiny-qwen3-tts-base", CLONE),
+    )
+    for name, reqs in named:
         model_dir = builtin_model(name)
         run = run_reference(model_dir, list(reqs.values()))
         assert run.report["errors"] == {}
@@ -107,7 +137,7 @@ class Talk:
 
     def __init__(self, engine: Any, rid: str, case: Case) -> None:
         builder = _builder(case.model_dir)
-        rows = builder.rows(_request(case.req))
+        rows = builder.rows(_request(case.req, case.model_dir))
         t = builder.talker_config
         vocab, eos = int(t["vocab_size"]), int(t["codec_eos_token_id"])
         self.rid, self.case, self.prompt_len = rid, case, rows.prompt.shape[0]
@@ -170,6 +200,16 @@ def test_codes_equal_the_reference_custom_voice(custom_engine: Any, cases: dict[
 
 def test_codes_equal_the_reference_voice_design(design_engine: Any, cases: dict[str, Case]) -> None:
     talk(design_engine, [Talk(design_engine, "designed", cases["designed"])])
+
+
+@pytest.fixture(scope="module")
+def base_engine() -> Iterator[Any]:
+    yield from _engine("tiny-qwen3-tts-base")
+
+
+def test_codes_equal_the_reference_cloned_voice(base_engine: Any, cases: dict[str, Case]) -> None:
+    """Base, x-vector cloning: our speaker encoder's x-vector in the speaker slot."""
+    talk(base_engine, [Talk(base_engine, "cloned", cases["cloned"])])
 
 
 def test_eight_concurrent_requests_each_equal_their_reference(custom_engine: Any, cases: dict[str, Case]) -> None:
