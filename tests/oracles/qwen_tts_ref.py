@@ -1,6 +1,6 @@
 """Runs INSIDE the qwen-tts reference venv (scripts/oracle_envs/qwen_tts.sh), never imported by
 omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "requests": [...]}
-(each {"kind": "custom_voice"|"voice_design"|"decode", ...}). OUT.npz: per request i, `codes_i`
+(each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"decode", ...}). OUT.npz: per request i, `codes_i`
 [frames, 16] int64 and `wav_i` float32 (24 kHz), the talker's inputs as generate() builds them
 (`inputs_embeds_i` [rows, hidden], `trailing_text_hidden_i` [steps, hidden], `tts_pad_embed_i`
 [1, hidden]), plus `report` (JSON: the load's missing and

@@ -5,6 +5,7 @@ docs/qwen3_tts.md.
 - `tiny_config` / `tiny`: tiny checkpoints in the reference's on-disk format (tests).
 - `prompt`: the talker's prompt and step rows for a request (preset voice, language,
   instructions), equal to the reference's.
+- `speaker`: Base's speaker encoder (x-vector cloning), equal to the reference's.
 - `codec_decoder`: the speech tokenizer's decoder as a streaming window decoder
   (`diffusion.model_type: qwen3_tts_codec`), Qwen3-Omni code2wav's streaming with its own front.
 
