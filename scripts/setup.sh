@@ -25,6 +25,20 @@ if [[ ! -f $CLIENTS/.omni_mp_setup || $(cat "$CLIENTS/.omni_mp_setup") != "$clie
   echo "[setup]   done in $(( $(date +%s) - t0 ))s"
 fi
 
+# The Qwen3-TTS oracle's reference (qwen-tts 0.1.1 pins transformers 4.57.3): a venv of its own,
+# built by scripts/oracle_envs/qwen_tts.sh (measured: 51 s here, 1.9 GB on disk; gradio and its deps);
+# tests/test_qwen3_tts_*.py skip, naming it, when it is absent.
+QWEN_TTS=${OMNI_MP_QWEN_TTS_VENV:-$ROOT/.venv-qwen-tts}
+qwen_tts_want=$(sha256sum scripts/oracle_envs/qwen_tts.sh | cut -c1-16)
+if [[ ! -f $QWEN_TTS/.omni_mp_setup || $(cat "$QWEN_TTS/.omni_mp_setup") != "$qwen_tts_want" ]]; then
+  echo "[setup] building $QWEN_TTS (scripts/oracle_envs/qwen_tts.sh) ..."
+  t0=$(date +%s)
+  rm -rf "$QWEN_TTS"
+  PYTHON="$PY" bash scripts/oracle_envs/qwen_tts.sh "$QWEN_TTS"
+  echo "$qwen_tts_want" > "$QWEN_TTS/.omni_mp_setup"
+  echo "[setup]   done in $(( $(date +%s) - t0 ))s"
+fi
+
 if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
   exit 0
 fi

@@ -84,10 +84,11 @@ def test_builtin_names_match_the_builders() -> None:
     from omni_mp.models.qwen2_5_omni import tiny as omni_tiny
     from omni_mp.models.qwen3_omni import tiny as q3_tiny
     from omni_mp.models.qwen3_omni import tiny_code2wav as q3_c2w
+    from omni_mp.models.qwen3_tts import tiny as tts_tiny
     from omni_mp.models.qwen_image import tiny as image_tiny
 
     specs = {*tiny.BUILTIN_SPECS, *omni_tiny.TOKEN2WAV_SPECS, *omni_tiny.OMNI_SPECS, *image_tiny.SPECS}
-    specs |= {*q3_tiny.TINY_SPECS, *q3_c2w.TINY_CODE2WAV_SPECS}
+    specs |= {*q3_tiny.TINY_SPECS, *q3_c2w.TINY_CODE2WAV_SPECS, *tts_tiny.TINY_SPECS}
     assert set(registry.names("builtin_models")) == specs
 
 

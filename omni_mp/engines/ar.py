@@ -301,10 +301,12 @@ class AREngine:
         hooked = None
         if self.hooked:
             hooked = HookedRequest(prompt_len=prompt_len, positions=positions, rows_wanted=stage_input.rows_wanted)
-            if stage_input.step_embeds:
+            if stage_input.step_embeds or stage_input.step_fill is not None:
                 fill = stage_input.step_fill
                 fill = torch.zeros(self.inputs_embeds_size) if fill is None else fill
                 hooked.step_embeds = RowStream(fill=self._check_embeds("step embeddings", fill[None])[0])
+                if not stage_input.step_embeds:  # a fill alone: every step takes it, no rows to wait for
+                    hooked.step_embeds.close()
         companions = []
         if stage_input.companions:
             # Each companion is a sequence of its own whose hidden rows follow the prompt's:

@@ -34,7 +34,8 @@ class StageInput(msgspec.Struct):
     multi_modal: dict[str, list[Any]] | None = None  # vLLM multi_modal_data of an entry stage
     positions: tuple[torch.Tensor, int] | None = None  # M-RoPE prompt positions [3, p] and later offset
     # Stages fed per-step embeddings: decode steps take extra rows (`Extension.step_rows`);
-    # `step_fill` is the row of every step after the stream's last one (None: zeros).
+    # `step_fill` is the row of every step after the stream's last one (None: zeros); given
+    # without `step_embeds`, every decode step takes it (no rows stream in).
     step_embeds: bool = False
     step_fill: torch.Tensor | None = None
     stop_token_ids: list[int] = []  # added to the request's sampling parameters

@@ -181,6 +181,12 @@ def check_voice(voice: str, view: PipelineView, param: str) -> None:
 def parse_chat(req: ChatCompletionRequest, ctx: ChatContext) -> ChatJob:
     """Validate what the schema cannot, render the conversation, map sampling onto the stages."""
     view = ctx.view
+    if view.speech_only:
+        raise bad_request(
+            f"pipeline {view.cfg.name!r} does not chat: it speaks the text it is given (POST /v1/audio/speech)",
+            "model",
+            "unsupported_value",
+        )
     if view.text_stage is None:
         raise bad_request(
             f"pipeline {view.cfg.name!r} does not chat (it makes images: POST /v1/images/generations)",

@@ -47,10 +47,21 @@ class PipelineView:
     audio_stage: StageConfig | None
     image_stage: StageConfig | None = None
     voices: list[str] = field(default_factory=list)  # from the stages once they serve (voices_of)
+    # A text-to-speech model (Qwen3-TTS): its entry stage speaks the request's text as given
+    # (its prompt format builds the input), so /v1/audio/speech only; no chat.
+    speech_only: bool = False
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> PipelineView:
+        from omni_mp.models.registry import prompt_format
+
         finals = cfg.final_stages
+        entries = [s for s in cfg.entry_stages if s.prompt_format is not None]
+        if entries and all(getattr(prompt_format(s.prompt_format), "embeds_prompt", False) for s in entries):  # type: ignore[arg-type]
+            audio_only = [s for s in finals if s.kind == "diffusion" and not makes_images(s.diffusion.model_type)]
+            if not audio_only:
+                raise ValueError(f"pipeline {cfg.name!r}: a speech model with no final audio stage")
+            return cls(cfg, None, audio_only[0], speech_only=True)
         # The text answer: a final AR stage that takes the client's prompt (an omni thinker,
         # whatever checkpoint part it runs), else a final AR stage of a whole checkpoint.
         text = [s for s in finals if s.kind == "ar" and not s.inputs]

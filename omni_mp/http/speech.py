@@ -1,5 +1,9 @@
 """POST /v1/audio/speech: the model speaks exactly `input`.
 
+A speech model (PipelineView.speech_only: Qwen3-TTS) takes `input` as its prompt, `voice` as its
+preset voice and `instructions` as how to speak (its entry stage's prompt format builds the
+talker's input from them). An omni model:
+
 The thinker is not asked to read the text (it would answer it): the text goes in as the
 assistant's turn (Submit.forced_reply) after a user turn asking for it (SPEECH_REQUEST), so the
 thinker stage prefills it as if it had written it and generates only the turn's end; the
@@ -46,6 +50,7 @@ class SpeechJob:
     fmt: str
     sse: bool
     speed: float
+    params: dict[str, str] | None = None  # a speech model's (Qwen3-TTS): its instructions
 
 
 class SpeechDelta(msgspec.Struct):
@@ -72,7 +77,7 @@ _NO_INSTRUCTIONS = (
 
 def parse_speech(req: SpeechRequest, view: PipelineView, voices: Voices) -> SpeechJob:
     """Validate what the schema cannot; every refusal names its field."""
-    if view.audio_stage is None or view.text_stage is None:
+    if view.audio_stage is None or (view.text_stage is None and not view.speech_only):
         raise bad_request(f"pipeline {view.cfg.name!r} cannot speak", "model", "unsupported_value")
     if not req.input.strip():
         raise bad_request("`input` has no text to speak", "input")
@@ -90,6 +95,9 @@ def parse_speech(req: SpeechRequest, view: PipelineView, voices: Voices) -> Spee
     speed = 1.0 if req.speed is None else req.speed
     if not MIN_SPEED <= speed <= MAX_SPEED:
         raise bad_request(f"speed {speed}: from {MIN_SPEED} to {MAX_SPEED}", "speed")
+    if view.speech_only:  # the model speaks `input` itself, in the voice and manner asked
+        params = {"instructions": req.instructions.strip()} if req.instructions and req.instructions.strip() else None
+        return SpeechJob(req.input, req.input, voice, fmt, stream == "sse", speed, params)
     if req.instructions and req.instructions.strip():
         raise bad_request(_NO_INSTRUCTIONS, "instructions", "unsupported_value")
     prompt = SPEECH_REQUEST.format(input=req.input)
@@ -99,7 +107,12 @@ def parse_speech(req: SpeechRequest, view: PipelineView, voices: Voices) -> Spee
 def _usage(view: PipelineView, timings: list[StageDone]) -> Usage:
     """The thinker's tokens in (its prompt and the given text it prefilled), the talker's out."""
     by_stage = {d.stage_id: d for d in timings}
-    assert view.text_stage is not None and view.audio_stage is not None
+    assert view.audio_stage is not None
+    if view.speech_only:  # the talker's prompt rows in, its steps out
+        talkers = [by_stage[s] for s in view.audio_stage.inputs if s in by_stage]
+        n_in, n_out = sum(d.num_prompt_tokens for d in talkers), sum(d.num_output_tokens for d in talkers)
+        return Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out)
+    assert view.text_stage is not None
     thinker = by_stage.get(view.text_stage.id)
     talkers = [by_stage[s] for s in view.audio_stage.inputs if s in by_stage]
     n_in = 0 if thinker is None else thinker.num_prompt_tokens + thinker.num_output_tokens
@@ -113,13 +126,18 @@ async def run_speech(
     """The audio stage's PCM16 chunks as they are made, then one ChatEnd (leaving early aborts
     the request in every stage)."""
     assert view.audio_stage is not None
-    events = client.stream(
-        job.prompt,
-        forced_reply=job.text,
-        speaker=job.voice,
-        request_id=request_id,
-        final_stages=[view.audio_stage.id],  # the thinker and talker run on its way; only audio comes back
-    )
+    if view.speech_only:  # a speech model: the text as the prompt, its instructions as params
+        events = client.stream(
+            job.text, speaker=job.voice, params=job.params, request_id=request_id, final_stages=[view.audio_stage.id]
+        )
+    else:
+        events = client.stream(
+            job.prompt,
+            forced_reply=job.text,
+            speaker=job.voice,
+            request_id=request_id,
+            final_stages=[view.audio_stage.id],  # the thinker and talker run on its way; only audio comes back
+        )
     async with aclosing(events):
         async for ev in events:
             if isinstance(ev, Finished):

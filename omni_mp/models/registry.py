@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from omni_mp.models import generic, qwen2_5_omni, qwen3_omni, qwen_image
+from omni_mp.models import generic, qwen2_5_omni, qwen3_omni, qwen3_tts, qwen_image
 from omni_mp.models.family import CheckpointSizing, EngineModel, Family, Loader, Processor, PromptFormat
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ FAMILY_PACKAGES: tuple[ModuleType, ...] = (
     qwen2_5_omni,
     qwen_image,
     qwen3_omni,
+    qwen3_tts,
 )  # fmt: skip
 
 Kind = Literal["processors", "prompt_formats", "model_parts", "diffusion_models", "builtin_models", "checkpoint_types"]

@@ -47,7 +47,7 @@ def build_engine(stage: StageConfig) -> StageEngine:
     """The stage's engine: diffusion, or AR with what its processor and config need (a
     `model_part` is a vLLM model of ours, registered by its family: omni_mp.models.registry)."""
     from omni_mp.engines.ar import AREngine, EngineFeatures
-    from omni_mp.models.registry import engine_model, resolve_model, stage_processor
+    from omni_mp.models.registry import engine_model, prompt_format, resolve_model, stage_processor
 
     processor = stage_processor(stage.processor) if stage.processor else None
     if stage.kind == "diffusion":
@@ -55,11 +55,15 @@ def build_engine(stage: StageConfig) -> StageEngine:
 
         open_inputs = processor is not None and processor.streams_inputs
         return DiffusionEngine(resolve_model(stage.model), stage.diffusion, stage.engine_args, open_inputs=open_inputs)
+    # An entry stage whose prompt format builds embeddings (a TTS talker) takes them, and a row each step.
+    embeds = stage.prompt_format is not None and bool(
+        getattr(prompt_format(stage.prompt_format), "embeds_prompt", False)
+    )
     features = EngineFeatures(
         hidden_states=stage.hidden_states is not None,
         hidden_layers=tuple(stage.hidden_states.layers) if stage.hidden_states is not None else (),
-        prompt_embeds=stage.prompt_embeds or (processor is not None and processor.prompt_embeds_enabled),
-        step_embeds=processor is not None and processor.step_embeds_enabled,
+        prompt_embeds=stage.prompt_embeds or embeds or (processor is not None and processor.prompt_embeds_enabled),
+        step_embeds=embeds or (processor is not None and processor.step_embeds_enabled),
         warm_moe_kernels=stage.warm_moe_kernels,
     )
     built = engine_model(stage.model_part, resolve_model(stage.model), stage.engine_args)

@@ -73,7 +73,9 @@ class StageLoop:
         )
         # The voices this stage can speak in (None: it does not speak), checked at registration
         # so a bad name fails the request before any stage works on it.
-        self.speakers = (self.processor.speakers if self.processor else None) or engine.speakers
+        self.speakers = (
+            (self.processor.speakers if self.processor else None) or engine.speakers or _format_voices(stage)
+        )
         # Its hidden rows go to the stages that take its output (packed: one tensor per layer
         # and step), and to a client only for the requests that asked (Submit.hidden_states).
         self.emits_hidden = stage.hidden_states is not None
@@ -499,3 +501,14 @@ def link_pools(cfg: PipelineConfig, stage_id: int) -> dict[int, ShmPoolConfig]:
         slots = min(base.num_slots, max(base.num_slots // n, 16))
         out[d] = msgspec.structs.replace(base, capacity_bytes=capacity, num_slots=slots)
     return out
+
+
+def _format_voices(stage: StageConfig) -> frozenset[str] | None:
+    """The voices of an entry stage whose prompt format builds its input (a TTS talker's presets)."""
+    from omni_mp.models.registry import prompt_format
+
+    if stage.prompt_format is None:
+        return None
+    fmt = prompt_format(stage.prompt_format)
+    voices = getattr(fmt, "voices", None)
+    return voices(resolve_model(stage.model)) if voices is not None else None

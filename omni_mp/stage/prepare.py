@@ -61,11 +61,33 @@ def entry_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> S
         return StageInput(prompt_token_ids=list(msg.prompt_token_ids))
     if msg.forced_reply is not None:
         return forced_reply_input(stage, engine, msg)
+    if msg.prompt is not None and stage.prompt_format is not None and _embeds_prompt(stage):
+        return embedded_entry_input(stage, msg)
     if msg.prompt is not None and stage.prompt_format is not None:
         return build_entry_input(stage, msg.prompt, msg.multi_modal, msg.params, formatted=msg.chat_formatted)
     if msg.prompt is not None:
         return StageInput(prompt_token_ids=engine.tokenize(msg.prompt))
     raise EngineInputError("an entry stage needs a prompt, prompt_token_ids or prompt_embeds")
+
+
+def _embeds_prompt(stage: StageConfig) -> bool:
+    """Whether the stage's prompt format builds its input as embeddings (a TTS talker's)."""
+    return stage.prompt_format is not None and bool(getattr(prompt_format(stage.prompt_format), "embeds_prompt", False))
+
+
+def embedded_entry_input(stage: StageConfig, msg: StageRequest) -> StageInput:
+    """The stage input a prompt format builds itself from the request's text, params and
+    speaker (its model's tables, loaded once per process): ValueError -> EngineInputError."""
+    from omni_mp.models.registry import resolve_model
+
+    assert stage.prompt_format is not None and msg.prompt is not None
+    if msg.multi_modal is not None:
+        raise EngineInputError(f"stage {stage.id} takes no media: its prompt format reads text only")
+    fmt = prompt_format(stage.prompt_format)
+    try:
+        return fmt.stage_input(resolve_model(stage.model), msg.prompt, msg.params, msg.speaker)  # type: ignore[attr-defined]
+    except ValueError as err:
+        raise EngineInputError(str(err)) from None
 
 
 def forced_reply_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> StageInput:

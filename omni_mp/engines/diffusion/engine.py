@@ -20,6 +20,7 @@ import msgspec
 from omni_mp.engines.base import EngineInputError, Extension, PromptIds, StageInput, StepOutput
 from omni_mp.engines.diffusion.model import DiffusionInputError, RequestModel
 from omni_mp.engines.diffusion.params import DiffusionParams, DiffusionStageConfig
+from omni_mp.engines.diffusion.stand_in_config import stand_in_config_path
 from omni_mp.wire.messages import SamplingParamsMsg
 from omni_mp.wire.outputs import audio_info
 
@@ -67,6 +68,9 @@ class DiffusionEngine:
             hf_overrides={"architectures": ["Qwen2ForCausalLM"]},
             additional_config={CONFIG_KEY: msgspec.to_builtins(cfg)},
         )
+        stand_in = stand_in_config_path(model)  # a config.json transformers cannot read (Qwen3-TTS)
+        if stand_in is not None:
+            args.setdefault("hf_config_path", stand_in)
         # The worker runs in this process: vLLM's CPU platform swaps "uni" for "mp" unless this is
         # 0 while the config is made (stage processes have it set; restored for embedders).
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -59,8 +59,10 @@ def _causal_keep(net: Any) -> int:
 
 
 def _transposed_keep(net: Any) -> int:
+    """Trimmed k - s on each side (Qwen3-Omni), or on the right only (Qwen3-TTS's decoder:
+    left_pad 0, no look-ahead): the kept inputs are the same, a first call trims `left_pad`."""
     k, s = net.conv.kernel_size[0], net.conv.stride[0]
-    if k < s or net.left_pad != k - s or net.right_pad != k - s:
+    if k < s or net.left_pad not in (0, k - s) or net.right_pad != k - s:
         raise ValueError(f"code2wav streaming: a transposed convolution trimmed {net.left_pad}/{net.right_pad}")
     return (k - 1) // s
 
@@ -85,9 +87,8 @@ class StreamingConvs:
         trimmed, scale = 0, 1
         for step in reversed(self.steps):
             if step.kind == "transposed":
-                conv = step.module.conv
-                trimmed += (conv.kernel_size[0] - conv.stride[0]) * scale
-                scale *= conv.stride[0]
+                trimmed += step.module.left_pad * scale
+                scale *= step.module.conv.stride[0]
         self.first_trim = trimmed
         self.samples_per_frame = scale
 

@@ -381,6 +381,9 @@ class TalkerDecoder(Qwen3MoeModel):
 class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
     """vLLM's view of `Qwen3OmniMoeTalkerForConditionalGeneration` (module names follow it)."""
 
+    # The decoder under the code predictor (Qwen3-TTS's talker: a dense Qwen3 decoder instead).
+    decoder_cls: type[nn.Module] = TalkerDecoder
+
     hf_to_vllm_mapper = WeightsMapper(
         orig_to_new_prefix={
             "talker.model.codec_embedding.": "model.embed_tokens.",
@@ -404,7 +407,7 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         cp_cfg = config.code_predictor_config
         if int(_get(cp_cfg, "hidden_size")) != self.hidden_size:
             raise ValueError("talker: the code predictor's hidden_size must equal the talker's")
-        self.model = TalkerDecoder(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.model = self.decoder_cls(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.codec_head = ParallelLMHead(config.vocab_size, self.hidden_size, prefix=maybe_prefix(prefix, "codec_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
         self.code_predictor = CodePredictor(cp_cfg, maybe_prefix(prefix, "code_predictor"))

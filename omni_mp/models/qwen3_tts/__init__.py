@@ -1,0 +1,62 @@
+"""Qwen3-TTS (the `qwen-tts` package's checkpoints: CustomVoice, VoiceDesign, Base): a talker with
+its code predictor, then a 12 Hz codec decoder. Facts and what differs from Qwen3-Omni:
+docs/qwen3_tts.md.
+
+- `tiny_config` / `tiny`: tiny checkpoints in the reference's on-disk format (tests).
+- `prompt`: the talker's prompt and step rows for a request (preset voice, language,
+  instructions), equal to the reference's.
+- `speaker`: Base's speaker encoder (x-vector cloning), equal to the reference's.
+- `codec_decoder`: the speech tokenizer's decoder as a streaming window decoder
+  (`diffusion.model_type: qwen3_tts_codec`), Qwen3-Omni code2wav's streaming with its own front.
+
+- `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
+  (`model_part: qwen3_tts_talker`), loaded from a `talker_view` of the checkpoint.
+
+- `prompt.PROMPT_FORMAT` (`prompt_format: qwen3_tts`): the entry talker stage's prompt rows from
+  a request's text, speaker (preset voice) and params (instructions, language).
+The talker -> decoder link is Qwen3-Omni's (`processor: qwen3_omni_code2wav`): the same rows.
+
+Not yet: the text-streaming prompt mode on a served stage, cloning (Base), HTTP /v1/audio/speech.
+This module only declares names (omni_mp.models.registry reads them).
+"""
+
+from typing import Any
+
+from omni_mp.models.family import Family
+
+
+def _codec_decoder() -> Any:
+    from omni_mp.models.qwen3_tts.codec_decoder import TtsCodecDecoder
+
+    return TtsCodecDecoder.from_checkpoint
+
+
+def _prompt_format() -> Any:
+    from omni_mp.models.qwen3_tts.prompt import PROMPT_FORMAT
+
+    return PROMPT_FORMAT
+
+
+def _talker() -> Any:
+    from omni_mp.models.qwen3_tts.vllm_hooks_talker import talker_engine_model
+
+    return talker_engine_model
+
+
+def _tiny() -> Any:
+    from omni_mp.models.qwen3_tts.tiny import build_named
+
+    return build_named
+
+
+FAMILY = Family(
+    name="qwen3_tts",
+    prompt_formats={"qwen3_tts": _prompt_format},
+    model_parts={"qwen3_tts_talker": _talker},
+    diffusion_models={"qwen3_tts_codec": _codec_decoder},
+    builtin_models={
+        "tiny-qwen3-tts-custom-voice": _tiny,
+        "tiny-qwen3-tts-voice-design": _tiny,
+        "tiny-qwen3-tts-base": _tiny,
+    },
+)

@@ -1,0 +1,207 @@
+"""Qwen3-TTS's 12 Hz codec decoder (`speech_tokenizer/` `decoder.*`) as a streaming window decoder:
+Qwen3-Omni code2wav's streaming (omni_mp.models.qwen3_omni.code2wav: the sliding-window
+transformer run incrementally over cached keys and values, the convolutions over the inputs each
+request kept, chunks joined by plain concatenation) with Qwen3-TTS's own front, which the
+reference puts before the transformer (docs/qwen3_tts.md):
+
+    split RVQ lookup (1 + 15 codebooks, summed) -> pre_conv (causal, kernel 3) -> input_proj
+    -> transformer -> norm -> output_proj -> Qwen3-Omni's upsampler and SnakeBeta decoder.
+
+The causal pre_conv reaches 2 frames back: each request keeps its last 2 quantized frames (zeros
+before its first, as the reference's left padding), so a chunk's frames see what the one-shot
+pass sees. Eager only for now (Qwen3-Omni's CUDA graphs capture its own front).
+
+The other difference in the convolutions: Qwen3-TTS's transposed convolutions trim k - s samples
+on the right only (Qwen3-Omni's on both sides), so the decoder is causal with no look-ahead: T
+frames give exactly 1920 T samples, each final when made (no right context needed), set here by
+`left_pad = 0` on transformers' modules (code2wav_convs reads it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni_mp.models.checkpoint import load_prefixed
+from omni_mp.models.qwen3_omni.code2wav import Code2WavModel, Code2WavWindow, _PastKV, _Stream
+
+PRE_CONV_REACH = 2  # frames before a frame that the kernel-3 causal pre_conv reads
+
+
+class CodecFront(nn.Module):
+    """The decoder's parts before the transformer's layers, with the reference's tensor names
+    (`quantizer.*`, `pre_conv.conv.*`, `pre_transformer.input_proj/output_proj`)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], groups: int) -> None:
+        super().__init__()
+        books = []
+        for part, n in (("rvq_first", 1), ("rvq_rest", groups - 1)):
+            for i in range(n):
+                cb = f"quantizer.{part}.vq.layers.{i}._codebook."
+                usage = state[cb + "cluster_usage"].clamp(min=1e-5)  # the reference's epsilon
+                books.append(state[cb + "embedding_sum"] / usage[:, None])
+        self.register_buffer("books", torch.stack(books), persistent=False)  # [groups, codebook, dim]
+        self.out_first = nn.Parameter(state["quantizer.rvq_first.output_proj.weight"][:, :, 0], requires_grad=False)
+        self.out_rest = nn.Parameter(state["quantizer.rvq_rest.output_proj.weight"][:, :, 0], requires_grad=False)
+        self.pre_conv = nn.Conv1d(*state["pre_conv.conv.weight"].shape[1::-1], kernel_size=3)
+        self.pre_conv.weight.data.copy_(state["pre_conv.conv.weight"])
+        self.pre_conv.bias.data.copy_(state["pre_conv.conv.bias"])
+        self.input_proj = _linear(state, "pre_transformer.input_proj.")
+        self.output_proj = _linear(state, "pre_transformer.output_proj.")
+
+    def quantized(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [rows, groups, n] -> [rows, n, codebook_dim]: the RVQ sums, first book apart."""
+        g = torch.arange(codes.shape[1], device=codes.device)[None, :, None]
+        vecs = self.books[g, codes]  # [rows, groups, n, dim]
+        return F.linear(vecs[:, 0], self.out_first) + F.linear(vecs[:, 1:].sum(1), self.out_rest)
+
+    def conv(self, quantized: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """[rows, n, dim] after `context` [rows, 2, dim] -> pre_conv then input_proj, [rows, n, hidden]."""
+        x = torch.cat([context, quantized], dim=1).transpose(1, 2)
+        return self.input_proj(self.pre_conv(x).transpose(1, 2))
+
+
+_OMNI_KEYS = (
+    "codebook_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "sliding_window", "num_quantizers", "upsample_rates", "upsampling_ratios", "decoder_dim",
+    "max_position_embeddings", "rms_norm_eps", "layer_scale_initial_scale",
+)  # fmt: skip
+
+
+def omni_code2wav_config(decoder: dict[str, Any], hidden: int) -> Any:
+    """A Qwen3-Omni code2wav config (transformers') of this decoder's sizes at width `hidden`:
+    its modules are the decoder's past the front (the tiny builder draws them from it too)."""
+    from transformers import Qwen3OmniMoeConfig
+
+    rope = {"rope_type": "default", "rope_theta": float(decoder.get("rope_theta", 10000.0))}
+    base = {k: decoder[k] for k in _OMNI_KEYS if k in decoder} | {"rope_parameters": rope, "hidden_size": hidden}
+    return Qwen3OmniMoeConfig(code2wav_config=base).code2wav_config
+
+
+def _linear(state: dict[str, torch.Tensor], prefix: str) -> nn.Linear:
+    w, b = state[prefix + "weight"], state[prefix + "bias"]
+    lin = nn.Linear(w.shape[1], w.shape[0])
+    lin.weight.data.copy_(w)
+    lin.bias.data.copy_(b)
+    return lin
+
+
+@dataclass
+class TtsStream(_Stream):
+    context: torch.Tensor | None = None  # [2, codebook_dim]: the request's last quantized frames
+
+
+class TtsCodecDecoder(Code2WavModel):
+    """The decoder on one device, fp32 (Code2WavModel's streaming, the front above)."""
+
+    def __init__(self, hf_convs: Any, front: CodecFront, device: torch.device) -> None:
+        super().__init__(hf_convs, device)
+        self.front = front.to(device).eval()
+
+    @classmethod
+    def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> TtsCodecDecoder:
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeCode2Wav,
+            Qwen3OmniMoeCode2WavTransformerModel,
+        )
+
+        tok_dir = Path(model_dir) / "speech_tokenizer"
+        d = json.loads((tok_dir / "config.json").read_text())["decoder_config"]
+        # The convolutions run at latent_dim; the transformer at hidden_size (Qwen3-Omni: one width).
+        convs_cfg, tr_cfg = omni_code2wav_config(d, d["latent_dim"]), omni_code2wav_config(d, d["hidden_size"])
+        if "head_dim" in d:
+            tr_cfg.head_dim = d["head_dim"]
+        for cfg in (convs_cfg, tr_cfg):
+            cfg._attn_implementation = "sdpa"
+        with torch.device(device):
+            hf = Qwen3OmniMoeCode2Wav._from_config(convs_cfg, dtype=torch.float32)
+            hf.pre_transformer = Qwen3OmniMoeCode2WavTransformerModel._from_config(tr_cfg, dtype=torch.float32)
+        state = load_prefixed(tok_dir, "decoder.")
+        if not state:
+            raise ValueError(f"{tok_dir}: no `decoder.*` weights (is it a Qwen3-TTS 12 Hz speech tokenizer?)")
+        mine = {
+            k: v
+            for k, v in state.items()
+            if k.startswith(("upsample.", "decoder.", "pre_transformer.layers.", "pre_transformer.norm."))
+        }
+        missing, unexpected = hf.load_state_dict(mine, strict=False)
+        missing = [k for k in missing if not k.startswith("code_embedding.")]  # the Omni front, unused
+        if missing or unexpected:
+            raise ValueError(f"{tok_dir}: decoder weights do not match: missing {missing}, unexpected {unexpected}")
+        for blocks in (*hf.upsample, hf.decoder):
+            for m in _modules(blocks):
+                if type(m).__name__ == "Qwen3OmniMoeCausalTransConvNet":
+                    m.left_pad = 0  # Qwen3-TTS trims the right only: causal, no look-ahead
+        front = CodecFront({k: v.float() for k, v in state.items() if k not in mine}, int(d["num_quantizers"]))
+        return cls(hf, front, device)
+
+    def use_graphs(self, graphs: Any, row_buckets: Any) -> None:
+        raise NotImplementedError("the Qwen3-TTS codec decoder runs eagerly (no CUDA graphs yet)")
+
+    # ---- the transformer, incrementally, after the front ---------------------------------------
+    def _transformer(self, windows: list[Code2WavWindow], streams: list[_Stream]) -> list[torch.Tensor | None]:
+        """Code2WavModel's, with each row's new frames through the front first (its pre_conv after
+        the request's last 2 quantized frames)."""
+        out: list[torch.Tensor | None] = [None] * len(windows)
+        at = [i for i, (w, st) in enumerate(zip(windows, streams, strict=True)) if w.end > st.frames]
+        if not at:
+            return out
+        dev, groups, front = self.device, self.groups, self.front
+        new = [windows[i].end - streams[i].frames for i in at]
+        cached = [0 if streams[i].kv is None else streams[i].kv.shape[3] for i in at]
+        n, c = max(new), max(cached)
+        codes = torch.zeros(len(at), groups, n, dtype=torch.long, device=dev)
+        for r, i in enumerate(at):
+            codes[r, :, : new[r]] = windows[i].codes[:, streams[i].frames - windows[i].start :]
+        q = front.quantized(codes)
+        dim = q.shape[-1]
+        ctx = torch.stack([_context(streams[i], dim, dev) for i in at])
+        x = front.conv(q, ctx)
+        kv = torch.zeros(len(at), len(self.layers), 2, self.heads, c, self.head_dim, device=dev, dtype=self.dtype)
+        for r, i in enumerate(at):
+            if streams[i].kv is not None:
+                kv[r, :, :, :, : cached[r]] = streams[i].kv
+        first, n_cached, n_new = (torch.tensor(v, device=dev) for v in ([streams[i].frames for i in at], cached, new))
+        h, new_kv = self._attend_rows(x, first, n_cached, n_new, kv)
+        for r, i in enumerate(at):
+            st, m = streams[i], new[r]
+            kept = torch.cat([kv[r, :, :, :, : cached[r]], new_kv[r, :, :, :, :m]], dim=3)
+            st.kv = kept[:, :, :, -self.keep :].clone()
+            st.context = torch.cat([_context(st, dim, dev), q[r, :m]])[-PRE_CONV_REACH:].clone()  # type: ignore[attr-defined]
+            out[i] = h[r, :m]
+        return out
+
+    def _attend_rows(
+        self, x: torch.Tensor, first: torch.Tensor, cached: torch.Tensor, new: torch.Tensor, kv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Code2WavModel._attend from the front's rows x [rows, n, hidden]: the transformer, its norm
+        and output_proj -> ([rows, n, latent], new keys and values)."""
+        tr = self.hf.pre_transformer
+        q_pos = first[:, None] + torch.arange(x.shape[1], device=x.device)
+        past = _PastKV(kv)
+        mask = self._mask(first, q_pos, cached, new, kv.shape[4])
+        pe = tr.rotary_emb(x, q_pos)
+        h = x
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_embeddings=pe, past_key_values=past)
+        return self.front.output_proj(tr.norm(h)), torch.stack(past.new, dim=1)
+
+    def _round(self, windows: list[Code2WavWindow]) -> list[torch.Tensor]:
+        for w in windows:  # streams with room for the front's context
+            self.streams.setdefault(w.request_id, TtsStream())
+        return super()._round(windows)
+
+
+def _modules(m: Any) -> Any:
+    return m.modules() if isinstance(m, nn.Module) else (x for b in m for x in b.modules())
+
+
+def _context(st: _Stream, dim: int, device: torch.device) -> torch.Tensor:
+    ctx = getattr(st, "context", None)
+    return torch.zeros(PRE_CONV_REACH, dim, device=device) if ctx is None else ctx

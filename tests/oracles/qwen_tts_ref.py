@@ -1,0 +1,137 @@
+"""Runs INSIDE the qwen-tts reference venv (scripts/oracle_envs/qwen_tts.sh), never imported by
+omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "requests": [...]}
+(each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"decode", ...}). OUT.npz: per request i, `codes_i`
+[frames, 16] int64 and `wav_i` float32 (24 kHz), the talker's inputs as generate() builds them
+(`inputs_embeds_i` [rows, hidden], `trailing_text_hidden_i` [steps, hidden], `tts_pad_embed_i`
+[1, hidden]), plus `report` (JSON: the load's missing and
+unexpected tensors, per-request errors). Plain JSON/npz across the boundary, no pickle.
+
+fp32, greedy talker and code predictor, repetition penalty 1.0 unless a request names one, one request per generate call
+(the reference left-pads batches, which a served request never sees).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import torch
+
+
+def _load(model_dir: str):
+    from qwen_tts import Qwen3TTSModel
+
+    info: dict = {}
+    tts = Qwen3TTSModel.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=False)
+    # load check: every tensor of the checkpoint used, every parameter loaded
+    from safetensors import safe_open
+
+    for name, module, path in (
+        ("model", tts.model, f"{model_dir}/model.safetensors"),
+        ("speech_tokenizer", tts.model.speech_tokenizer.model, f"{model_dir}/speech_tokenizer/model.safetensors"),
+    ):
+        with safe_open(path, framework="pt") as fh:
+            stored = set(fh.keys())
+        own = set(k for k in module.state_dict() if not k.startswith("speech_tokenizer."))
+        info[name] = {"missing": sorted(own - stored), "unexpected": sorted(stored - own)}
+    return tts.model.eval(), tts, info
+
+
+GREEDY = dict(
+    do_sample=False,
+    subtalker_dosample=False,
+    repetition_penalty=1.0,
+    top_k=1,
+    top_p=1.0,
+    subtalker_top_k=1,
+    subtalker_top_p=1.0,
+)
+
+
+class _TalkerInputs:
+    """Records what generate() hands the talker: its prompt rows, the per-step text rows and the
+    pad row (the reference's own values, for a row-for-row comparison of our prompt builder)."""
+
+    def __init__(self, talker) -> None:
+        self.talker, self.inner, self.seen = talker, talker.generate, {}
+
+    def __call__(self, *args, **kwargs):
+        for key in ("inputs_embeds", "trailing_text_hidden", "tts_pad_embed"):
+            self.seen[key] = kwargs[key][0].detach().float().cpu().numpy()
+        return self.inner(*args, **kwargs)
+
+
+def _codes(model, tts, req: dict, record: dict) -> np.ndarray:
+    text_ids = tts._tokenize_texts([tts._build_assistant_text(req["text"])])
+    instruct = req.get("instruct") or ""
+    instruct_ids = [tts._tokenize_texts([tts._build_instruct_text(instruct)])[0] if instruct else None]
+    recorder = _TalkerInputs(model.talker)
+    model.talker.generate = recorder  # an instance attribute of this oracle process only
+    try:
+        codes, _ = _generate(model, text_ids, instruct_ids, req, _clone_prompt(tts, req, record))
+    finally:
+        del model.talker.generate
+    record.update(recorder.seen)
+    record["text_ids"] = text_ids[0][0].cpu().numpy().astype(np.int64)
+    if instruct_ids[0] is not None:
+        record["instruct_ids"] = instruct_ids[0][0].cpu().numpy().astype(np.int64)
+    return codes[0].cpu().numpy().astype(np.int64)
+
+
+def _clone_prompt(tts, req: dict, record: dict) -> dict | None:
+    """Base, x-vector mode: the reference clip's speaker embedding as the reference computes it."""
+    if req["kind"] != "clone_xvector":
+        return None
+    clip = (np.asarray(req["ref_audio"], dtype=np.float32), int(req.get("ref_rate", 24000)))
+    items = tts.create_voice_clone_prompt(ref_audio=clip, x_vector_only_mode=True)
+    record["speaker_embedding"] = items[0].ref_spk_embedding.detach().float().cpu().numpy()
+    return tts._prompt_items_to_voice_clone_prompt(items)
+
+
+def _generate(model, text_ids, instruct_ids, req: dict, clone: dict | None = None):
+    return model.generate(
+        voice_clone_prompt=clone,
+        input_ids=text_ids,
+        instruct_ids=instruct_ids,
+        languages=[req.get("language", "auto")],
+        speakers=[req.get("speaker")] if req["kind"] == "custom_voice" else None,
+        non_streaming_mode=req.get("non_streaming_mode", True),
+        max_new_tokens=req["max_new_tokens"],
+        **(GREEDY | {"repetition_penalty": req.get("repetition_penalty", 1.0)}),
+    )
+
+
+def _decode(model, codes: np.ndarray) -> np.ndarray:
+    wavs, _ = model.speech_tokenizer.decode([{"audio_codes": torch.from_numpy(codes)}])
+    return np.asarray(wavs[0], dtype=np.float32)
+
+
+def main() -> None:
+    spec = json.load(open(sys.argv[1]))
+    torch.manual_seed(0)
+    model, tts, info = _load(spec["model_dir"])
+    out: dict[str, np.ndarray] = {}
+    errors: dict[str, str] = {}
+    with torch.no_grad():
+        for i, req in enumerate(spec["requests"]):
+            try:
+                record: dict = {}
+                codes = (
+                    np.asarray(req["codes"], dtype=np.int64)
+                    if req["kind"] == "decode"
+                    else _codes(model, tts, req, record)
+                )
+                out.update({f"{k}_{i}": v for k, v in record.items()})
+                out[f"codes_{i}"] = codes
+                out[f"wav_{i}"] = _decode(model, codes) if len(codes) else np.zeros(0, np.float32)
+            except Exception as e:  # reported, not raised: the caller names the request
+                errors[str(i)] = f"{type(e).__name__}: {e}"
+    info["errors"] = errors
+    info["versions"] = {"torch": torch.__version__, "transformers": __import__("transformers").__version__}
+    out["report"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
+    np.savez(sys.argv[2], **out)
+
+
+if __name__ == "__main__":
+    main()

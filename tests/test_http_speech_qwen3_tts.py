@@ -1,0 +1,74 @@
+"""POST /v1/audio/speech on the tiny Qwen3-TTS pipeline (omni_mp/stage_configs/tiny_qwen3_tts.yaml:
+the talker, its prompt from `input`, `voice` and `instructions`; the streaming codec decoder),
+served by a real launcher with `--http`, through the `openai` SDK: the PCM answer is the qwen-tts
+0.1.1 reference's waveform for the same text, preset voice and instructions (its own venv; fp32,
+greedy, repetition penalty 1.05 as the YAML) within WAV_ATOL plus PCM16 rounding; the preset
+voices are the model's voices (GET /v1/audio/voices); the chat endpoint answers 400 for this
+family, and a bad voice a 400 naming it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from omni_mp.models.registry import resolve_model
+from omni_mp.stage_configs import CONFIG_DIR
+from tests.launcher import ServedPipeline
+from tests.qwen3_tts_oracle import require_reference, run_reference
+from tests.speech_checks import KEY, pcm_samples, serve_http
+
+pytestmark = pytest.mark.engine
+
+CONFIG = CONFIG_DIR / "tiny_qwen3_tts.yaml"
+FRAMES = 24  # the talker's max_tokens here (a shorter answer than the YAML's 256): 23 frames
+WAV_ATOL = 2e-4 + 1 / 32768  # streamed vs one-shot (tests/test_qwen3_tts_codec.py) and PCM16's step
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedPipeline, str]]:
+    require_reference()
+    import yaml
+
+    raw = yaml.safe_load(CONFIG.read_text())
+    raw["stages"][0]["sampling"]["max_tokens"] = FRAMES
+    tmp = tmp_path_factory.mktemp("tts")
+    config = tmp / "tts.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with serve_http(config, tmp) as got:
+        yield got
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
+
+
+def test_speech_equals_the_reference(served: tuple[ServedPipeline, str]) -> None:
+    text, voice, instructions = "hello there, how are you?", "vivian", "speak slowly and warmly"
+    with _client(served[1]).audio.speech.with_streaming_response.create(
+        model="tiny", voice=voice, input=text, instructions=instructions, response_format="pcm"
+    ) as r:
+        got = pcm_samples(b"".join(r.iter_bytes()))
+    req = {"kind": "custom_voice", "text": text, "speaker": voice, "language": "auto", "instruct": instructions,
+           "max_new_tokens": FRAMES, "repetition_penalty": 1.05}  # fmt: skip
+    run = run_reference(resolve_model("tiny-qwen3-tts-custom-voice"), [req])
+    want = run.wavs[0]
+    assert float(np.sqrt(np.mean(want**2))) > 0.03
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert float(np.abs(got - want).max()) <= WAV_ATOL
+
+
+def test_voices_are_the_presets_and_bad_ones_are_named(served: tuple[ServedPipeline, str]) -> None:
+    url = served[1]
+    listed = httpx.get(f"{url}/v1/audio/voices", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert sorted(v["id"] for v in listed["data"]) == ["dylan", "ryan", "vivian"]
+    with pytest.raises(openai.BadRequestError, match="unknown voice 'nobody'"):
+        _client(url).audio.speech.create(model="tiny", voice="nobody", input="hello", response_format="pcm")
+
+
+def test_chat_answers_400_for_this_family(served: tuple[ServedPipeline, str]) -> None:
+    with pytest.raises(openai.BadRequestError, match=r"does not chat.*/v1/audio/speech"):
+        _client(served[1]).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
