@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for the HTTP benchmarks on the shipped Qwen3-Omni config at released sizes (random
+# One GPU call for the HTTP and realtime benchmarks on the shipped Qwen3-Omni config at released sizes (random
 # weights): the pipeline starts once (about 3 minutes with its CUDA graphs) and serves them all.
 #   bash scripts/gpu/http_benchmarks.sh [TOKENS] [FRAMES]   (after the wheels are carried: README.md)
 # Results: /tmp/omni_mp_results/http_*.json and .log (copied to $OUT where the device tool sets it).
@@ -28,3 +28,5 @@ python3 -m benchmarks.http_serving --config "$config" --serving "$url" "$endpoin
   --out $res/http_serving_qwen3.json 2>&1 | grep -v "INFO\|WARNING" | tee $res/http_serving_qwen3.log
 python3 -m benchmarks.http_turns --config "$config" --serving "$url" --tokens "$tokens" \
   --out $res/http_turns_qwen3.json 2>&1 | grep -v "INFO\|WARNING" | tee $res/http_turns_qwen3.log
+python3 -m benchmarks.realtime_sessions --config "$config" --url "$url" --tokens "$tokens" \
+  --out $res/realtime_sessions_qwen3.json 2>&1 | grep -v "INFO\|WARNING" | tee $res/realtime_sessions_qwen3.log
