@@ -69,6 +69,7 @@ def run_reference(model_dir: Path, requests: list[dict[str, Any]], timeout: floa
             "text_ids",
             "instruct_ids",
             "speaker_embedding",
+            "ref_codes",
         )
         extras = [{k: z[f"{k}_{i}"] for k in keys if f"{k}_{i}" in z.files} for i in range(n)]
     return OracleRun(codes, wavs, extras, report)

@@ -167,3 +167,29 @@ def test_clone_xvector_embedding_and_prompt_rows_equal_the_reference() -> None:
     np.testing.assert_allclose(got.numpy(), want, atol=XVEC_TOL, rtol=0)
     rows = TtsPromptBuilder(model_dir).rows(TtsRequest(text=req["text"], language="english", speaker_embedding=got))
     np.testing.assert_allclose(rows.prompt.numpy(), run.extras[0]["inputs_embeds"], atol=XVEC_TOL, rtol=0)
+
+
+def test_clone_in_context_prompt_rows_equal_the_reference() -> None:
+    """Base, in-context cloning (whole-text mode): given the reference's codes of the clip and its
+    x-vector, our prompt rows (the clip's text and frames before the text) are the reference's."""
+    require_reference()
+    model_dir = build_tiny(TINY_SPECS["tiny-qwen3-tts-base"])
+    t = np.arange(24000 * 2) / 24000
+    clip = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
+    req = {"kind": "clone_icl", "text": "good morning to you", "language": "auto", "ref_audio": clip.tolist(),
+           "ref_text": "the quick brown fox", "max_new_tokens": 4}  # fmt: skip
+    run = run_reference(model_dir, [req])
+    assert run.report["errors"] == {}
+    ref = run.extras[0]
+    assert ref["ref_codes"].shape == (25, NUM_CODE_GROUPS)  # 2 s at 12.5 Hz
+    rows = TtsPromptBuilder(model_dir).rows(
+        TtsRequest(
+            text=req["text"],
+            speaker_embedding=torch.from_numpy(ref["speaker_embedding"]),
+            ref_text=req["ref_text"],
+            ref_codes=torch.from_numpy(ref["ref_codes"]),
+        )  # fmt: skip
+    )
+    assert rows.prompt.shape == ref["inputs_embeds"].shape
+    np.testing.assert_allclose(rows.prompt.numpy(), ref["inputs_embeds"], atol=ROW_TOL, rtol=0)
+    np.testing.assert_allclose(rows.steps.numpy(), ref["trailing_text_hidden"], atol=ROW_TOL, rtol=0)

@@ -142,7 +142,7 @@ def test_first_audio_arrives_before_the_last_code(client: OmniClient) -> None:
 
 
 def test_bad_requests_fail_clearly_and_others_go_on(client: OmniClient) -> None:
-    with pytest.raises(RequestError, match="unknown voice 'nobody'"):
+    with pytest.raises(RequestError, match="unknown speaker 'nobody'; stage 0 has \\['dylan', 'ryan', 'vivian'\\]"):
         client.generate("hello", speaker="nobody", deadline_s=60)
     with pytest.raises(RequestError, match="unknown language 'klingon'"):
         client.generate("hello", speaker="vivian", params={"language": "klingon"}, deadline_s=60)

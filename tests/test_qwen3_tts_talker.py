@@ -4,7 +4,7 @@ builder (omni_mp.models.qwen3_tts.prompt), against the qwen-tts 0.1.1 reference 
 the tiny CustomVoice and VoiceDesign checkpoints, fp32, greedy talker and code predictor, no
 repetition penalty: every frame's 16 codes equal the reference's, for a preset voice with
 instructions, the other prompt forms, a designed voice, a voice cloned from a clip's x-vector
-(Base), and 8 requests run concurrently.
+(Base) alone or in context with the clip's text and codes, and 8 requests run concurrently.
 
 The reference's `max_new_tokens = N` gives N - 1 frames (its last code 0 is never expanded); our
 engine with `max_tokens = N` samples N codes 0 and completes N - 1 frames, the same ones.
@@ -59,6 +59,14 @@ def _clip() -> np.ndarray:
 
 
 CLONE = {
+    "in-context": {
+        "kind": "clone_icl",
+        "text": "good morning to you",
+        "language": "auto",
+        "ref_audio": _clip().tolist(),
+        "ref_text": "the quick brown fox",
+        "max_new_tokens": MAX_NEW,
+    },
     "cloned": {
         "kind": "clone_xvector",
         "text": "hello there, how are you?",
@@ -69,15 +77,20 @@ CLONE = {
 }
 
 
-def _request(req: dict, model_dir: Path | None = None) -> TtsRequest:
-    embedding = None
-    if req["kind"] == "clone_xvector":
+def _request(req: dict, model_dir: Path | None = None, extras: dict | None = None) -> TtsRequest:
+    embedding = ref_codes = None
+    if req["kind"] == "clone_icl":  # the clip's codes as the reference's Mimi encoder made them
+        assert extras is not None
+        ref_codes = torch.from_numpy(extras["ref_codes"])
+    if req["kind"] in ("clone_xvector", "clone_icl"):
         from omni_mp.models.qwen3_tts.speaker import SpeakerEncoder
 
         assert model_dir is not None
         embedding = SpeakerEncoder(model_dir).embed(torch.tensor(req["ref_audio"]))
     return TtsRequest(
         speaker_embedding=embedding,
+        ref_codes=ref_codes,
+        ref_text=req.get("ref_text"),
         text=req["text"],
         voice=req.get("speaker") if req["kind"] == "custom_voice" else None,
         language=req.get("language", "auto"),
@@ -87,8 +100,8 @@ def _request(req: dict, model_dir: Path | None = None) -> TtsRequest:
 
 
 class Case:
-    def __init__(self, model_dir: Path, req: dict, codes: np.ndarray) -> None:
-        self.model_dir, self.req, self.want = model_dir, req, torch.from_numpy(codes)
+    def __init__(self, model_dir: Path, req: dict, codes: np.ndarray, extras: dict) -> None:
+        self.model_dir, self.req, self.want, self.extras = model_dir, req, torch.from_numpy(codes), extras
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +117,7 @@ def cases() -> dict[str, Case]:
         model_dir = builtin_model(name)
         run = run_reference(model_dir, list(reqs.values()))
         assert run.report["errors"] == {}
-        out |= {k: Case(model_dir, r, run.codes[i]) for i, (k, r) in enumerate(reqs.items())}
+        out |= {k: Case(model_dir, r, run.codes[i], run.extras[i]) for i, (k, r) in enumerate(reqs.items())}
     return out
 
 
@@ -137,7 +150,7 @@ class Talk:
 
     def __init__(self, engine: Any, rid: str, case: Case) -> None:
         builder = _builder(case.model_dir)
-        rows = builder.rows(_request(case.req, case.model_dir))
+        rows = builder.rows(_request(case.req, case.model_dir, case.extras))
         t = builder.talker_config
         vocab, eos = int(t["vocab_size"]), int(t["codec_eos_token_id"])
         self.rid, self.case, self.prompt_len = rid, case, rows.prompt.shape[0]
@@ -207,9 +220,11 @@ def base_engine() -> Iterator[Any]:
     yield from _engine("tiny-qwen3-tts-base")
 
 
-def test_codes_equal_the_reference_cloned_voice(base_engine: Any, cases: dict[str, Case]) -> None:
-    """Base, x-vector cloning: our speaker encoder's x-vector in the speaker slot."""
-    talk(base_engine, [Talk(base_engine, "cloned", cases["cloned"])])
+@pytest.mark.parametrize("name", list(CLONE))
+def test_codes_equal_the_reference_cloned_voice(base_engine: Any, cases: dict[str, Case], name: str) -> None:
+    """Base cloning: our speaker encoder's x-vector in the speaker slot; in context, the clip's
+    text and codes (the reference's Mimi codes: our encoder of them is not there yet) too."""
+    talk(base_engine, [Talk(base_engine, name, cases[name])])
 
 
 def test_eight_concurrent_requests_each_equal_their_reference(custom_engine: Any, cases: dict[str, Case]) -> None:

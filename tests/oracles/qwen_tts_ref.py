@@ -1,13 +1,14 @@
 """Runs INSIDE the qwen-tts reference venv (scripts/oracle_envs/qwen_tts.sh), never imported by
 omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "requests": [...]}
-(each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"decode", ...}). OUT.npz: per request i, `codes_i`
-[frames, 16] int64 and `wav_i` float32 (24 kHz), the talker's inputs as generate() builds them
-(`inputs_embeds_i` [rows, hidden], `trailing_text_hidden_i` [steps, hidden], `tts_pad_embed_i`
-[1, hidden]), plus `report` (JSON: the load's missing and
-unexpected tensors, per-request errors). Plain JSON/npz across the boundary, no pickle.
+(each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"clone_icl"|"decode", ...}).
+OUT.npz: per request i, `codes_i` [frames, 16] int64 and `wav_i` float32 (24 kHz); the talker's
+inputs as generate() builds them (`inputs_embeds_i` [rows, hidden], `trailing_text_hidden_i`
+[steps, hidden], `tts_pad_embed_i` [1, hidden]); token ids, a clone's x-vector and reference
+codes; plus `report` (JSON: the load's missing and unexpected tensors, per-request errors).
+Plain JSON/npz across the boundary, no pickle.
 
-fp32, greedy talker and code predictor, repetition penalty 1.0 unless a request names one, one request per generate call
-(the reference left-pads batches, which a served request never sees).
+fp32, greedy talker and code predictor, repetition penalty 1.0 unless a request names one,
+one request per generate call (the reference left-pads batches, which a served request never sees).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def _codes(model, tts, req: dict, record: dict) -> np.ndarray:
     recorder = _TalkerInputs(model.talker)
     model.talker.generate = recorder  # an instance attribute of this oracle process only
     try:
-        codes, _ = _generate(model, text_ids, instruct_ids, req, _clone_prompt(tts, req, record))
+        ref_ids = [tts._tokenize_texts([tts._build_ref_text(req["ref_text"])])[0]] if req.get("ref_text") else None
+        codes, _ = _generate(model, text_ids, instruct_ids, req, _clone_prompt(tts, req, record), ref_ids)
     finally:
         del model.talker.generate
     record.update(recorder.seen)
@@ -81,17 +83,21 @@ def _codes(model, tts, req: dict, record: dict) -> np.ndarray:
 
 def _clone_prompt(tts, req: dict, record: dict) -> dict | None:
     """Base, x-vector mode: the reference clip's speaker embedding as the reference computes it."""
-    if req["kind"] != "clone_xvector":
+    if req["kind"] not in ("clone_xvector", "clone_icl"):
         return None
     clip = (np.asarray(req["ref_audio"], dtype=np.float32), int(req.get("ref_rate", 24000)))
-    items = tts.create_voice_clone_prompt(ref_audio=clip, x_vector_only_mode=True)
+    icl = req["kind"] == "clone_icl"
+    items = tts.create_voice_clone_prompt(ref_audio=clip, ref_text=req.get("ref_text"), x_vector_only_mode=not icl)
     record["speaker_embedding"] = items[0].ref_spk_embedding.detach().float().cpu().numpy()
+    if icl:
+        record["ref_codes"] = items[0].ref_code.cpu().numpy().astype(np.int64)
     return tts._prompt_items_to_voice_clone_prompt(items)
 
 
-def _generate(model, text_ids, instruct_ids, req: dict, clone: dict | None = None):
+def _generate(model, text_ids, instruct_ids, req: dict, clone: dict | None = None, ref_ids=None):
     return model.generate(
         voice_clone_prompt=clone,
+        ref_ids=ref_ids,
         input_ids=text_ids,
         instruct_ids=instruct_ids,
         languages=[req.get("language", "auto")],

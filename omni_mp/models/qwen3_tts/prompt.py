@@ -49,6 +49,10 @@ class TtsRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Base, x-vector cloning: the reference clip's speaker embedding (omni_mp.models.qwen3_tts.speaker)
     # in the preset voice's place; a float32 [hidden] tensor.
     speaker_embedding: Any = None
+    # Base, in-context cloning: the reference clip's text and its codes [frames, 16] (int64), with
+    # `speaker_embedding` its x-vector; the whole-text mode only.
+    ref_text: str | None = None
+    ref_codes: Any = None
 
 
 class TtsRows(msgspec.Struct, frozen=True):
@@ -86,6 +90,8 @@ class TtsPromptBuilder:
 
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self._cp_tables: list[torch.Tensor] | None = None  # the code predictor's embeddings (cloning)
         self.pad = self.text_rows([int(config["tts_pad_token_id"])])[0]
         self.bos = self.text_rows([int(config["tts_bos_token_id"])])[0]
         self.eos = self.text_rows([int(config["tts_eos_token_id"])])[0]
@@ -124,6 +130,33 @@ class TtsPromptBuilder:
             tags = [t["codec_think_id"], t["codec_think_bos_id"], lang_id, t["codec_think_eos_id"]]
         return tags + ([self.voices[voice]] if voice else [])
 
+    def frame_rows(self, codes: torch.Tensor) -> torch.Tensor:
+        """[frames, 16] codes -> the talker's input row of each frame: C(code 0) + the code
+        predictor's embeddings of codes 1..15 (what a decode step feeds back)."""
+        if self._cp_tables is None:
+            n = int(self.talker_config["num_code_groups"]) - 1
+            keys = [f"talker.code_predictor.model.codec_embedding.{i}.weight" for i in range(n)]
+            got = load_tensors(self.model_dir, keys)
+            self._cp_tables = [got[k].float() for k in keys]
+        rows = self.codec[codes[:, 0]]
+        for g, table in enumerate(self._cp_tables, start=1):
+            rows = rows + table[codes[:, g]]
+        return rows
+
+    def _in_context(self, req: TtsRequest, text: list[int], bos: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's in-context rows (whole-text mode): T(reference text + text) + T(tts_eos)
+        against C(codec_pad), then C(codec_bos) and each reference frame's row against T(tts_pad)."""
+        if req.text_streaming:
+            raise TtsPromptError("in-context cloning takes the whole text (text_streaming off)")
+        if not req.ref_text:
+            raise TtsPromptError("in-context cloning needs the reference clip's text")
+        ref = self.tokens(f"<|im_start|>assistant\n{req.ref_text}<|im_end|>\n")[ASSISTANT_HEAD:-2]
+        pad_row = self.codec_rows([self.talker_config["codec_pad_id"]])[0]
+        texts = torch.cat([self.text_rows(ref + text), self.eos[None]]) + pad_row
+        codes = torch.as_tensor(req.ref_codes, dtype=torch.long)
+        frames = torch.cat([bos[None], self.frame_rows(codes)]) + self.pad
+        return [texts, frames]
+
     def rows(self, req: TtsRequest) -> TtsRows:
         ids = self.tokens(assistant_text(req.text))
         text = ids[ASSISTANT_HEAD:-TEXT_TAIL]
@@ -143,6 +176,9 @@ class TtsPromptBuilder:
         parts.append(self.pad + track_rows)
         parts.append((self.bos + self.codec_rows([t["codec_pad_id"]])[0])[None])
         bos = self.codec_rows([t["codec_bos_id"]])[0]
+        if req.ref_codes is not None:  # in-context: the reference's text and codes lead the text
+            parts += self._in_context(req, text, bos)
+            return TtsRows(prompt=torch.cat(parts), steps=self.pad[None], pad=self.pad)
         if req.text_streaming:
             parts.append(self.text_rows(text[:1]) + bos)
             steps = torch.cat([self.text_rows(text[1:]), self.eos[None]]) if len(text) > 1 else self.eos[None]
