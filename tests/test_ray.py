@@ -154,8 +154,10 @@ def test_a_lost_node_fails_its_requests_and_the_stage_moves(cluster: Any, keys: 
             # The restart policy starts a new actor; Ray re-places its bundle on the node left.
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
-                stage = client.status().stages[1]
-                if stage.ready and stage.info.get("node") != victim_node:
+                status = client.status()
+                stage = status.stages[1]
+                # ... and stage 0 linked to it again (its Connected follows stage 1's Ready)
+                if all(s.ready for s in status.stages) and stage.info.get("node") != victim_node:
                     break
                 time.sleep(0.5)
             else:

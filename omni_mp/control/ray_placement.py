@@ -106,7 +106,6 @@ class RayStageProcess:
         self._info_ref = actor.info.remote()  # resolves once the actor has started the stage
         self._info: dict[str, Any] | None = None
         self.returncode: int | None = None
-        self._poll_ref: Any = None  # the query of the actor's poll in flight, if any
 
     def _call(self, ref: Any, timeout_s: float = RPC_TIMEOUT_S) -> Any:
         ray = _ray()
@@ -131,25 +130,15 @@ class RayStageProcess:
         return None if self.info is None else int(self.info["pid"])
 
     def poll(self) -> int | None:
-        """The stage's exit code; None while it runs, or while its actor has not answered (the
-        heartbeat timeout decides whether it hangs). Never blocks: one query to the actor is in
-        flight at a time and read once answered, so a coordinator that watches many Ray stages
-        (replicas) every tick does not wait out each one's round trip in turn."""
         if self.returncode is not None:
             return self.returncode
         if self.info is None:  # still being placed or starting: alive as far as we know
             return None
         ray = _ray()
-        if self._poll_ref is None:
-            self._poll_ref = self.actor.poll.remote()
-        ready, _ = ray.wait([self._poll_ref], timeout=0)
-        if not ready:
-            return None
-        ref, self._poll_ref = self._poll_ref, None
         try:
-            code = ray.get(ref, timeout=RPC_TIMEOUT_S)
+            code = ray.get(self.actor.poll.remote(), timeout=RPC_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            return None
+            return None  # slow to answer: the heartbeat timeout decides whether it hangs
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.NodeDiedError):
             code = NODE_LOST
         self.returncode = code
