@@ -779,7 +779,14 @@ def _clients_on_two_workers(url: str) -> tuple[httpx.Client, httpx.Client, list[
 
 def _workers_of(supervisor: psutil.Process) -> list[psutil.Process]:
     """uvicorn's worker processes (spawned: multiprocessing's spawn_main), not its resource tracker."""
-    return [p for p in supervisor.children() if "spawn_main" in " ".join(p.cmdline())]
+    out = []
+    for p in supervisor.children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:  # a worker just killed (the test's own kill -9) is gone or a zombie
+            continue
+    return out
 
 
 def _chat_outcomes(client: httpx.Client) -> dict[str, float]:
