@@ -52,6 +52,7 @@ pytestmark = pytest.mark.engine
 
 CONFIG = REPO / "tests" / "configs" / "tiny_chain_reliability.yaml"
 LONG = {1: SamplingParamsMsg(max_tokens=1500, ignore_eos=True)}  # seconds of decoding in stage 1
+LONG_IN_ENTRY = {0: SamplingParamsMsg(max_tokens=2000, ignore_eos=True)}  # seconds of decoding in stage 0
 REPORT: dict[str, object] = {}  # figures for docs/reliability.md, printed at the end
 
 
@@ -86,7 +87,8 @@ def client(coord: Coordinator) -> Iterator[OmniClient]:
 
 
 def stage_pids(coord: Coordinator) -> dict[int, int]:
-    return {sid: h.pid for sid, h in coord.stages.items() if h.pid is not None}
+    """Each stage's process (one replica per stage here: replica 0)."""
+    return {key.stage_id: h.pid for key, h in coord.stages.items() if key.replica == 0 and h.pid is not None}
 
 
 def wait_all_ready(client: OmniClient, timeout_s: float = 300) -> None:
@@ -446,7 +448,9 @@ def test_a_client_that_disconnects_gets_its_requests_aborted(coord: Coordinator,
     REPORT["client_disconnect_abort_s"] = round(time.monotonic() - t0, 3)
 
 
-def stream_in_background(client: OmniClient) -> tuple[threading.Thread, list[BaseException], list[float]]:
+def stream_in_background(
+    client: OmniClient, sampling: dict[int, SamplingParamsMsg] = LONG
+) -> tuple[threading.Thread, list[BaseException], list[float]]:
     """A long streamed request on a thread, once its first chunk arrived (after the pipeline
     is whole again, should an earlier test have left it restarting); errors collected, with
     the time they arrived."""
@@ -457,14 +461,21 @@ def stream_in_background(client: OmniClient) -> tuple[threading.Thread, list[Bas
 
     def run() -> None:
         try:
-            for _ in client.stream("Hello", sampling=LONG, timeout_s=120):
+            for _ in client.stream("Hello", sampling=sampling, timeout_s=120):
                 started.set()
+            started.set()
         except BaseException as err:  # noqa: BLE001 - checked by the caller
             t_errors.append(time.monotonic())
             errors.append(err)
 
     t = threading.Thread(target=run)
     t.start()
+    if 0 in sampling:  # decoding in the entry stage: its first chunk reaches the client only after
+        deadline = time.monotonic() + 60  # it is done there; wait until it runs there instead
+        while not any(s.stage_id == 0 and s.stats is not None and s.stats.running for s in client.status().stages):
+            assert time.monotonic() < deadline, "the request never ran in stage 0"
+            time.sleep(0.05)
+        return t, errors, t_errors
     assert started.wait(60), "the request never streamed"
     return t, errors, t_errors
 
@@ -472,10 +483,12 @@ def stream_in_background(client: OmniClient) -> tuple[threading.Thread, list[Bas
 def test_sigkill_of_the_entry_stage_mid_stream_fails_fast_and_it_comes_back(
     coord: Coordinator, client: OmniClient
 ) -> None:
-    """(The final stage's kill is test_pipeline.py's.)"""
+    """(The final stage's kill is test_pipeline.py's.) The request decodes in stage 0: a
+    request whose part in the entry stage is done holds nothing there, so that stage's death
+    does not end it (the next test's request, long in stage 1, goes on)."""
     stage_id = 0
     pid = stage_pids(coord)[stage_id]
-    t, errors, t_errors = stream_in_background(client)
+    t, errors, t_errors = stream_in_background(client, LONG_IN_ENTRY)
     os.kill(pid, signal.SIGKILL)
     # The kernel may take seconds to end a killed process (a thread in uninterruptible sleep
     # on this shared VM): what is ours to bound is the time from its end to the error.
