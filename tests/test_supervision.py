@@ -17,6 +17,7 @@ from omni_mp import cli as launch
 from omni_mp.config.validate import parse_config
 from omni_mp.control.coordinator import Coordinator
 from omni_mp.control.endpoints import RunEndpoints, new_run_id
+from omni_mp.control.router import ReplicaKey
 from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.utils.procs import popen
@@ -36,7 +37,7 @@ def test_a_stage_that_hangs_before_it_is_ready_is_killed(tmp_path: Path) -> None
     )
     h = StageHandle(cfg, cfg.stages[0], "ipc://@nobody-listens", RunEndpoints(cfg.endpoints, new_run_id()), tmp_path)
     said: list[str] = []
-    sup = Supervisor(cfg, {0: h}, said.append)
+    sup = Supervisor(cfg, {ReplicaKey(0, 0): h}, said.append)
     h.spawn()
     pid = h.pid
     assert pid is not None
@@ -45,12 +46,12 @@ def test_a_stage_that_hangs_before_it_is_ready_is_killed(tmp_path: Path) -> None
         t0 = time.monotonic()
         assert sup.check(t0, set()) == []
         # A stage that has sent a heartbeat while starting is held to the heartbeat timeout.
-        sup.heartbeat(0, t0)
+        sup.heartbeat(ReplicaKey(0, 0), t0)
         assert sup.check(t0 + 0.5, set()) == []
         t_check = time.monotonic()
         deaths = sup.check(t0 + 1.5, set())
         assert time.monotonic() - t_check < 1.0, "the supervisor waited for the kill to complete"
-        assert [sid for sid, _ in deaths] == [0] and "no heartbeat for 1.5s" in deaths[0][1]
+        assert [key.stage_id for key, _ in deaths] == [0] and "no heartbeat for 1.5s" in deaths[0][1]
         assert gone(pid)
         assert "will not be restarted" in said[-1]
         # A silent one is held to the start-up deadline.
@@ -62,7 +63,7 @@ def test_a_stage_that_hangs_before_it_is_ready_is_killed(tmp_path: Path) -> None
         spawned_at = h.run.spawned_at
         assert sup.check(spawned_at + 1.0, set()) == []
         deaths = sup.check(spawned_at + 2.5, set())
-        assert [sid for sid, _ in deaths] == [0] and "not ready 2s after it started" in deaths[0][1]
+        assert [key.stage_id for key, _ in deaths] == [0] and "not ready 2s after it started" in deaths[0][1]
     finally:
         h.kill()
 
@@ -98,7 +99,7 @@ def test_a_spent_restart_budget_stops_the_stage_or_keeps_retrying(tmp_path: Path
     )
     h = StageHandle(cfg, cfg.stages[0], "ipc://@nobody-listens", RunEndpoints(cfg.endpoints, new_run_id()), tmp_path)
     said: list[str] = []
-    sup = Supervisor(cfg, {0: h}, said.append)
+    sup = Supervisor(cfg, {ReplicaKey(0, 0): h}, said.append)
     h.spawn()
     try:
         t0 = time.monotonic()

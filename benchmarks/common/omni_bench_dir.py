@@ -229,7 +229,8 @@ def _qwen3_role_ids(out: Path) -> None:
         raise RuntimeError(f"the roles' first tokens collide: {ids}")
     config = json.loads((out / "config.json").read_text())
     config.update(ids)
-    config["thinker_config"]["user_token_id"] = ids["user_token_id"]
+    if "thinker_config" in config:
+        config["thinker_config"]["user_token_id"] = ids["user_token_id"]
     (out / "config.json").unlink()
     (out / "config.json").write_text(json.dumps(config, indent=1))
 
