@@ -59,7 +59,11 @@ def _chunks(pcm: bytes, ms: int = 100) -> list[str]:
 def _silero_segments(audio_16k: np.ndarray, settings: VadSettings) -> list[dict[str, int]]:
     """silero-vad's own offline segmentation of the same audio (the package's reference code)."""
     import torch
-    from silero_vad import get_speech_timestamps, load_silero_vad
+
+    threads = torch.get_num_threads()
+    from silero_vad import get_speech_timestamps, load_silero_vad  # its import sets torch's threads to 1
+
+    torch.set_num_threads(threads)  # as they were, for the in-process engines of later tests
 
     model = load_silero_vad(onnx=True)
     return get_speech_timestamps(torch.from_numpy(audio_16k), model, threshold=settings.threshold,

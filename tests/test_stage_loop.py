@@ -46,9 +46,11 @@ pytestmark = pytest.mark.engine
 ENGINE_ARGS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 8}
 
 
-def config(**top: Any) -> PipelineConfig:
-    """Stage 1 continues stage 0's tokens and streams its hidden states; the test plays stage 0."""
+def config(downstream: bool = False, **top: Any) -> PipelineConfig:
+    """Stage 1 continues stage 0's tokens and streams its hidden states; the test plays stage 0
+    (and, with `downstream`, a stage 2 after stage 1: its links get stage 2's pool)."""
     stage = {"model": "tiny-qwen2", "engine_args": ENGINE_ARGS, "sampling": {"max_tokens": 8, "ignore_eos": True}}
+    after = [{"id": 2, **stage, "inputs": [1], "processor": "continue_tokens", "final_output": True}]
     return parse_config(
         {
             "name": "loop_harness",
@@ -62,6 +64,7 @@ def config(**top: Any) -> PipelineConfig:
                     "hidden_states": {},
                     "final_output": True,
                 },
+                *(after if downstream else []),
             ],
             **top,
         }
@@ -290,6 +293,7 @@ def test_a_hidden_row_gap_fails_that_request_only(harness: Harness) -> None:
 
 
 STALL = config(
+    downstream=True,
     timeouts={"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 1.0},
     endpoints={"shm": {"num_slots": 2, "threshold_bytes": 1, "capacity_bytes": 1 << 20, "prefault": False}},
 )

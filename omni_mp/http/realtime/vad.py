@@ -30,10 +30,16 @@ HYSTERESIS = 0.15
 @functools.lru_cache(maxsize=1)
 def model() -> object:
     """The process's one Silero VAD session (onnxruntime, CPU, one thread: a frame costs ~0.2 ms)."""
-    import onnxruntime
-    import silero_vad
+    import importlib.util
 
-    path = os.path.join(os.path.dirname(silero_vad.__file__), "data", "silero_vad.onnx")
+    import onnxruntime
+
+    # The package's file, found without importing the package: `silero_vad.model` calls
+    # torch.set_num_threads(1) when imported, which would change the whole process's torch.
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the silero-vad package is not installed (scripts/requirements-cpu.txt)")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "data", "silero_vad.onnx")
     opts = onnxruntime.SessionOptions()
     opts.inter_op_num_threads = 1
     opts.intra_op_num_threads = 1
