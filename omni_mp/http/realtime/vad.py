@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,16 +31,20 @@ HYSTERESIS = 0.15
 @functools.lru_cache(maxsize=1)
 def model() -> object:
     """The process's one Silero VAD session (onnxruntime, CPU, one thread: a frame costs ~0.2 ms)."""
-    import importlib.util
-
     import onnxruntime
 
-    # The package's file, found without importing the package: `silero_vad.model` calls
-    # torch.set_num_threads(1) when imported, which would change the whole process's torch.
-    spec = importlib.util.find_spec("silero_vad")
-    if spec is None or not spec.submodule_search_locations:
+    # The package's file, found on sys.path without importing the package: `silero_vad.model`
+    # calls torch.set_num_threads(1) when imported, which would change the whole process's torch.
+    path = next(
+        (
+            p
+            for p in (os.path.join(d, "silero_vad", "data", "silero_vad.onnx") for d in sys.path if d)
+            if os.path.isfile(p)
+        ),
+        None,
+    )
+    if path is None:
         raise RuntimeError("the silero-vad package is not installed (scripts/requirements-cpu.txt)")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "data", "silero_vad.onnx")
     opts = onnxruntime.SessionOptions()
     opts.inter_op_num_threads = 1
     opts.intra_op_num_threads = 1
