@@ -38,6 +38,7 @@ from tests.synthetic_media import speechlike
 MAX_SESSIONS = 4
 IDLE_S = 8.0
 MAX_TURN_S = 5.0
+HISTORY_TOKENS = 300  # http.realtime.max_history_tokens: more than any one-turn prompt of these tests
 RATE = 24_000
 SPEECH = speechlike()  # 2.25 s of voice to Silero, 24 kHz float32
 LEAD_S, TAIL_S = 0.5, 1.0  # silence around it in the VAD turns
@@ -108,6 +109,28 @@ def test_history_drops_the_oldest_turns_whole_and_truncation_keeps_what_was_play
     assert played_prefix("word", 100, 1000) == ""
 
 
+@pytest.mark.parametrize("config", ["tiny_qwen2_5_omni.yaml", "tiny_qwen3_omni.yaml"])
+def test_audio_token_counts_are_the_processors(config: str) -> None:
+    """The history budget's audio counts (the prompt format's formula) against transformers'
+    processor on the same tiny checkpoint, for lengths of whole hops (vLLM pads to them)."""
+    from transformers import AutoProcessor
+
+    from omni_mp.config.validate import load_config
+    from omni_mp.http.pipeline import PipelineView
+    from omni_mp.models.family import CountsAudio
+    from omni_mp.models.registry import prompt_format, resolve_model
+
+    stage = PipelineView.of(load_config(CONFIG_DIR / config)).text_stage
+    assert stage is not None and stage.prompt_format is not None
+    fmt = prompt_format(stage.prompt_format)
+    assert isinstance(fmt, CountsAudio)
+    proc = AutoProcessor.from_pretrained(resolve_model(stage.model))
+    assert proc.audio_token == fmt.audio_placeholder
+    for samples in (160, 1600, 16_000, 16_160, 36_000, 160 * 777, 16_000 * 29):
+        ids = proc(text=proc.audio_token, audio=[np.zeros(samples, np.float32)], return_tensors="np")["input_ids"]
+        assert fmt.audio_tokens(samples) == ids.shape[-1], samples
+
+
 # ---- the served pipeline -----------------------------------------------------------------------
 
 
@@ -122,7 +145,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     bounds = {"max_sessions": MAX_SESSIONS, "max_append_bytes": 64 << 10, "idle_timeout_s": IDLE_S,
-              "max_turn_audio_s": MAX_TURN_S}  # fmt: skip
+              "max_turn_audio_s": MAX_TURN_S, "max_history_tokens": HISTORY_TOKENS}  # fmt: skip
     tmp = tmp_path_factory.mktemp("rt")
     with serve_http(CONFIG_DIR / "tiny_qwen2_5_omni.yaml", tmp, http={"realtime": bounds}) as (pipeline, url):
         yield Served(pipeline, url)
@@ -240,19 +263,23 @@ def _turn_audio() -> bytes:
     )
 
 
-def test_server_vad_starts_and_ends_the_turn_and_answers(served: Served) -> None:
-    async def turn() -> list[Any]:
-        seen: list[Any] = []
-        async with served.openai.realtime.connect(model="tiny") as conn:
-            await _until(conn, "session.created", seen)
-            await conn.session.update(session=VAD)  # type: ignore[arg-type]
-            await _until(conn, "session.updated", seen)
-            for chunk in _chunks(_turn_audio()):
-                await conn.input_audio_buffer.append(audio=chunk)
-            await _until(conn, "response.done", seen)
-        return seen
+async def _vad_turn(served: Served, session: dict[str, Any], until: set[str]) -> list[Any]:
+    """A session of `session`'s settings streams _turn_audio(): its events until all of `until`."""
+    seen: list[Any] = []
+    async with served.openai.realtime.connect(model="tiny") as conn:
+        await _until(conn, "session.created", seen)
+        await conn.session.update(session=session)  # type: ignore[arg-type]
+        await _until(conn, "session.updated", seen)
+        for chunk in _chunks(_turn_audio()):
+            await conn.input_audio_buffer.append(audio=chunk)
+        while not (until <= {e.type for e in seen}):
+            seen.append(await asyncio.wait_for(conn.recv(), 300))
+            assert seen[-1].type != "error", seen[-1]
+    return seen
 
-    seen = asyncio.run(turn())
+
+def test_server_vad_starts_and_ends_the_turn_and_answers(served: Served) -> None:
+    seen = asyncio.run(_vad_turn(served, VAD, {"response.done"}))
     started = next(e for e in seen if e.type == "input_audio_buffer.speech_started")
     stopped = next(e for e in seen if e.type == "input_audio_buffer.speech_stopped")
     speech_end_ms = (LEAD_S + len(SPEECH) / RATE) * 1000
@@ -313,7 +340,7 @@ def test_bad_input_is_an_error_event_for_that_session_only(served: Served) -> No
                           json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x00\x01\x02").decode()}),
                           json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (70 << 10)}),
                           json.dumps({"type": "input_audio_buffer.append", "audio": "***"}),
-                          json.dumps({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+                          json.dumps({"type": "session.update", "session": {"input_audio_format": "g722"}}),
                           json.dumps({"type": "session.update", "session": {"audio": {"output": {"voice": "nobody"}}}}),
                           json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}),
                           json.dumps({"type": "response.cancel"}),
@@ -616,3 +643,216 @@ def test_items_are_retrieved_and_deleted(served: Served) -> None:
     ]
     assert deleted == {**deleted, "type": "conversation.item.deleted", "item_id": "item_mine"}
     assert missing["error"]["code"] == "item_not_found" and missing["error"]["param"] == "item_id"
+
+
+# ---- transcripts of the user's turns, the token bound, G.711 -----------------------------------
+
+
+def _transcribed(served: Served, samples: np.ndarray, rate: int, subtype: str = "FLOAT") -> str:
+    """/v1/audio/transcriptions' text for `samples` sent as a WAV file (the oracle)."""
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, rate, format="WAV", subtype=subtype)
+    return served.chat.audio.transcriptions.create(model="tiny", file=("turn.wav", buf.getvalue())).text
+
+
+TRANSCRIBED = {**MANUAL, "output_modalities": ["text"],
+               "audio": {**MANUAL["audio"], "input": {**MANUAL["audio"]["input"], "transcription": {"model": "gpt-4o-transcribe"}}}}  # fmt: skip
+DONE = "conversation.item.input_audio_transcription.completed"
+
+
+async def _turn_with_transcript(conn: Any, chunks: list[str], seen: list[Any], answer: bool = True) -> tuple[Any, Any]:
+    """Append, commit (and answer): the transcription's completed event and response.done (None
+    without an answer), in either order."""
+    for chunk in chunks:
+        await conn.input_audio_buffer.append(audio=chunk)
+    await conn.input_audio_buffer.commit()
+    want = {DONE, "response.done"} if answer else {DONE}
+    if answer:
+        await conn.response.create()
+    while not (want <= {e.type for e in seen}):
+        seen.append(await asyncio.wait_for(conn.recv(), 300))
+        assert seen[-1].type not in ("error", "conversation.item.input_audio_transcription.failed"), seen[-1]
+    return next(e for e in seen if e.type == DONE), next((e for e in seen if e.type == "response.done"), None)
+
+
+def test_user_turns_are_transcribed_as_the_transcriptions_endpoint_does(served: Served) -> None:
+    """audio.input.transcription: the committed turn's transcript (deltas, then completed) is
+    what /v1/audio/transcriptions says of the same audio, runs beside the answer, and stays in
+    the item."""
+
+    async def turn() -> tuple[list[Any], Any, Any, Any]:
+        seen: list[Any] = []
+        async with served.openai.realtime.connect(model="tiny") as conn:
+            await _until(conn, "session.created", seen)
+            await conn.session.update(session=TRANSCRIBED)  # type: ignore[arg-type]
+            updated = await _until(conn, "session.updated", seen)
+            completed, done = await _turn_with_transcript(conn, _chunks(_pcm16(SPEECH)), seen)
+            await conn.conversation.item.retrieve(item_id=completed.item_id)
+            retrieved = await _until(conn, "conversation.item.retrieved", seen)
+        return seen, updated, completed, retrieved
+
+    seen, updated, completed, retrieved = asyncio.run(turn())
+    assert updated.session.audio.input.transcription.model == "gpt-4o-transcribe"
+    at_16k = soxr.resample(_pcm16_float(SPEECH), RATE, 16_000).astype(np.float32)
+    want = _transcribed(served, at_16k, 16_000)
+    assert want and completed.transcript == want
+    deltas = [e for e in seen if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert "".join(e.delta for e in deltas) == want and {e.item_id for e in deltas} == {completed.item_id}
+    committed = next(e for e in seen if e.type == "input_audio_buffer.committed")
+    assert completed.item_id == committed.item_id and completed.content_index == 0
+    assert completed.usage.type == "tokens" and completed.usage.input_token_details.audio_tokens > 0
+    assert retrieved.item.content[0].type == "input_audio" and retrieved.item.content[0].transcript == want
+    kinds = [e.type for e in seen]
+    assert kinds.index("response.created") < kinds.index(DONE)  # the answer did not wait for it
+
+
+def _audio_item(pcm: bytes) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_audio", "audio": base64.b64encode(pcm).decode()}],
+    }
+
+
+def test_history_is_bounded_in_tokens_dropping_the_oldest_turns(served: Served) -> None:
+    """Seven user turns (4 s audios and short texts) past max_history_tokens: the response's prompt
+    keeps the latest turns that fit; the oldest go (conversation.item.deleted). Oracle: the
+    thinker's own prompt tokens for the same messages through chat completions."""
+    speech = np.tile(SPEECH, 2)[: 4 * RATE]
+    turns = [("audio", speech * (0.9 + 0.02 * k)) if k % 2 == 0 else ("text", f"Turn number {k}.") for k in range(7)]
+
+    async def run() -> tuple[list[Any], list[str]]:
+        seen: list[Any] = []
+        ids = []
+        async with served.openai.realtime.connect(model="tiny") as conn:
+            await _until(conn, "session.created", seen)
+            await conn.session.update(session={**MANUAL, "output_modalities": ["text"]})  # type: ignore[arg-type]
+            for kind, what in turns:
+                if kind == "audio":
+                    await conn.conversation.item.create(item=_audio_item(_pcm16(what)))  # type: ignore[arg-type]
+                else:
+                    await _say(conn, what)
+                ids.append((await _until(conn, "conversation.item.added", seen)).item.id)
+            await conn.response.create()
+            await _until(conn, "response.done", seen)
+        return seen, ids
+
+    seen, ids = asyncio.run(run())
+    deleted = [e.item_id for e in seen if e.type == "conversation.item.deleted"]
+    kept = len(deleted)
+    assert 0 < kept < len(turns) - 1 and deleted == ids[:kept]  # the oldest, in order
+    done = next(e for e in seen if e.type == "response.done")
+    assert done.response.status == "completed"
+
+    def chat_prompt_tokens(first: int) -> int:
+        msgs: list[dict[str, Any]] = [{"role": "system", "content": "Answer briefly."}]
+        for kind, what in turns[first:]:
+            if kind == "audio":
+                at_16k = soxr.resample(_pcm16_float(what), RATE, 16_000).astype(np.float32)
+                msgs.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_audio", "input_audio": {"data": _wav_b64(at_16k), "format": "wav"}}
+                        ],
+                    }
+                )
+            else:
+                msgs.append({"role": "user", "content": what})
+        r = served.chat.chat.completions.create(model="tiny", messages=msgs, max_tokens=1)  # type: ignore[arg-type]
+        assert r.usage is not None
+        return r.usage.prompt_tokens
+
+    assert done.response.usage.input_tokens == chat_prompt_tokens(kept) <= HISTORY_TOKENS
+    assert chat_prompt_tokens(kept - 1) > HISTORY_TOKENS  # one turn more would not have fit
+
+
+def _mulaw_8k(x_24k: np.ndarray) -> tuple[np.ndarray, bytes]:
+    """`x` at 8 kHz and its G.711 mu-law bytes by libsndfile (not the server's PyAV)."""
+    x8 = np.clip(soxr.resample(x_24k, RATE, 8_000), -1, 1).astype(np.float32)
+    buf = io.BytesIO()
+    soundfile.write(buf, x8, 8_000, format="RAW", subtype="ULAW")
+    return x8, buf.getvalue()
+
+
+def test_g711_in_and_out_match_pcm16_within_its_quantisation(served: Served) -> None:
+    """A session in audio/pcmu: its user turn's transcript is the transcriptions endpoint's for
+    the same mu-law audio; its answer to a text turn, decoded, is the PCM16 session's answer at
+    8 kHz within G.711's quantisation. Beta's g711_alaw is taken and echoed."""
+    x8, ulaw = _mulaw_8k(SPEECH)
+    g711 = {**TRANSCRIBED, "output_modalities": ["audio"],
+            "audio": {"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None, "transcription": {}},
+                      "output": {"format": {"type": "audio/pcmu"}, "voice": "Chelsie"}}}  # fmt: skip
+
+    async def answer(session: dict[str, Any], audio_turn: bool) -> tuple[list[Any], Any, Any]:
+        seen: list[Any] = []
+        completed = None
+        async with served.openai.realtime.connect(model="tiny") as conn:
+            await _until(conn, "session.created", seen)
+            await conn.session.update(session=session)  # type: ignore[arg-type]
+            updated = await _until(conn, "session.updated", seen)
+            if audio_turn:
+                chunks = [base64.b64encode(ulaw[i : i + 800]).decode() for i in range(0, len(ulaw), 800)]
+                completed, _ = await _turn_with_transcript(conn, chunks, seen, answer=False)
+                await conn.conversation.item.delete(item_id=completed.item_id)
+                await _until(conn, "conversation.item.deleted", seen)
+                seen.clear()
+            await _say(conn, "Hello")
+            await conn.response.create()
+            await _until(conn, "response.done", seen)
+        return seen, updated, completed
+
+    got, updated, completed = asyncio.run(answer(g711, True))
+    want, _, _ = asyncio.run(answer(MANUAL, False))
+    assert completed.transcript == _transcribed(served, x8, 8_000, "ULAW")
+    assert (
+        updated.session.audio.input.format.type == "audio/pcmu"
+        and updated.session.audio.output.format.type == "audio/pcmu"
+    )
+    ulaw_out = _audio_of(got)
+    decoded, _ = soundfile.read(
+        io.BytesIO(ulaw_out), samplerate=8_000, channels=1, format="RAW", subtype="ULAW", dtype="int16"
+    )
+    ref = np.round(soxr.resample(np.frombuffer(_audio_of(want), dtype="<i2").astype(np.float32), RATE, 8_000)).astype(
+        int
+    )
+    assert abs(len(decoded) - len(ref)) <= 2 and len(ref) > 800
+    n = min(len(decoded), len(ref))
+    err = np.abs(decoded[:n].astype(int) - ref[:n])
+    assert (err <= np.abs(ref[:n]) / 16 + 40).all(), err.max()  # mu-law: ~4 bits of mantissa per segment
+    assert np.abs(ref[:n]).max() > 100
+    beta = asyncio.run(_beta_session(served, {"input_audio_format": "g711_alaw", "output_audio_format": "g711_alaw"}))
+    assert beta["input_audio_format"] == beta["output_audio_format"] == "g711_alaw"
+
+
+async def _beta_session(served: Served, fields: dict[str, Any]) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {KEY}", "OpenAI-Beta": "realtime=v1"}
+    async with websockets.connect(served.ws, additional_headers=headers) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "session": fields}))
+        ev = json.loads(await ws.recv())
+        assert ev["type"] == "session.updated", ev
+        return ev["session"]
+
+
+PIPECAT_SESSION = {"type": "realtime", "instructions": "Answer briefly.",
+                   "audio": {"input": {"transcription": {"model": "gpt-realtime-whisper"},
+                                       "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 200, "silence_duration_ms": 400}},
+                             "output": {"voice": "Chelsie"}}}  # fmt: skip
+
+
+def test_pipecat_realtime_service_holds_a_spoken_turn(served: Served, tmp_path: Path) -> None:
+    """pipecat's OpenAIRealtimeLLMService (no other service needed): its audio turn, ended by
+    the server's VAD, gets the answer and the user's transcript that the openai SDK's session
+    with the same settings and audio gets."""
+    (tmp_path / "in.pcm").write_bytes(_turn_audio())
+    got = client_script(
+        "pipecat_realtime", served.ws, KEY, "Chelsie", str(tmp_path / "in.pcm"), str(tmp_path / "pc.json")
+    )
+
+    seen = asyncio.run(_vad_turn(served, PIPECAT_SESSION, {DONE, "response.done"}))
+    assert got["errors"] == [] and got["rates"] == [RATE]
+    assert got["transcripts"] == [next(e.transcript for e in seen if e.type == DONE)]
+    assert got["text"] == next(e.transcript for e in seen if e.type == "response.output_audio_transcript.done")
+    want = np.frombuffer(_audio_of(seen), dtype="<i2")
+    assert len(got["pcm"]) == len(want) > 0 and np.abs(got["pcm"].astype(int) - want.astype(int)).max() <= 1

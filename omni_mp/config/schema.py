@@ -231,6 +231,9 @@ class RealtimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_turn_audio_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 60.0  # one user turn's buffered audio
     max_append_bytes: Annotated[int, Meta(ge=1024, le=64 << 20)] = 1 << 20  # one append's base64 text
     max_history_items: Annotated[int, Meta(ge=2, le=10_000)] = 64  # oldest user turns dropped past it
+    # A response's prompt in tokens (oldest turns dropped past it; omni_mp.http.realtime.budget);
+    # None: the thinker's max_model_len less the answer's room.
+    max_history_tokens: Annotated[int, Meta(ge=16, le=10_000_000)] | None = None
     idle_timeout_s: Seconds = 300.0  # no client event for this long: the session is closed
     barge_in: bool = True  # speech starting while an answer plays cancels it (server VAD)
 

@@ -163,8 +163,9 @@ def _language(req: TranscriptionRequest) -> str | None:
     return language
 
 
-def _prompt(req: TranscriptionRequest, view: PipelineView) -> TranscriptionPrompt:
-    """Refuse what cannot be honoured (saying why), then the family's prompt for the rest."""
+def transcriber(view: PipelineView) -> Transcribes:
+    """The thinker's transcription prompts, or a 400 saying why this pipeline does not transcribe
+    (also the realtime sessions' transcripts of the user's turns: omni_mp.http.realtime.transcripts)."""
     stage = view.text_stage
     if stage is None or stage not in view.cfg.entry_stages:
         raise bad_request(f"pipeline {view.cfg.name!r} does not transcribe (no entry stage answers in text)", "model")
@@ -172,6 +173,12 @@ def _prompt(req: TranscriptionRequest, view: PipelineView) -> TranscriptionPromp
     if not isinstance(fmt, Transcribes) or view.media_limits.max_audios < 1:
         raise bad_request(f"pipeline {view.cfg.name!r} does not transcribe (its thinker has no transcription prompt)",
                           "model", "unsupported_value")  # fmt: skip
+    return fmt
+
+
+def _prompt(req: TranscriptionRequest, view: PipelineView) -> TranscriptionPrompt:
+    """Refuse what cannot be honoured (saying why), then the family's prompt for the rest."""
+    fmt = transcriber(view)
     for name, why in _REFUSED.items():
         if getattr(req, name):
             raise bad_request(why, name, "unsupported_value")

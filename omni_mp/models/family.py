@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -90,6 +90,24 @@ class PromptFormat(Protocol):
     def companions(self, params: Mapping[str, Any] | None) -> list[str]:
         """Prompts run beside the request's prompt for these model parameters (e.g. an
         image's negative prompt; most formats: none). ValueError on bad parameters."""
+        ...
+
+
+def whisper_frames(samples: int) -> int:
+    """Whisper features of an audio (Qwen's audio encoders take them): one per hop of 160
+    samples at 16 kHz (vLLM pads the audio to whole hops)."""
+    return -(-samples // 160)
+
+
+@runtime_checkable
+class CountsAudio(Protocol):
+    """A prompt format that knows how many prompt tokens an audio takes (its placeholder
+    expanded as vLLM's processor for the family does), without running the processor."""
+
+    audio_placeholder: str  # the token the processor expands, once per audio
+
+    def audio_tokens(self, samples: int) -> int:
+        """The tokens of an audio of `samples` samples at `audio_rate`."""
         ...
 
 

@@ -38,7 +38,7 @@ class Envelope(msgspec.Struct):
 
 
 class AudioFormat(msgspec.Struct):
-    """GA's format object; beta spells it as a string ("pcm16")."""
+    """GA's format object; beta spells it as a string ("pcm16", "g711_ulaw", "g711_alaw")."""
 
     type: str = "audio/pcm"
     rate: int | None = None
@@ -58,10 +58,21 @@ class TurnDetection(msgspec.Struct):
     eagerness: str | None = None  # semantic_vad's: accepted, not acted on
 
 
+class Transcription(msgspec.Struct):
+    """Transcripts of the user's audio turns (the thinker's transcription, whatever `model` says)."""
+
+    model: str | None = None  # accepted: the thinker transcribes
+    language: str | None = None  # the transcription prompt's language (an ISO code)
+    prompt: str | None = None  # context after the instruction, as /v1/audio/transcriptions' `prompt`
+    delay: Any = None  # accepted, not acted on
+    keywords: Any = None  # accepted, not acted on
+    languages: Any = None  # accepted, not acted on
+
+
 class AudioInput(msgspec.Struct):
     format: Format | None = None
     turn_detection: TurnDetection | None | msgspec.UnsetType = msgspec.UNSET
-    transcription: Any = None  # accepted, not acted on: the transcript is the model's own answer
+    transcription: Transcription | None | msgspec.UnsetType = msgspec.UNSET  # null: off
     noise_reduction: Any = None  # accepted, not acted on
 
 
@@ -103,8 +114,8 @@ class SessionConfig(msgspec.Struct):
     temperature: float | None = None
     max_output_tokens: int | str | None = None  # GA; "inf": the model's own limit
     max_response_output_tokens: int | str | None = None  # beta
+    input_audio_transcription: Transcription | None | msgspec.UnsetType = msgspec.UNSET  # beta; null: off
     # Accepted, not acted on (docs/http.md):
-    input_audio_transcription: Any = None
     input_audio_noise_reduction: Any = None
     tracing: Any = None
     truncation: Any = None
@@ -126,7 +137,7 @@ class Append(msgspec.Struct):
 class ContentPart(msgspec.Struct):
     type: str  # input_text, input_audio, text/output_text, audio/output_audio
     text: str | None = None
-    audio: str | None = None  # base64 PCM16 at the session's input rate
+    audio: str | None = None  # base64, in the session's input format
     transcript: str | None = None
 
 
@@ -252,3 +263,4 @@ class ServerEvent(msgspec.Struct, omit_defaults=True):
     audio_start_ms: int | None = None
     audio_end_ms: int | None = None
     error: ErrorBody | None = None
+    usage: Any = None

@@ -31,6 +31,7 @@ class HistoryItem:
     role: str | None = None  # message: user, assistant, system
     text: str = ""  # user/system text; an assistant answer's transcript (as played)
     audio: np.ndarray | None = None  # a user turn's audio, float32 at 16 kHz
+    transcript: str | None = None  # its transcript (a session asking for them: omni_mp.http.realtime.transcripts)
     audio_ms: int = 0  # an assistant answer's audio sent so far
     call_id: str | None = None
     name: str | None = None
@@ -66,13 +67,20 @@ class History:
     def _audios(self) -> int:
         return sum(1 for it in self.items if it.audio is not None)
 
-    def conversation(self, instructions: str | None, tools: list[dict] | None) -> Conversation:  # type: ignore[type-arg]
+    def conversation(
+        self,
+        instructions: str | None,
+        tools: list[dict] | None,  # type: ignore[type-arg]
+        start: int = 0,
+    ) -> Conversation:
+        """The items from `start` on as a chat conversation (omni_mp.http.conversation)."""
+        items = self.items[start:]
         conv = Conversation(turns=[], tools=tools)
         system = [instructions] if instructions else []
-        system += [it.text for it in self.items if it.type == "message" and it.role == "system"]
+        system += [it.text for it in items if it.type == "message" and it.role == "system"]
         if system:
             conv.turns.append(Turn("system", [TextItem("\n\n".join(system))]))
-        for it in self.items:
+        for it in items:
             if it.type == "message" and it.role == "user":
                 parts: list[TurnItem] = []
                 if it.audio is not None:

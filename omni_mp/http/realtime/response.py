@@ -1,5 +1,6 @@
 """One realtime response: the chat pipeline's stream (omni_mp.http.chat.run_chat) -> Realtime
-server events: the assistant message (audio deltas as PCM16 at 24 kHz, its transcript or its
+server events: the assistant message (audio deltas in the session's output format: PCM16 at
+24 kHz or G.711 at 8 kHz, resampled from the talker's rate by soxr, streamed; its transcript or its
 text), function calls (`response.function_call_arguments.*`, never spoken), `response.done`
 with usage. Cancelling the task that runs it closes the stream, which aborts the request in
 every stage (run_chat's cleanup); `finish` then says how it ended."""
@@ -17,29 +18,41 @@ from omni_mp.http.chat import AudioDelta, ChatEnd, TextDelta, ToolCallsDelta
 from omni_mp.http.errors import ApiError
 from omni_mp.http.realtime.events import ErrorBody, Usage
 from omni_mp.http.realtime.history import History, HistoryItem, new_id
+from omni_mp.http.realtime.wire_audio import PCM16, WireFormat, encode
 
 Send = Callable[..., Awaitable[None]]
 
 
 class _Resampler:
-    """PCM16 at the talker's rate -> PCM16 at 24 kHz (soxr, streamed); a no-op at 24 kHz."""
+    """PCM16 at the talker's rate -> int16 samples at `out_rate` (soxr, streamed); a no-op at it."""
 
-    def __init__(self) -> None:
+    def __init__(self, out_rate: int = SAMPLE_RATE) -> None:
         self._stream: Any = None
-        self._rate = SAMPLE_RATE
+        self._rate = out_rate
+        self.out_rate = out_rate
 
-    def __call__(self, pcm: bytes, rate: int) -> bytes:
-        if rate == SAMPLE_RATE:
-            return pcm
+    def __call__(self, pcm: bytes, rate: int) -> np.ndarray:
+        samples = np.frombuffer(pcm, dtype="<i2")
+        if rate == self.out_rate:
+            return samples
         import soxr
 
         if self._stream is None or rate != self._rate:
-            self._stream, self._rate = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="int16"), rate
-        return self._stream.resample_chunk(np.frombuffer(pcm, dtype="<i2")).astype("<i2").tobytes()
+            self._stream, self._rate = soxr.ResampleStream(rate, self.out_rate, 1, dtype="int16"), rate
+        return self._stream.resample_chunk(samples).astype("<i2")
+
+    def flush(self) -> np.ndarray:
+        """What the resampler still holds (its filter's delay), at the answer's end."""
+        if self._stream is None:
+            return np.zeros(0, np.int16)
+        tail = self._stream.resample_chunk(np.zeros(0, np.int16), last=True).astype("<i2")
+        self._stream = None
+        return tail
 
 
 class ResponseRun:
-    def __init__(self, send: Send, history: History, audio: bool, metadata: dict[str, str] | None) -> None:
+    def __init__(self, send: Send, history: History, audio: bool, metadata: dict[str, str] | None,
+                 out_format: WireFormat = PCM16) -> None:  # fmt: skip
         self.id = new_id("resp")
         self.send = send
         self.history = history
@@ -50,8 +63,9 @@ class ResponseRun:
         self.usage = Usage(0, 0, 0)
         self.status = "in_progress"
         self.first_audio_at: float | None = None
-        self.audio_bytes = 0
-        self._resample = _Resampler()
+        self.audio_samples = 0  # at the output format's rate
+        self.out_format = out_format
+        self._resample = _Resampler(out_format.rate)
 
     def describe(self, status: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -104,17 +118,23 @@ class ResponseRun:
                 kind = "response.output_audio_transcript.delta" if self.audio else "response.output_text.delta"
                 await self.send(kind, **self._at(msg), delta=ev.text)
             elif isinstance(ev, AudioDelta):
-                msg = await self._message()
-                pcm = self._resample(ev.pcm, ev.sample_rate)
                 if self.first_audio_at is None:
                     self.first_audio_at = time.monotonic()
-                self.audio_bytes += len(pcm)
-                msg.audio_ms = self.audio_bytes * 1000 // (2 * SAMPLE_RATE)
-                await self.send("response.output_audio.delta", **self._at(msg), delta=b64(pcm))
+                await self._audio(self._resample(ev.pcm, ev.sample_rate))
             elif isinstance(ev, ToolCallsDelta):
                 await self._call_deltas(ev)
             elif isinstance(ev, ChatEnd):
+                tail = self._resample.flush()
+                if len(tail):
+                    await self._audio(tail)
                 await self._end(ev)
+
+    async def _audio(self, pcm: np.ndarray) -> None:
+        """An audio delta of int16 samples at the output format's rate."""
+        msg = await self._message()
+        self.audio_samples += len(pcm)
+        msg.audio_ms = self.audio_samples * 1000 // self.out_format.rate
+        await self.send("response.output_audio.delta", **self._at(msg), delta=b64(encode(self.out_format, pcm)))
 
     async def _call_deltas(self, ev: ToolCallsDelta) -> None:
         for d in ev.calls:

@@ -23,7 +23,7 @@ import numpy as np
 
 from omni_mp.config.schema import RealtimeConfig
 from omni_mp.http.errors import ApiError, from_validation
-from omni_mp.http.realtime.audio_buffer import InputBuffer, pcm16_24k, to_model_rate
+from omni_mp.http.realtime.audio_buffer import InputBuffer, samples_of, to_model_rate
 from omni_mp.http.realtime.events import (
     BETA_NAMES,
     CLIENT_EVENTS,
@@ -43,7 +43,10 @@ from omni_mp.http.realtime.history import History, HistoryItem, new_id, played_p
 from omni_mp.http.realtime.jobs import response_job
 from omni_mp.http.realtime.response import ResponseRun, api_error_body
 from omni_mp.http.realtime.settings import Settings, apply_update, modalities_of, session_json
+from omni_mp.http.realtime.transcripts import InputTranscripts
 from omni_mp.http.realtime.vad import Detector
+from omni_mp.http.realtime.wire_audio import WireFormat
+from omni_mp.http.transcriptions import transcriber
 
 log = logging.getLogger("omni_mp.http.realtime")
 MIN_COMMIT_MS = 100  # OpenAI's: a commit of less audio is refused (input_audio_buffer_commit_empty)
@@ -65,6 +68,7 @@ class RealtimeSession:
         self.settings.turns.interrupt_response = cfg.barge_in
         self.history = History(cfg.max_history_items, view.media_limits.max_audios)
         self.buffer = InputBuffer(cfg.max_turn_audio_s)
+        self.transcripts = InputTranscripts(server, self.send)
         self.vad: Detector | None = None
         self.response: ResponseRun | None = None
         self.task: asyncio.Task[None] | None = None
@@ -150,13 +154,22 @@ class RealtimeSession:
             await self.send("output_audio_buffer.cleared")
 
     async def _update(self, ev: SessionUpdate) -> None:
-        s = self.srv
-        apply_update(self.settings, ev.session, s.voices, s.view.audio_stage is not None, self.cfg.barge_in)
+        s, new = self.srv, Settings(**vars(self.settings))
+        apply_update(new, ev.session, s.voices, s.view.audio_stage is not None, self.cfg.barge_in)
+        if new.transcription is not None:
+            try:
+                transcriber(s.view)
+            except ApiError as err:
+                raise RealtimeError(f"input audio transcription: {err.body.error.message}", "unsupported_value",
+                                    "session.audio.input.transcription") from None  # fmt: skip
+        if new.in_format != self.settings.in_format:  # (audio buffered in the old format is dropped)
+            self.buffer = InputBuffer(self.cfg.max_turn_audio_s, new.in_format.rate)
+        self.settings = new
         self._reset_vad()
         await self.send("session.updated", session=self._session_json())
 
     async def _append(self, ev: Append) -> None:
-        pcm = pcm16_24k(ev.audio, self.cfg.max_append_bytes, "audio")
+        pcm = samples_of(ev.audio, self.settings.in_format, self.cfg.max_append_bytes, "audio")
         at_16k = self.buffer.append(pcm)
         if self.vad is None:
             return
@@ -196,6 +209,8 @@ class RealtimeSession:
         previous = self.history.last_id()
         await self.send("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
         await self._add(item, previous)
+        if self.settings.transcription is not None:
+            self.transcripts.start(item, self.history, self.settings.transcription)
 
     async def _add(self, item: HistoryItem, previous: str | None) -> None:
         for gone in self.history.add(item):
@@ -205,8 +220,9 @@ class RealtimeSession:
         await self.send("conversation.item.done", previous_item_id=previous, item=body)
 
     async def _item_create(self, ev: ItemCreate) -> None:
-        max_b64 = int(self.cfg.max_turn_audio_s * 24_000 * 2 * 4 / 3) + 4
-        item = _history_item(ev.item, max_b64)
+        fmt = self.settings.in_format
+        max_b64 = int(self.cfg.max_turn_audio_s * fmt.rate * fmt.bytes_per_sample * 4 / 3) + 4
+        item = _history_item(ev.item, max_b64, fmt)
         await self._add(item, self.history.last_id())
 
     async def _item_ref(self, kind: str, ev: ItemRef) -> None:
@@ -253,11 +269,14 @@ class RealtimeSession:
         mods = None if params is None else (params.output_modalities or params.modalities)
         if mods is not None:
             audio = modalities_of(mods, self.srv.view.audio_stage is not None, "response.output_modalities")
-        run = ResponseRun(self.send, self.history, audio, None if params is None else params.metadata)
+        run = ResponseRun(self.send, self.history, audio, None if params is None else params.metadata, s.out_format)
         try:
-            job = response_job(self.srv, s, self.history, params, audio)
+            job, start = response_job(self.srv, s, self.history, params, audio)
         except ApiError as err:
             raise RealtimeError(err.body.error.message, err.code, err.body.error.param) from None
+        for gone in self.history.items[:start]:  # over the token budget (omni_mp.http.realtime.budget)
+            self.history.items.remove(gone)
+            await self.send("conversation.item.deleted", item_id=gone.id)
         self.response = run
         await self.send("response.created", response=run.describe())
         events = self.srv.realtime_events(job)
@@ -290,7 +309,8 @@ class RealtimeSession:
             await run.finish("cancelled", reason=reason)
 
     async def close(self) -> None:
-        """The client is gone: its response (if any) is aborted; nothing more is sent."""
+        """The client is gone: its response and transcriptions (if any) are aborted; nothing more is sent."""
+        await self.transcripts.close()
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, RuntimeError, OSError):
@@ -298,7 +318,7 @@ class RealtimeSession:
         self.response, self.task = None, None
 
 
-def _history_item(it: Item, max_b64: int) -> HistoryItem:
+def _history_item(it: Item, max_b64: int, fmt: WireFormat) -> HistoryItem:
     iid = it.id or new_id("item")
     if it.type == "function_call_output":
         if not it.call_id:
@@ -316,7 +336,8 @@ def _history_item(it: Item, max_b64: int) -> HistoryItem:
         if part.type in ("input_text", "text", "output_text"):
             texts.append(part.text or "")
         elif part.type in ("input_audio", "audio", "output_audio") and it.role == "user" and part.audio:
-            audios.append(to_model_rate(pcm16_24k(part.audio, max_b64, f"item.content[{j}].audio")))
+            pcm = samples_of(part.audio, fmt, max_b64, f"item.content[{j}].audio")
+            audios.append(to_model_rate(pcm, fmt.rate))
         elif part.type in ("audio", "output_audio"):
             texts.append(part.transcript or "")
         else:
@@ -337,7 +358,7 @@ def _item_json(it: HistoryItem) -> dict[str, Any]:
         return {**base, "call_id": it.call_id, "output": it.output}
     content: list[dict[str, Any]] = []
     if it.audio is not None:
-        content.append({"type": "input_audio", "transcript": None})
+        content.append({"type": "input_audio", "transcript": it.transcript})
     if it.text:
         kind = "input_text" if it.role in ("user", "system") else "output_text"
         content.append({"type": kind, "text": it.text})

@@ -8,11 +8,19 @@ from typing import Any
 
 import msgspec
 
-from omni_mp.http.realtime.events import AudioFormat, Format, RealtimeError, SessionConfig, Tool, TurnDetection
+from omni_mp.http.realtime.events import (
+    AudioFormat,
+    Format,
+    RealtimeError,
+    SessionConfig,
+    Tool,
+    Transcription,
+    TurnDetection,
+)
 from omni_mp.http.realtime.vad import VadSettings
+from omni_mp.http.realtime.wire_audio import FORMATS, PCM16, WireFormat
 from omni_mp.http.voices import Voices
-
-PCM = {"type": "audio/pcm", "rate": 24_000}
+from omni_mp.models.transcription import LANGUAGES
 
 
 @dataclass
@@ -34,16 +42,30 @@ class Settings:
     tool_choice: Any = "auto"
     max_tokens: int | None = None
     temperature: float | None = None
+    in_format: WireFormat = PCM16
+    out_format: WireFormat = PCM16
+    transcription: Transcription | None = None  # None: the user's audio turns get no transcript
 
 
-def check_format(fmt: Format | None, param: str) -> None:
-    """PCM16 at 24 kHz only (beta's "pcm16", GA's {type: audio/pcm, rate: 24000})."""
-    if fmt is None or fmt == "pcm16":
-        return
-    if isinstance(fmt, AudioFormat) and fmt.type == "audio/pcm" and fmt.rate in (None, 24_000):
-        return
+def format_of(fmt: Format | None, param: str) -> WireFormat | None:
+    """The wire format named (None: not named): beta's string or GA's {type, rate}."""
+    if fmt is None:
+        return None
+    for known in FORMATS:
+        if fmt == known.beta:
+            return known
+        if isinstance(fmt, AudioFormat) and fmt.type == known.ga and fmt.rate in (None, known.rate):
+            return known
     got = fmt if isinstance(fmt, str) else msgspec.to_builtins(fmt)
-    raise RealtimeError(f"audio format {got!r} is not supported: PCM16 at 24 kHz only", "unsupported_value", param)
+    names = ", ".join(f"{f.ga} ({f.beta}, {f.rate} Hz)" for f in FORMATS)
+    raise RealtimeError(f"audio format {got!r} is not supported: {names}", "unsupported_value", param)
+
+
+def transcription_of(t: Transcription | None, param: str) -> Transcription | None:
+    if t is not None and t.language is not None and t.language not in LANGUAGES:
+        raise RealtimeError(f"language {t.language!r} is not supported; supported: {sorted(LANGUAGES)}",
+                            "invalid_value", f"{param}.language")  # fmt: skip
+    return t
 
 
 def max_tokens_of(value: int | str | None, param: str) -> int | None:
@@ -116,20 +138,7 @@ def apply_update(s: Settings, cfg: SessionConfig, voices: Voices, can_speak: boo
     mods = cfg.output_modalities if cfg.output_modalities is not None else cfg.modalities
     if mods is not None:
         new.audio_out = modalities_of(mods, can_speak, f"{p}.output_modalities")
-    a_in = cfg.audio.input if cfg.audio is not None else None
-    a_out = cfg.audio.output if cfg.audio is not None else None
-    check_format(cfg.input_audio_format, f"{p}.input_audio_format")
-    check_format(cfg.output_audio_format, f"{p}.output_audio_format")
-    if a_in is not None:
-        check_format(a_in.format, f"{p}.audio.input.format")
-        if a_in.turn_detection is not msgspec.UNSET:
-            new.turns = _turns(a_in.turn_detection, barge_in, f"{p}.audio.input.turn_detection")
-    if cfg.turn_detection is not msgspec.UNSET:
-        new.turns = _turns(cfg.turn_detection, barge_in, f"{p}.turn_detection")
-    if a_out is not None:
-        check_format(a_out.format, f"{p}.audio.output.format")
-        if a_out.voice is not None:
-            new.voice = resolve_voice(voices, a_out.voice, f"{p}.audio.output.voice")
+    _audio_update(new, cfg, voices, barge_in, p)
     if cfg.voice is not None:
         new.voice = resolve_voice(voices, cfg.voice, f"{p}.voice")
     if cfg.tools is not None:
@@ -142,6 +151,32 @@ def apply_update(s: Settings, cfg: SessionConfig, voices: Voices, can_speak: boo
     if cfg.temperature is not None:
         new.temperature = cfg.temperature
     vars(s).update(vars(new))
+
+
+def _audio_update(new: Settings, cfg: SessionConfig, voices: Voices, barge_in: bool, p: str) -> None:
+    """Formats, turn detection, transcription and voice, GA's nested fields and beta's flat ones."""
+    a_in = cfg.audio.input if cfg.audio is not None else None
+    a_out = cfg.audio.output if cfg.audio is not None else None
+    new.in_format = format_of(cfg.input_audio_format, f"{p}.input_audio_format") or new.in_format
+    new.out_format = format_of(cfg.output_audio_format, f"{p}.output_audio_format") or new.out_format
+    if cfg.input_audio_transcription is not msgspec.UNSET:
+        new.transcription = transcription_of(cfg.input_audio_transcription, f"{p}.input_audio_transcription")
+    if a_in is not None:
+        new.in_format = format_of(a_in.format, f"{p}.audio.input.format") or new.in_format
+        if a_in.turn_detection is not msgspec.UNSET:
+            new.turns = _turns(a_in.turn_detection, barge_in, f"{p}.audio.input.turn_detection")
+        if a_in.transcription is not msgspec.UNSET:
+            new.transcription = transcription_of(a_in.transcription, f"{p}.audio.input.transcription")
+    if cfg.turn_detection is not msgspec.UNSET:
+        new.turns = _turns(cfg.turn_detection, barge_in, f"{p}.turn_detection")
+    if a_out is not None:
+        new.out_format = format_of(a_out.format, f"{p}.audio.output.format") or new.out_format
+        if a_out.voice is not None:
+            new.voice = resolve_voice(voices, a_out.voice, f"{p}.audio.output.voice")
+
+
+def _transcription_json(t: Transcription | None) -> dict[str, Any] | None:
+    return None if t is None else {"model": t.model, "language": t.language, "prompt": t.prompt}
 
 
 def _turn_json(t: Turns) -> dict[str, Any] | None:
@@ -159,11 +194,13 @@ def session_json(s: Settings, session_id: str, model: str, beta: bool) -> dict[s
     if beta:
         return {"object": "realtime.session", "id": session_id, "model": model,
                 "modalities": ["text", "audio"] if s.audio_out else ["text"], "instructions": s.instructions or "",
-                "voice": s.voice, "input_audio_format": "pcm16", "output_audio_format": "pcm16",
+                "voice": s.voice, "input_audio_format": s.in_format.beta, "output_audio_format": s.out_format.beta,
                 "turn_detection": _turn_json(s.turns), "tools": tools, "tool_choice": s.tool_choice,
-                "max_response_output_tokens": limit, "input_audio_transcription": None}  # fmt: skip
+                "max_response_output_tokens": limit,
+                "input_audio_transcription": _transcription_json(s.transcription)}  # fmt: skip
     return {"type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
             "output_modalities": ["audio"] if s.audio_out else ["text"], "instructions": s.instructions or "",
-            "audio": {"input": {"format": PCM, "turn_detection": _turn_json(s.turns), "transcription": None},
-                      "output": {"format": PCM, "voice": s.voice}},
+            "audio": {"input": {"format": s.in_format.describe(False), "turn_detection": _turn_json(s.turns),
+                                "transcription": _transcription_json(s.transcription)},
+                      "output": {"format": s.out_format.describe(False), "voice": s.voice}},
             "tools": tools, "tool_choice": s.tool_choice, "max_output_tokens": limit}  # fmt: skip

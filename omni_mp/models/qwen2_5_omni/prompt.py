@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omni_mp.models.family import ChatPolicy
+from omni_mp.models.family import ChatPolicy, whisper_frames
 from omni_mp.models.transcription import TranscriptionPrompt, instruction
 
 SYSTEM_PROMPT = "You are a helpful assistant who can hear, see and speak."
@@ -73,9 +73,10 @@ def _feature_extractor_config(model_dir: Path) -> dict[str, Any]:
 
 
 class OmniPromptFormat:
-    """`prompt_format: qwen2_5_omni` (omni_mp.models.family.PromptFormat)."""
+    """`prompt_format: qwen2_5_omni` (omni_mp.models.family.PromptFormat, CountsAudio)."""
 
     audio_rate = 16_000
+    audio_placeholder = "<|AUDIO|>"
     reply_end = "<|im_end|>"  # the assistant turn's end, which generate() stops on
     chat = CHAT
 
@@ -89,6 +90,12 @@ class OmniPromptFormat:
 
     def render(self, text: str, n_audio: int, n_image: int, system: str | None = None) -> str:
         return omni_prompt_text(text, n_audio=n_audio, n_image=n_image, system=system or SYSTEM_PROMPT)
+
+    def audio_tokens(self, samples: int) -> int:
+        """The audio encoder's output length (its conv stride 2, then pooling by 2), as the
+        processor computes it from the features (transformers' Qwen2_5OmniProcessor)."""
+        after_conv = (whisper_frames(samples) - 1) // 2 + 1
+        return (after_conv - 2) // 2 + 1
 
     def transcription(self, language: str | None, context: str | None) -> TranscriptionPrompt:
         """The cookbook's recognition prompt (omni_mp.models.transcription)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omni_mp.models.family import ChatPolicy
+from omni_mp.models.family import ChatPolicy, whisper_frames
 from omni_mp.models.qwen3_omni.chat_template import AUDIO_SLOT, IMAGE_SLOT
 from omni_mp.models.transcription import TranscriptionPrompt, instruction
 
@@ -36,10 +36,14 @@ def omni_prompt_text(text: str, n_audio: int = 0, n_image: int = 0, system: str 
     return f"{head}<|im_start|>user\n{media}{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
+N_WINDOW = 50  # the audio encoder's window in feature frames, halved (the processor's default)
+
+
 class Qwen3OmniPromptFormat:
-    """`prompt_format: qwen3_omni` (omni_mp.models.family.PromptFormat)."""
+    """`prompt_format: qwen3_omni` (omni_mp.models.family.PromptFormat, CountsAudio)."""
 
     audio_rate = 16_000
+    audio_placeholder = "<|audio_pad|>"
     reply_end = "<|im_end|>"  # the assistant turn's end, which generate() stops on
     chat = CHAT
 
@@ -48,6 +52,14 @@ class Qwen3OmniPromptFormat:
 
     def render(self, text: str, n_audio: int, n_image: int, system: str | None = None) -> str:
         return omni_prompt_text(text, n_audio=n_audio, n_image=n_image, system=system)
+
+    def audio_tokens(self, samples: int) -> int:
+        """The audio encoder's output length: 13 tokens per whole chunk of 2 * N_WINDOW feature
+        frames, and the rest through three stride-2 convolutions (the processor's formula)."""
+        frames = whisper_frames(samples)
+        chunk = 2 * N_WINDOW
+        rest = (frames % chunk - 1) // 2 + 1
+        return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // chunk) * 13
 
     def transcription(self, language: str | None, context: str | None) -> TranscriptionPrompt:
         """The README's recognition prompt, no system turn (omni_mp.models.transcription)."""
