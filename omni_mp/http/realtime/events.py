@@ -13,9 +13,10 @@ type is an `invalid_request_error` naming it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 # GA name -> beta name, for the server events that were renamed.
 BETA_NAMES = {
@@ -63,7 +64,7 @@ class Transcription(msgspec.Struct):
 
     model: str | None = None  # accepted: the thinker transcribes
     language: str | None = None  # the transcription prompt's language (an ISO code)
-    prompt: str | None = None  # context after the instruction, as /v1/audio/transcriptions' `prompt`
+    prompt: Annotated[str, Meta(max_length=16384)] | None = None  # context after the instruction (the endpoint's bound)
     delay: Any = None  # accepted, not acted on
     keywords: Any = None  # accepted, not acted on
     languages: Any = None  # accepted, not acted on

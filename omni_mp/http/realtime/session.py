@@ -134,7 +134,7 @@ class RealtimeSession:
         elif kind == "input_audio_buffer.append":
             await self._append(ev)
         elif kind == "input_audio_buffer.commit":
-            await self._commit(None)
+            self._transcribe(await self._commit(None))
         elif kind == "input_audio_buffer.clear":
             self.buffer.clear()
             await self.send("input_audio_buffer.cleared")
@@ -180,9 +180,12 @@ class RealtimeSession:
                 await self._speech_started(vad_ev.ms)
             else:
                 await self.send("input_audio_buffer.speech_stopped", audio_end_ms=vad_ev.ms, item_id=self._next_item)
-                await self._commit(self._next_item)
-                if self.settings.turns.create_response and self.response is None:
-                    await self._start_response(None)
+                item = await self._commit(self._next_item)
+                try:
+                    if self.settings.turns.create_response and self.response is None:
+                        await self._start_response(None)
+                finally:
+                    self._transcribe(item)  # (after the answer's request: that goes first to the thinker)
         if not self.vad.speaking:
             self.buffer.keep_last(self.vad.settings.prefix_padding_ms)
 
@@ -200,7 +203,7 @@ class RealtimeSession:
 
     _next_item: str | None = None
 
-    async def _commit(self, item_id: str | None) -> None:
+    async def _commit(self, item_id: str | None) -> HistoryItem:
         if self.buffer.samples * 1000 < MIN_COMMIT_MS * 16_000:
             ms = self.buffer.samples // 16
             raise RealtimeError(f"buffer too small: {ms} ms of audio, at least {MIN_COMMIT_MS} ms",
@@ -209,7 +212,10 @@ class RealtimeSession:
         previous = self.history.last_id()
         await self.send("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
         await self._add(item, previous)
-        if self.settings.transcription is not None:
+        return item
+
+    def _transcribe(self, item: HistoryItem) -> None:
+        if self.settings.transcription is not None and self.history.find(item.id) is not None:
             self.transcripts.start(item, self.history, self.settings.transcription)
 
     async def _add(self, item: HistoryItem, previous: str | None) -> None:
