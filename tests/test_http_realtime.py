@@ -131,6 +131,27 @@ def test_audio_token_counts_are_the_processors(config: str) -> None:
         assert fmt.audio_tokens(samples) == ids.shape[-1], samples
 
 
+def test_g711_codes_are_libsndfiles() -> None:
+    """The server's G.711 (FFmpeg's pcm_mulaw / pcm_alaw through PyAV) against libsndfile's:
+    every code decodes alike; every 16-bit sample encodes alike, or (at a rounding tie) to the
+    other of the two levels around it."""
+    from omni_mp.http.realtime.wire_audio import PCMA, PCMU, decode, encode
+
+    x = np.arange(-32768, 32768).astype(np.int16)
+    for fmt, subtype in ((PCMU, "ULAW"), (PCMA, "ALAW")):
+        codes = bytes(range(256))
+        theirs, _ = soundfile.read(
+            io.BytesIO(codes), samplerate=8000, channels=1, format="RAW", subtype=subtype, dtype="int16"
+        )
+        assert (decode(fmt, codes) == theirs).all()
+        buf = io.BytesIO()
+        soundfile.write(buf, x, 8000, format="RAW", subtype=subtype)
+        mine, ref = decode(fmt, encode(fmt, x)).astype(int), decode(fmt, buf.getvalue()).astype(int)
+        tie = mine != ref
+        assert tie.mean() < 0.02
+        assert (np.minimum(mine, ref)[tie] <= x[tie]).all() and (x[tie] <= np.maximum(mine, ref)[tie]).all()
+
+
 # ---- the served pipeline -----------------------------------------------------------------------
 
 
@@ -765,6 +786,27 @@ def test_history_is_bounded_in_tokens_dropping_the_oldest_turns(served: Served) 
 
     assert done.response.usage.input_tokens == chat_prompt_tokens(kept) <= HISTORY_TOKENS
     assert chat_prompt_tokens(kept - 1) > HISTORY_TOKENS  # one turn more would not have fit
+
+
+def test_a_latest_turn_over_the_token_budget_fails_its_response_and_drops_nothing(served: Served) -> None:
+    async def run() -> list[dict[str, Any]]:
+        got = []
+        async with websockets.connect(served.ws, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            await ws.recv()
+            for text in ("Hi", "word " * (2 * HISTORY_TOKENS)):
+                item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+                await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+                await ws.recv(), await ws.recv()  # (added, done)
+            await ws.send(json.dumps({"type": "response.create", "event_id": "r1"}))
+            got.append(json.loads(await ws.recv()))
+            await ws.send(json.dumps({"type": "conversation.item.retrieve", "item_id": "nothing"}))
+            got.append(json.loads(await ws.recv()))  # (nothing in between: no item was deleted)
+        return got
+
+    refused, then = asyncio.run(run())
+    assert refused["type"] == "error" and refused["error"]["code"] == "context_length_exceeded"
+    assert refused["error"]["event_id"] == "r1" and str(HISTORY_TOKENS) in refused["error"]["message"]
+    assert then["type"] == "error" and then["error"]["code"] == "item_not_found"
 
 
 def _mulaw_8k(x_24k: np.ndarray) -> tuple[np.ndarray, bytes]:
