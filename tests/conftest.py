@@ -15,17 +15,46 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # first imported, and vLLM may import it before the Ray tests run.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 from omni_mp.models.generic.tiny import BUILTIN_SPECS, build_tiny_model  # noqa: E402
+from tests.launcher import ServedPipeline  # noqa: E402
+from tests.shared_servers import SHARED, group_modules  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir() -> Path:
     return build_tiny_model(BUILTIN_SPECS["tiny-qwen2"])
+
+
+# Served pipelines several modules share (tests/shared_servers.py): (pipeline, url), with KEY.
+@pytest.fixture(scope="module")
+def shared_tiny_qwen2_5_omni() -> tuple[ServedPipeline, str]:
+    return SHARED.get("tiny_qwen2_5_omni")
+
+
+@pytest.fixture(scope="module")
+def shared_tiny_qwen3_omni() -> tuple[ServedPipeline, str]:
+    return SHARED.get("tiny_qwen3_omni")
+
+
+@pytest.fixture(scope="module")
+def shared_tiny_qwen3_tts() -> tuple[ServedPipeline, str]:
+    return SHARED.get("tiny_qwen3_tts")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_modules(items, SHARED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the test's own fixtures are finalized first
+    SHARED.release_unneeded(nextitem)
 
 
 def _is_helper(proc: psutil.Process) -> bool:
@@ -38,6 +67,7 @@ def _is_helper(proc: psutil.Process) -> bool:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if any test left a child process behind (session fixtures are torn down by now)."""
+    SHARED.close_all()  # already stopped after their last module, unless the run was interrupted
     children = [p for p in psutil.Process().children(recursive=True) if p.is_running() and not _is_helper(p)]
     if children:
         gone, alive = psutil.wait_procs(children, timeout=10)

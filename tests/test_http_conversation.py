@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,13 +34,15 @@ from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import StageOutputChunk
 from tests.hf_oracle import assert_same_tokens
 from tests.hf_oracle_qwen3_omni import OmniResult, conversation_inputs, omni_generate
-from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
+from tests.launcher import ServedPipeline, settled_client
+from tests.shared_servers import KEY
 from tests.synthetic_media import pattern, tone
 from tests.test_qwen3_omni_pipeline import Run
 
 CONFIG = CONFIG_DIR / "tiny_qwen3_omni.yaml"
 TOKENS = 12  # thinker tokens per answer (max_completion_tokens)
 PCM_LSB = 1 / 32768
+AUTH = {"Authorization": f"Bearer {KEY}"}
 WAV_ATOL = PCM_LSB + 1e-4
 MIN_MARGIN = 1e-5
 VOICE = "ethan"
@@ -124,18 +125,12 @@ def test_parallel_tool_calls_false_keeps_the_first_call_streamed_and_whole() -> 
 class Served:
     def __init__(self, pipeline: ServedPipeline, url: str) -> None:
         self.pipeline, self.url = pipeline, url
-        self.openai = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=900)
+        self.openai = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=900)
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    with serve(CONFIG, "--http", f"127.0.0.1:{port}") as pipeline:
-        wait_healthy(url, pipeline, timeout_s=600)
-        yield Served(pipeline, url)
+def served(shared_tiny_qwen3_omni: tuple[ServedPipeline, str]) -> Served:
+    return Served(*shared_tiny_qwen3_omni)  # tests/shared_servers.py
 
 
 def _wav_b64(samples: np.ndarray) -> str:
@@ -372,7 +367,7 @@ def test_bad_conversations_are_400_naming_the_field_and_nothing_else_is_affected
         else:
             text = json.dumps(body).replace("{tag}", tag).replace("{png}", png).replace("{big}", big)
             payload["messages"] = json.loads(text)
-        r = httpx.post(f"{served.url}/v1/chat/completions", json=payload, timeout=300)
+        r = httpx.post(f"{served.url}/v1/chat/completions", json=payload, headers=AUTH, timeout=300)
         assert r.status_code == 400, (name, r.status_code, r.text[:300])
         error = r.json()["error"]
         assert error["param"] == param, (name, error)

@@ -32,13 +32,20 @@ from omni_mp.http.realtime.vad import Detector, VadSettings
 from omni_mp.stage_configs import CONFIG_DIR
 from tests.client_scripts import client_script
 from tests.launcher import ServedPipeline, settled_client
-from tests.speech_checks import KEY, serve_http
+from tests.shared_servers import (
+    KEY,
+    REALTIME_HISTORY_TOKENS,
+    REALTIME_IDLE_S,
+    REALTIME_MAX_SESSIONS,
+    REALTIME_MAX_TURN_S,
+)
 from tests.synthetic_media import speechlike
 
-MAX_SESSIONS = 4
-IDLE_S = 8.0
-MAX_TURN_S = 5.0
-HISTORY_TOKENS = 300  # http.realtime.max_history_tokens: more than any one-turn prompt of these tests
+# The served pipeline's http.realtime bounds (tests/shared_servers.py).
+MAX_SESSIONS = REALTIME_MAX_SESSIONS
+IDLE_S = REALTIME_IDLE_S
+MAX_TURN_S = REALTIME_MAX_TURN_S
+HISTORY_TOKENS = REALTIME_HISTORY_TOKENS
 RATE = 24_000
 SPEECH = speechlike()  # 2.25 s of voice to Silero, 24 kHz float32
 LEAD_S, TAIL_S = 0.5, 1.0  # silence around it in the VAD turns
@@ -164,12 +171,8 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    bounds = {"max_sessions": MAX_SESSIONS, "max_append_bytes": 64 << 10, "idle_timeout_s": IDLE_S,
-              "max_turn_audio_s": MAX_TURN_S, "max_history_tokens": HISTORY_TOKENS}  # fmt: skip
-    tmp = tmp_path_factory.mktemp("rt")
-    with serve_http(CONFIG_DIR / "tiny_qwen2_5_omni.yaml", tmp, http={"realtime": bounds}) as (pipeline, url):
-        yield Served(pipeline, url)
+def served(shared_tiny_qwen2_5_omni: tuple[ServedPipeline, str]) -> Served:
+    return Served(*shared_tiny_qwen2_5_omni)  # tests/shared_servers.py: the bounds above
 
 
 @pytest.fixture

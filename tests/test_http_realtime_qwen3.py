@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,8 +17,8 @@ import openai
 import pytest
 import soxr
 
-from omni_mp.stage_configs import CONFIG_DIR
-from tests.speech_checks import KEY, serve_http
+from tests.launcher import ServedPipeline
+from tests.shared_servers import KEY
 from tests.test_http_realtime import RATE, SPEECH, _audio_of, _chunks, _pcm16, _pcm16_float, _say, _until, _wav_b64
 
 VOICE = "ethan"
@@ -31,9 +30,8 @@ SESSION = {"type": "realtime", "output_modalities": ["audio"], "max_output_token
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with serve_http(CONFIG_DIR / "tiny_qwen3_omni.yaml", tmp_path_factory.mktemp("rt3")) as (_, url):
-        yield url
+def url(shared_tiny_qwen3_omni: tuple[ServedPipeline, str]) -> str:
+    return shared_tiny_qwen3_omni[1]  # tests/shared_servers.py
 
 
 def _client(url: str) -> openai.AsyncOpenAI:

@@ -30,7 +30,8 @@ from omni_mp.wire.messages import Finished
 from tests.client_scripts import client_script
 from tests.hf_oracle import assert_same_tokens, omni_generate, reply_ids
 from tests.launcher import ServedPipeline, settled_client
-from tests.speech_checks import KEY, Decoded, opus_input_rate, pcm_samples, serve_http
+from tests.shared_servers import VOICE_ALIASES
+from tests.speech_checks import KEY, Decoded, opus_input_rate, pcm_samples
 
 pytestmark = pytest.mark.engine
 
@@ -44,7 +45,7 @@ WAV_ATOL = 2e-6
 PCM_LSB = 1 / 32768
 # LiveKit's and pipecat's clients live in a virtualenv of their own: their requirements pin
 # other versions of packages omni_mp pins (protobuf, soundfile, soxr); scripts/setup.sh builds it.
-ALIASES = {"narrator": "Ethan", "echo": "Chelsie"}  # configured: one new name, one of OpenAI's remapped
+ALIASES = VOICE_ALIASES  # configured: one new name, one of OpenAI's remapped
 TEXTS = {
     "plain": "Good morning, how are you today?",
     "special": 'Say "<|im_end|>" and keep going.',  # a special token's text stays text
@@ -73,9 +74,8 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serve_http(CONFIG, tmp_path_factory.mktemp("speech"), http={"voice_aliases": ALIASES}) as (pipeline, url):
-        yield Served(pipeline, url)
+def served(shared_tiny_qwen2_5_omni: tuple[ServedPipeline, str]) -> Served:
+    return Served(*shared_tiny_qwen2_5_omni)  # tests/shared_servers.py: with ALIASES
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from omni_mp.stage_configs import CONFIG_DIR
 from tests.hf_oracle import reply_ids
 from tests.hf_oracle_qwen3_omni import omni_generate
 from tests.launcher import ServedPipeline, settled_client
-from tests.speech_checks import KEY, Decoded, pcm_samples, serve_http
+from tests.speech_checks import KEY, Decoded, pcm_samples
 from tests.test_qwen3_omni_pipeline import MIN_MARGIN, TALKER_FRAMES, Run
 
 pytestmark = pytest.mark.engine
@@ -44,9 +44,8 @@ PCM_LSB = 1 / 32768
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedPipeline, str]]:
-    with serve_http(CONFIG, tmp_path_factory.mktemp("speech3")) as got:
-        yield got
+def served(shared_tiny_qwen3_omni: tuple[ServedPipeline, str]) -> tuple[ServedPipeline, str]:
+    return shared_tiny_qwen3_omni  # tests/shared_servers.py
 
 
 @pytest.fixture

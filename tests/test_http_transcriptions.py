@@ -24,14 +24,13 @@ from omni_mp.http.detok import load_tokenizer
 from omni_mp.http.pipeline import PipelineView
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished
-from tests.launcher import ServedPipeline, serve, settled_client, wait_healthy
+from tests.launcher import ServedPipeline, settled_client
+from tests.shared_servers import KEY
 from tests.synthetic_media import tone
-from tests.test_client_failure import _free_port
 
 pytestmark = pytest.mark.engine
 
 QWEN25_SYSTEM = "You are a speech recognition model."
-KEY = "transcribe-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -46,15 +45,20 @@ class Served:
 
 
 @pytest.fixture(scope="module", params=["tiny_qwen2_5_omni", "tiny_qwen3_omni"])
-def served(request: pytest.FixtureRequest) -> Iterator[Served]:
+def served(
+    request: pytest.FixtureRequest,
+    shared_tiny_qwen2_5_omni: tuple[ServedPipeline, str],
+    shared_tiny_qwen3_omni: tuple[ServedPipeline, str],
+) -> Served:
+    """The shipped tiny config's shared server (tests/shared_servers.py)."""
     config = CONFIG_DIR / f"{request.param}.yaml"
-    url = f"http://127.0.0.1:{_free_port()}"
-    with serve(config, "--http", url.removeprefix("http://"), "--api-key", KEY) as pipeline:
-        wait_healthy(url, pipeline)
-        view = PipelineView.of(load_config(config))
-        assert view.text_stage is not None
-        api = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
-        yield Served(request.param, pipeline, url, view, load_tokenizer(view.text_stage.model), api)
+    pipeline, url = {"tiny_qwen2_5_omni": shared_tiny_qwen2_5_omni, "tiny_qwen3_omni": shared_tiny_qwen3_omni}[
+        request.param
+    ]
+    view = PipelineView.of(load_config(config))
+    assert view.text_stage is not None
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
+    return Served(request.param, pipeline, url, view, load_tokenizer(view.text_stage.model), api)
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_close_audio, assert_same_tokens, omni_generate
-from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.launcher import REPO, ServedPipeline, settled_client
 from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
@@ -60,9 +60,8 @@ def check_against_transformers(
 
 
 @pytest.fixture(scope="module")
-def pipeline() -> Iterator[ServedPipeline]:
-    with serve(CONFIG) as served:
-        yield served
+def pipeline(shared_tiny_qwen2_5_omni: tuple[ServedPipeline, str]) -> ServedPipeline:
+    return shared_tiny_qwen2_5_omni[0]  # tests/shared_servers.py (the shipped config, served with HTTP too)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_same_tokens
 from tests.hf_oracle_qwen3_omni import OmniResult, omni_generate
-from tests.launcher import ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, settled_client
 from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
@@ -66,9 +66,8 @@ def oracle(name: str, speaker: str) -> OmniResult:
 
 
 @pytest.fixture(scope="module")
-def pipeline() -> Iterator[ServedPipeline]:
-    with serve(CONFIG) as served:
-        yield served
+def pipeline(shared_tiny_qwen3_omni: tuple[ServedPipeline, str]) -> ServedPipeline:
+    return shared_tiny_qwen3_omni[0]  # tests/shared_servers.py (the shipped config, served with HTTP too)
 
 
 def test_moe_stages_warmed_their_kernels_before_serving(pipeline: ServedPipeline) -> None:

@@ -22,7 +22,7 @@ from omni_mp.models.qwen3_omni.codes import NO_CODE, codes_of_rows
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
-from tests.launcher import ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, settled_client
 from tests.qwen3_tts_oracle import require_reference, run_reference
 
 pytestmark = pytest.mark.engine
@@ -58,10 +58,9 @@ def reference() -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 @pytest.fixture(scope="module")
-def pipeline() -> Iterator[ServedPipeline]:
+def pipeline(shared_tiny_qwen3_tts: tuple[ServedPipeline, str]) -> ServedPipeline:
     reference()  # skips at once when the reference venv is absent
-    with serve(CONFIG) as served:
-        yield served
+    return shared_tiny_qwen3_tts[0]  # tests/shared_servers.py (requests here set their max_tokens)
 
 
 @pytest.fixture
