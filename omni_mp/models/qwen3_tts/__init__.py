@@ -22,13 +22,19 @@ This module only declares names (omni_mp.models.registry reads them).
 
 from typing import Any
 
-from omni_mp.models.family import Family
+from omni_mp.models.family import Family, Processor
 
 
 def _codec_decoder() -> Any:
     from omni_mp.models.qwen3_tts.codec_decoder import TtsCodecDecoder
 
     return TtsCodecDecoder.from_checkpoint
+
+
+def _codec_inputs() -> Any:
+    from omni_mp.models.qwen3_tts.codec_inputs import Qwen3TtsCodecInputs
+
+    return Qwen3TtsCodecInputs
 
 
 def _prompt_format() -> Any:
@@ -51,6 +57,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_tts",
+    processors={"qwen3_tts_codec": Processor(_codec_inputs, needs_hidden_states=True, feeds_diffusion=True)},
     prompt_formats={"qwen3_tts": _prompt_format},
     model_parts={"qwen3_tts_talker": _talker},
     diffusion_models={"qwen3_tts_codec": _codec_decoder},
