@@ -72,3 +72,27 @@ def test_voices_are_the_presets_and_bad_ones_are_named(served: tuple[ServedPipel
 def test_chat_answers_400_for_this_family(served: tuple[ServedPipeline, str]) -> None:
     with pytest.raises(openai.BadRequestError, match=r"does not chat.*/v1/audio/speech"):
         _client(served[1]).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_cloning_fields_on_a_preset_voice_model_are_refused(served: tuple[ServedPipeline, str]) -> None:
+    """A CustomVoice checkpoint clones nothing: each cloning field is a 400 naming it, before any
+    audio is decoded (the clip here is not even audio); and the server goes on speaking."""
+    client = _client(served[1])
+    for extra, match in (
+        ({"ref_audio": "data:audio/wav;base64,AAAA"}, r"\['ref_audio'\]: voice cloning needs a Base checkpoint"),
+        ({"ref_text": "words", "x_vector_only_mode": True}, "needs a Base checkpoint; this model is CustomVoice"),
+        ({"task_type": "Base"}, "task_type 'Base': this model is a CustomVoice checkpoint"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=match):
+            client.audio.speech.create(
+                model="tiny", voice="vivian", input="hello", response_format="pcm", extra_body=extra
+            )
+    made = httpx.post(
+        f"{served[1]}/v1/audio/voices", headers={"Authorization": f"Bearer {KEY}"},
+        files={"audio_sample": ("a.wav", b"RIFF", "audio/wav")}, data={"name": "x"},
+    )  # fmt: skip
+    assert made.status_code == 400 and "clones no voices" in made.text
+    got = client.audio.speech.create(
+        model="tiny", voice="vivian", input="hello", response_format="pcm", extra_body={"language": "english"}
+    )
+    assert len(got.content) > 0
