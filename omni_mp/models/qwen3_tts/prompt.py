@@ -9,8 +9,8 @@ prompt"): T(id) = text_projection(text_embedding(id)), C(id) = codec_embedding(i
   (`text_streaming=True`: the rest is fed one token per frame, then T(tts_eos)).
 - step rows: what each decode step adds beside the frame's codec embeddings; after them T(tts_pad).
 
-CustomVoice (preset voices, instructions) and VoiceDesign (instructions, no voice) so far; Base
-(cloning) needs the speaker encoder and the reference codes (not yet).
+CustomVoice (preset voices, instructions), VoiceDesign (instructions, no voice) and Base (cloning:
+the clip's x-vector in the voice's place; in context, the clip's text and codes too).
 """
 
 from __future__ import annotations
