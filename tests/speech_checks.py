@@ -38,6 +38,22 @@ def serve_http(config: Path, tmp: Path, **top: Any) -> Iterator[tuple[ServedPipe
         yield pipeline, url
 
 
+@contextmanager
+def serve_tiny_tts(tmp: Path, max_tokens: int, model: str | None = None) -> Iterator[tuple[ServedPipeline, str]]:
+    """tiny_qwen3_tts.yaml served over HTTP with the talker's `max_tokens` (a short answer) and, if
+    given, another tiny Qwen3-TTS checkpoint in both stages (e.g. the Base one)."""
+    from omni_mp.stage_configs import CONFIG_DIR
+
+    raw = yaml.safe_load((CONFIG_DIR / "tiny_qwen3_tts.yaml").read_text())
+    for stage in raw["stages"] if model else []:
+        stage["model"] = model
+    raw["stages"][0]["sampling"]["max_tokens"] = max_tokens
+    config = tmp / "tts.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with serve_http(config, tmp) as got:
+        yield got
+
+
 class Decoded:
     """A response body decoded by PyAV (FFmpeg): mono float32 samples and what the stream says."""
 

@@ -16,14 +16,12 @@ import openai
 import pytest
 
 from omni_mp.models.registry import resolve_model
-from omni_mp.stage_configs import CONFIG_DIR
 from tests.launcher import ServedPipeline
 from tests.qwen3_tts_oracle import require_reference, run_reference
-from tests.speech_checks import KEY, pcm_samples, serve_http
+from tests.speech_checks import KEY, pcm_samples, serve_tiny_tts
 
 pytestmark = pytest.mark.engine
 
-CONFIG = CONFIG_DIR / "tiny_qwen3_tts.yaml"
 FRAMES = 24  # the talker's max_tokens here (a shorter answer than the YAML's 256): 23 frames
 WAV_ATOL = 2e-4 + 1 / 32768  # streamed vs one-shot (tests/test_qwen3_tts_codec.py) and PCM16's step
 
@@ -31,14 +29,7 @@ WAV_ATOL = 2e-4 + 1 / 32768  # streamed vs one-shot (tests/test_qwen3_tts_codec.
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedPipeline, str]]:
     require_reference()
-    import yaml
-
-    raw = yaml.safe_load(CONFIG.read_text())
-    raw["stages"][0]["sampling"]["max_tokens"] = FRAMES
-    tmp = tmp_path_factory.mktemp("tts")
-    config = tmp / "tts.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    with serve_http(config, tmp) as got:
+    with serve_tiny_tts(tmp_path_factory.mktemp("tts"), FRAMES) as got:
         yield got
 
 

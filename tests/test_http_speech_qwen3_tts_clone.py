@@ -22,14 +22,12 @@ import pytest
 import soundfile
 
 from omni_mp.models.registry import resolve_model
-from omni_mp.stage_configs import CONFIG_DIR
 from tests.launcher import ServedPipeline
 from tests.qwen3_tts_oracle import OracleRun, require_reference, run_reference
-from tests.speech_checks import KEY, pcm_samples, serve_http
+from tests.speech_checks import KEY, pcm_samples, serve_tiny_tts
 
 pytestmark = pytest.mark.engine
 
-CONFIG = CONFIG_DIR / "tiny_qwen3_tts.yaml"
 BASE = "tiny-qwen3-tts-base"
 FRAMES = 24  # the talker's max_tokens here: 23 frames
 FRAME_SAMPLES = 1920
@@ -69,16 +67,7 @@ CASES: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedPipeline, str]]:
     require_reference()
-    import yaml
-
-    raw = yaml.safe_load(CONFIG.read_text())
-    for stage in raw["stages"]:
-        stage["model"] = BASE
-    raw["stages"][0]["sampling"]["max_tokens"] = FRAMES
-    tmp = tmp_path_factory.mktemp("tts_clone")
-    config = tmp / "tts_base.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    with serve_http(config, tmp) as got:
+    with serve_tiny_tts(tmp_path_factory.mktemp("tts_clone"), FRAMES, BASE) as got:
         yield got
 
 

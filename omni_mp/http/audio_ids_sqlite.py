@@ -16,13 +16,12 @@ spoken answer it records.
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from omni_mp.http.audio_ids import ENTRY_OVERHEAD, ID_PREFIX, AudioEntry, AudioIdError, check_id
-from omni_mp.http.sqlite_store import added, delete_rows, open_db, over, totals, transaction
+from omni_mp.http.sqlite_store import SqliteStore, added, delete_rows, over, transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -34,7 +33,7 @@ CREATE INDEX IF NOT EXISTS entries_used ON entries (used);
 """
 
 
-class SqliteAudioStore:
+class SqliteAudioStore(SqliteStore):
     """An `AudioStore` in the SQLite file `path`, shared by every process that opens it with
     the same `tag` (the server's workers)."""
 
@@ -52,23 +51,15 @@ class SqliteAudioStore:
             raise ValueError("max_entries, max_bytes and ttl_s must be >= 1")
         self.max_entries, self.max_bytes, self.ttl_s, self.tag = max_entries, max_bytes, ttl_s, tag
         self._clock = clock
-        # One connection per process, used under a lock (the server's event loop and, rarely,
-        # a caller on another thread).
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db = open_db(path, _SCHEMA)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        super().__init__(path, _SCHEMA)
 
     @property
     def count(self) -> int:
-        return totals(self._db)[0]
+        return self.totals[0]
 
     @property
     def bytes(self) -> int:
-        return totals(self._db)[1]
+        return self.totals[1]
 
     def new_id(self) -> str:
         return f"{ID_PREFIX}{self.tag}_{secrets.token_hex(16)}"

@@ -62,3 +62,23 @@ def over(db: sqlite3.Connection, size: int, max_entries: int, max_bytes: int) ->
 def totals(db: sqlite3.Connection) -> tuple[int, int]:
     count, total = db.execute("SELECT count, bytes FROM totals").fetchone()
     return int(count), int(total)
+
+
+class SqliteStore:
+    """A store's connection: one per process, used under a lock (the server's event loop and,
+    rarely, a caller on another thread)."""
+
+    def __init__(self, path: str | Path, schema: str) -> None:
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db = open_db(path, schema)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @property
+    def totals(self) -> tuple[int, int]:
+        """(rows, bytes) kept."""
+        with self._lock:
+            return totals(self._db)

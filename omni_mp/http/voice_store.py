@@ -17,14 +17,13 @@ keeps it in memory.
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
-from omni_mp.http.sqlite_store import added, delete_rows, open_db, over, totals, transaction
+from omni_mp.http.sqlite_store import SqliteStore, added, delete_rows, over, transaction
 
 ID_PREFIX = "voice_"
 ENTRY_OVERHEAD = 256  # bytes counted per voice besides its samples and text
@@ -62,23 +61,12 @@ class VoiceStoreError(ValueError):
     pass
 
 
-class VoiceStore:
+class VoiceStore(SqliteStore):
     def __init__(self, path: str | Path = ":memory:", *, max_entries: int = 1000, max_bytes: int = 256 << 20) -> None:
         if max_entries < 1 or max_bytes < 1:
             raise ValueError("max_entries and max_bytes must be >= 1")
         self.max_entries, self.max_bytes = max_entries, max_bytes
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db = open_db(path, _SCHEMA)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    @property
-    def totals(self) -> tuple[int, int]:
-        with self._lock:
-            return totals(self._db)
+        super().__init__(path, _SCHEMA)
 
     def put(self, name: str, samples: np.ndarray, rate: int, ref_text: str | None, x_vector_only: bool) -> ClonedVoice:
         blob = np.ascontiguousarray(samples, dtype=np.float32).tobytes()
