@@ -76,7 +76,8 @@ class SpeechDone(msgspec.Struct):
     type: str = "speech.audio.done"
 
 
-_TTS_FIELDS = ("task_type", "language", "max_new_tokens", "ref_audio", "ref_text", "x_vector_only_mode")
+_TTS_FIELDS = ("task_type", "language", "max_new_tokens", "ref_audio", "ref_text", "x_vector_only_mode",
+               "non_streaming_mode")  # fmt: skip
 _NO_INSTRUCTIONS = (
     "this model's talker takes no instructions: Qwen2.5-Omni and Qwen3-Omni voice the text in the chosen "
     "voice only (leave `instructions` out, or empty)"

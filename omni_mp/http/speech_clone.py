@@ -41,6 +41,13 @@ def tts_params(req: SpeechRequest, task: str | None, stored: StoredVoice | None 
     given = [f for f in CLONE_FIELDS if getattr(req, f) is not None]
     if given and task != "Base":
         raise bad_request(f"{given}: voice cloning needs a Base checkpoint; this model is {task}", given[0])
+    if req.non_streaming_mode is False:
+        raise bad_request(
+            "non_streaming_mode false (the text fed one token per frame) is not served: the whole text leads the "
+            "prompt (true, or leave it out)",
+            "non_streaming_mode",
+            "unsupported_value",
+        )
     if req.ref_audio is None and (req.ref_text is not None or req.x_vector_only_mode is not None):
         raise bad_request("ref_text and x_vector_only_mode go with a reference clip: give ref_audio", "ref_audio")
     params: dict[str, Any] = {}

@@ -208,6 +208,11 @@ def _builder(model_dir: str) -> TtsPromptBuilder:
 
 
 @functools.cache
+def _variant(model_dir: str) -> str:
+    return str(json.loads((Path(model_dir) / "config.json").read_text()).get("tts_model_type"))
+
+
+@functools.cache
 def _cloner(model_dir: str) -> Any:
     from omni_mp.models.qwen3_tts.clone import VoiceCloner
 
@@ -278,8 +283,9 @@ class TtsPromptFormat:
         return frozenset(_builder(model_dir).voices) or None
 
     def task_type(self, model_dir: str) -> str:
-        """The checkpoint's variant as vllm-omni's `task_type` names it (Base: cloning)."""
-        variant = str(_builder(str(model_dir)).config.get("tts_model_type"))
+        """The checkpoint's variant as vllm-omni's `task_type` names it (Base: cloning); reads
+        config.json only (the HTTP server and the coordinator ask: no tables loaded)."""
+        variant = _variant(str(model_dir))
         return TASK_TYPES.get(variant, variant)
 
     def stage_input(
@@ -295,7 +301,7 @@ class TtsPromptFormat:
         params = params or {}
         _check_params(params)
         b = _builder(model_dir)
-        in_context = _clone_mode(str(b.config.get("tts_model_type")), params, clip)
+        in_context = _clone_mode(_variant(model_dir), params, clip)
         if voice is None and b.voices:
             voice = min(b.voices)  # the reference has no default preset: the first by name
         clone = None if in_context is None else _cloner(model_dir).prompt(clip[0], clip[1], in_context)  # type: ignore[index]
