@@ -76,3 +76,20 @@ def opus_input_rate(data: bytes) -> int:
 
 def pcm_samples(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
+
+
+def corr(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def check_livekit_plays_the_mp3(got: dict[str, Any], mp3: np.ndarray) -> None:
+    """What LiveKit's OpenAI TTS plugin decoded (tests/clients/livekit_tts.py's output) is the mp3
+    answer of the same request: 24 kHz mono, the same length within a frame, correlated once
+    aligned (its decoder starts a frame, 576 samples, later than FFmpeg's: the lag is searched)."""
+    assert got["rates"] == [24_000] and got["channels"] == [1]
+    pcm = got["pcm"].astype(np.float32) / 32768
+    assert abs(pcm.size - mp3.size) <= 1152, (pcm.size, mp3.size)
+    m = pcm.size - 1152
+    best, lag = max((corr(pcm[:m], mp3[k : k + m]), k) for k in range(0, 1153))
+    print(f"[livekit] {pcm.size} samples, {lag} after PyAV's decode of the mp3; correlation {best:.4f}")
+    assert best >= 0.98  # (the same samples decoded twice; a misaligned noise-like signal gives ~0)

@@ -4,11 +4,12 @@ served by a real launcher with `--http`, through the `openai` SDK: the PCM answe
 0.1.1 reference's waveform for the same text, preset voice and instructions (its own venv; fp32,
 greedy, repetition penalty 1.05 as the YAML) within WAV_ATOL plus PCM16 rounding; the preset
 voices are the model's voices (GET /v1/audio/voices); the chat endpoint answers 400 for this
-family, and a bad voice a 400 naming it."""
+family, and a bad voice a 400 naming it; LiveKit's OpenAI TTS plugin plays the mp3 answer."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -16,9 +17,10 @@ import openai
 import pytest
 
 from omni_mp.models.registry import resolve_model
+from tests.client_scripts import client_script
 from tests.launcher import ServedPipeline
 from tests.qwen3_tts_oracle import require_reference, run_reference
-from tests.speech_checks import KEY, pcm_samples, serve_tiny_tts
+from tests.speech_checks import KEY, Decoded, check_livekit_plays_the_mp3, pcm_samples, serve_tiny_tts
 
 pytestmark = pytest.mark.engine
 
@@ -87,3 +89,14 @@ def test_cloning_fields_on_a_preset_voice_model_are_refused(served: tuple[Served
         model="tiny", voice="vivian", input="hello", response_format="pcm", extra_body={"language": "english"}
     )
     assert len(got.content) > 0
+
+
+def test_livekit_openai_tts_plugin_with_its_defaults(served: tuple[ServedPipeline, str], tmp_path: Path) -> None:
+    """LiveKit Agents' OpenAI TTS plugin as configured by default (voice `ash`, an alias of a preset
+    here; mp3 over SSE) in the clients' venv: what it plays is the mp3 answer of the same request."""
+    text = "the quick brown fox jumps over the lazy dog"
+    got = client_script("livekit_tts", f"{served[1]}/v1", KEY, text, str(tmp_path / "livekit.json"))
+    mp3 = _client(served[1]).audio.speech.create(
+        model="gpt-4o-mini-tts", voice="ash", input=text, response_format="mp3"
+    )
+    check_livekit_plays_the_mp3(got, Decoded(mp3.content).samples)
