@@ -31,7 +31,8 @@ from tests.client_scripts import client_script
 from tests.hf_oracle import assert_same_tokens, omni_generate, reply_ids
 from tests.launcher import ServedPipeline, settled_client
 from tests.shared_servers import VOICE_ALIASES
-from tests.speech_checks import KEY, Decoded, opus_input_rate, pcm_samples
+from tests.speech_checks import KEY, Decoded, check_livekit_plays_the_mp3, opus_input_rate, pcm_samples
+from tests.speech_checks import corr as speech_corr
 
 pytestmark = pytest.mark.engine
 
@@ -128,10 +129,6 @@ PRIMING = {"mp3": 1105, "aac": 1024}  # samples LAME and FFmpeg's AAC put before
 LOSSY_CORR = 0.5  # the tiny model's audio is noise-like: lossy codecs keep its shape only roughly
 
 
-def _corr(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
-
-
 def test_every_format_decodes_to_24khz_mono_audio_of_the_pcm_answer(served: Served) -> None:
     """The `openai` client asks for each response format; PyAV decodes it: 24 kHz mono (Opus:
     48 kHz, its decoders' one rate, with 24 kHz in its header) holding the pcm answer's samples."""
@@ -163,7 +160,7 @@ def test_every_format_decodes_to_24khz_mono_audio_of_the_pcm_answer(served: Serv
             continue
         lag = PRIMING.get(fmt, 0)
         assert n <= got.size - lag <= n + 2304, (fmt, got.size, n)
-        corr = _corr(got[lag : lag + n], ref)
+        corr = speech_corr(got[lag : lag + n], ref)
         print(f"[{fmt}] {got.size} samples decoded for {n}; correlation with the pcm answer {corr:.3f}")
         assert corr >= LOSSY_CORR, (fmt, corr)
 
@@ -270,15 +267,7 @@ def test_livekit_openai_tts_plugin_with_its_defaults(served: Served, tmp_path: P
     """LiveKit's plugin as configured by default (voice `ash`, mp3 over SSE): it decodes the mp3
     itself; what it plays is the mp3 answer of the same request."""
     got = client_script("livekit_tts", f"{served.url}/v1", KEY, LONG, str(tmp_path / "livekit.json"))
-    assert got["rates"] == [24_000] and got["channels"] == [1]
-    mp3 = Decoded(served.speech(LONG, voice="ash", fmt="mp3")).samples
-    pcm = got["pcm"].astype(np.float32) / 32768
-    assert abs(pcm.size - mp3.size) <= 1152, (pcm.size, mp3.size)
-    # Its decoder starts a frame (576 samples) later than FFmpeg's CLI decoder does: align.
-    m = pcm.size - 1152
-    corr, lag = max((_corr(pcm[:m], mp3[k : k + m]), k) for k in range(0, 1153))
-    print(f"[livekit] {pcm.size} samples, {lag} after PyAV's decode of the mp3; correlation {corr:.4f}")
-    assert corr >= 0.98  # (the same samples decoded twice; a misaligned noise-like signal gives ~0)
+    check_livekit_plays_the_mp3(got, Decoded(served.speech(LONG, voice="ash", fmt="mp3")).samples)
 
 
 def test_pipecat_openai_tts_service(served: Served, tmp_path: Path) -> None:

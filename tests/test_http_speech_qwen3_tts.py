@@ -4,9 +4,11 @@ served by a real launcher with `--http`, through the `openai` SDK: the PCM answe
 0.1.1 reference's waveform for the same text, preset voice and instructions (its own venv; fp32,
 greedy, repetition penalty 1.05 as the YAML) within WAV_ATOL plus PCM16 rounding; the preset
 voices are the model's voices (GET /v1/audio/voices); the chat endpoint answers 400 for this
-family, and a bad voice a 400 naming it."""
+family, and a bad voice a 400 naming it; LiveKit's OpenAI TTS plugin plays the mp3 answer."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -14,15 +16,14 @@ import openai
 import pytest
 
 from omni_mp.models.registry import resolve_model
-from omni_mp.stage_configs import CONFIG_DIR
+from tests.client_scripts import client_script
 from tests.launcher import ServedPipeline
 from tests.qwen3_tts_oracle import require_reference, run_reference
 from tests.shared_servers import TTS_MAX_TOKENS
-from tests.speech_checks import KEY, pcm_samples
+from tests.speech_checks import KEY, Decoded, check_livekit_plays_the_mp3, pcm_samples
 
 pytestmark = pytest.mark.engine
 
-CONFIG = CONFIG_DIR / "tiny_qwen3_tts.yaml"
 FRAMES = TTS_MAX_TOKENS  # the talker's max_tokens here (a shorter answer than the YAML's 256): 23 frames
 WAV_ATOL = 2e-4 + 1 / 32768  # streamed vs one-shot (tests/test_qwen3_tts_codec.py) and PCM16's step
 
@@ -63,3 +64,38 @@ def test_voices_are_the_presets_and_bad_ones_are_named(served: tuple[ServedPipel
 def test_chat_answers_400_for_this_family(served: tuple[ServedPipeline, str]) -> None:
     with pytest.raises(openai.BadRequestError, match=r"does not chat.*/v1/audio/speech"):
         _client(served[1]).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_cloning_fields_on_a_preset_voice_model_are_refused(served: tuple[ServedPipeline, str]) -> None:
+    """A CustomVoice checkpoint clones nothing: each cloning field is a 400 naming it, before any
+    audio is decoded (the clip here is not even audio); and the server goes on speaking."""
+    client = _client(served[1])
+    for extra, match in (
+        ({"ref_audio": "data:audio/wav;base64,AAAA"}, r"\['ref_audio'\]: voice cloning needs a Base checkpoint"),
+        ({"ref_text": "words", "x_vector_only_mode": True}, "needs a Base checkpoint; this model is CustomVoice"),
+        ({"task_type": "Base"}, "task_type 'Base': this model is a CustomVoice checkpoint"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=match):
+            client.audio.speech.create(
+                model="tiny", voice="vivian", input="hello", response_format="pcm", extra_body=extra
+            )
+    made = httpx.post(
+        f"{served[1]}/v1/audio/voices", headers={"Authorization": f"Bearer {KEY}"},
+        files={"audio_sample": ("a.wav", b"RIFF", "audio/wav")}, data={"name": "x"},
+    )  # fmt: skip
+    assert made.status_code == 400 and "clones no voices" in made.text
+    got = client.audio.speech.create(
+        model="tiny", voice="vivian", input="hello", response_format="pcm", extra_body={"language": "english"}
+    )
+    assert len(got.content) > 0
+
+
+def test_livekit_openai_tts_plugin_with_its_defaults(served: tuple[ServedPipeline, str], tmp_path: Path) -> None:
+    """LiveKit Agents' OpenAI TTS plugin as configured by default (voice `ash`, an alias of a preset
+    here; mp3 over SSE) in the clients' venv: what it plays is the mp3 answer of the same request."""
+    text = "the quick brown fox jumps over the lazy dog"
+    got = client_script("livekit_tts", f"{served[1]}/v1", KEY, text, str(tmp_path / "livekit.json"))
+    mp3 = _client(served[1]).audio.speech.create(
+        model="gpt-4o-mini-tts", voice="ash", input=text, response_format="mp3"
+    )
+    check_livekit_plays_the_mp3(got, Decoded(mp3.content).samples)

@@ -170,8 +170,9 @@ def test_clone_xvector_embedding_and_prompt_rows_equal_the_reference() -> None:
 
 
 def test_clone_in_context_prompt_rows_equal_the_reference() -> None:
-    """Base, in-context cloning (whole-text mode): given the reference's codes of the clip and its
-    x-vector, our prompt rows (the clip's text and frames before the text) are the reference's."""
+    """Base, in-context cloning (whole-text mode): our codes of the clip are the reference's, and
+    given them and its x-vector, our prompt rows (the clip's text and frames before the text) are
+    the reference's."""
     require_reference()
     model_dir = build_tiny(TINY_SPECS["tiny-qwen3-tts-base"])
     t = np.arange(24000 * 2) / 24000
@@ -182,6 +183,13 @@ def test_clone_in_context_prompt_rows_equal_the_reference() -> None:
     assert run.report["errors"] == {}
     ref = run.extras[0]
     assert ref["ref_codes"].shape == (25, NUM_CODE_GROUPS)  # 2 s at 12.5 Hz
+    # our encode of the clip (transformers' MimiModel on the checkpoint's encoder weights) gives
+    # the reference's codes, every one; and they are not constant (a real comparison)
+    from omni_mp.models.qwen3_tts.clip_codes import ClipEncoder
+
+    ours = ClipEncoder(model_dir).codes(torch.from_numpy(clip)).numpy()
+    np.testing.assert_array_equal(ours, ref["ref_codes"])
+    assert len(np.unique(ours)) > 16
     rows = TtsPromptBuilder(model_dir).rows(
         TtsRequest(
             text=req["text"],

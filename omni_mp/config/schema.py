@@ -224,6 +224,16 @@ class AudioIdsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ttl_s: Annotated[int, Meta(ge=1, le=30 * 86_400)] = 3600  # an answer's `expires_at` is this after it
 
 
+class ClonedVoicesConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Voices cloned with POST /v1/audio/voices (omni_mp.http.voice_store): bounds. A new voice
+    that does not fit evicts the least recently used ones."""
+
+    max_entries: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000
+    max_bytes: Annotated[int, Meta(ge=1 << 20, le=1 << 36)] = (
+        256 << 20
+    )  # the clips' samples (float32) + text + 256 B each
+
+
 class RealtimeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """`/v1/realtime` sessions (omni_mp.http.realtime): bounds and barge-in."""
 
@@ -245,6 +255,7 @@ class HttpConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # coordinator; with more than one they share the audio-id store (SQLite) and the metrics.
     workers: Annotated[int, Meta(ge=1, le=64)] = 1
     audio_ids: AudioIdsConfig = AudioIdsConfig()
+    cloned_voices: ClonedVoicesConfig = ClonedVoicesConfig()
     realtime: RealtimeConfig = RealtimeConfig()
 
     # Voice names a request may use for one of the model's voices, e.g. {alloy: Chelsie}: added

@@ -55,6 +55,13 @@ class StageInput(msgspec.Struct):
     # prompt (a prefix-cache hit would skip the rows of the cached positions); one nobody
     # reads may start from the prefix cache, and its rows are dropped.
     rows_wanted: bool = True
+    # An entry stage's named values for the stages downstream, sent on the request's first output
+    # chunk (`additional_information`; e.g. Qwen3-TTS in-context cloning's clip codes, which its
+    # decoder decodes before the new ones).
+    first_chunk_info: dict[str, Any] | None = None
+    # Diffusion (codec) stages: the first `context_ids` prompt ids are context only, decoded
+    # before the rest and never emitted (the decoder starts from their state).
+    context_ids: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = ServerSettings(
         endpoint=args.endpoint, model=cfg.name, api_key=os.environ.get(API_KEY_ENV) or None,
         max_body_bytes=body, max_media_bytes=body, audio_ids=cfg.http.audio_ids,
+        cloned_voices=cfg.http.cloned_voices,
     )  # fmt: skip
     workers = args.workers or cfg.http.workers
     print(f"omni_mp http serving {cfg.name!r} on http://{args.listen} ({workers} worker(s))", flush=True)

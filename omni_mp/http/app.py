@@ -6,6 +6,7 @@ decoded with msgspec against `schemas`; handlers raise `ApiError` for anything r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hmac
 import logging
@@ -23,7 +24,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omni_mp.client.omni_client import AsyncOmniClient, ClientClosed, RequestError
-from omni_mp.config.schema import AudioIdsConfig
+from omni_mp.config.schema import AudioIdsConfig, ClonedVoicesConfig
 from omni_mp.http.audio_encode import MEDIA_TYPES
 from omni_mp.http.audio_ids import AudioStore, MemoryAudioStore
 from omni_mp.http.audio_ids_sqlite import SqliteAudioStore
@@ -58,9 +59,12 @@ from omni_mp.http.schemas import (
     to_json,
 )
 from omni_mp.http.speech import parse_speech, run_speech, speech_bytes, speech_sse
+from omni_mp.http.speech_clone import decode_clip
 from omni_mp.http.sse import AbortingStream, ChunkMeta, SpokenAnswer, cancel_on_disconnect, chat_events
 from omni_mp.http.transcriptions import add_transcription_route
-from omni_mp.http.voices import Voices
+from omni_mp.http.voice_store import VoiceStore
+from omni_mp.http.voice_upload import clone_voice
+from omni_mp.http.voices import VoiceList, Voices
 from omni_mp.wire.messages import StageStatus, StatusReply
 
 log = logging.getLogger("omni_mp.http")
@@ -73,6 +77,7 @@ CLIENT_GONE = 499  # the answer to a client that disconnected (nobody reads it)
 class SharedStore(msgspec.Struct, frozen=True):
     path: str  # the SQLite file, in the server's private directory
     tag: str  # the server's id tag, the same in every worker
+    voices_path: str = ":memory:"  # the cloned voices' SQLite file (omni_mp.http.voice_store)
 
 
 class ServerSettings(msgspec.Struct, frozen=True):
@@ -83,6 +88,7 @@ class ServerSettings(msgspec.Struct, frozen=True):
     max_media_bytes: int = 32 << 20
     # Spoken answers kept for `assistant.audio.id` (omni_mp.http.audio_ids): bounds and lifetime.
     audio_ids: AudioIdsConfig = AudioIdsConfig()
+    cloned_voices: ClonedVoicesConfig = ClonedVoicesConfig()  # POST /v1/audio/voices (omni_mp.http.voice_store)
     # A server of several worker processes (omni_mp.http.workers): the store they share.
     shared_store: SharedStore | None = None
 
@@ -136,6 +142,9 @@ class Server:
         self.started = int(time.time())
         # One store for every request this server serves (see omni_mp.http.audio_ids).
         self.audio_ids = audio_store(settings)
+        v = settings.cloned_voices
+        where = ":memory:" if settings.shared_store is None else settings.shared_store.voices_path
+        self.cloned = VoiceStore(where, max_entries=v.max_entries, max_bytes=v.max_bytes)
         template = None if tokenizer is None else functools.partial(tokenizer.apply_chat_template)
         self.chat = ChatContext(view, self.sizes, template, self.audio_ids, tokenizer)  # type: ignore[arg-type]
         self.realtime_sessions = 0  # open /v1/realtime WebSockets (omni_mp.http.realtime)
@@ -287,14 +296,23 @@ def _audio_routes(app: FastAPI, srv: Server, auth: list[Any]) -> None:
     @app.get("/v1/audio/voices", dependencies=auth)
     async def voices() -> Response:
         """The model's voices, each with the aliases (OpenAI's voice names, ...) that mean it."""
-        return _json(srv.voices.listing(srv.started))
+        listing = srv.voices.listing(srv.started)
+        return _json(VoiceList(data=[*listing.data, *srv.cloned.listing()]))
+
+    @app.post("/v1/audio/voices", dependencies=auth)
+    async def create_voice(request: Request) -> Response:
+        """A cloned voice from an uploaded clip (OpenAI's custom-voice form), usable by its id."""
+        return _json(await clone_voice(request, srv, _body))
 
     @app.post("/v1/audio/speech", dependencies=auth)
     async def speech(request: Request) -> Response:
         t0 = time.monotonic()
         try:
             req = _decode(await _body(request, srv.settings.max_body_bytes), SpeechRequest)
-            job = parse_speech(req, srv.view, srv.voices)
+            job = parse_speech(req, srv.view, srv.voices, srv.cloned)
+            if job.ref_audio is not None:  # decoded off the event loop
+                clip = await asyncio.to_thread(decode_clip, job.ref_audio, srv.sizes, srv.view.media_limits)
+                job = dataclasses.replace(job, clip=clip)
         except ApiError as err:
             srv.metrics.outcome("speech", err.code)
             raise
@@ -383,6 +401,7 @@ def create_app(settings: ServerSettings, view: PipelineView, tokenizer: Any,
         finally:
             await srv.client.close()
             srv.audio_ids.close()
+            srv.cloned.close()
 
     app = FastAPI(title="omni_mp", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = srv

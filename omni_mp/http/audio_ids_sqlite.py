@@ -16,13 +16,12 @@ spoken answer it records.
 from __future__ import annotations
 
 import secrets
-import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from omni_mp.http.audio_ids import ENTRY_OVERHEAD, ID_PREFIX, AudioEntry, AudioIdError, check_id
+from omni_mp.http.sqlite_store import SqliteStore, added, delete_rows, over, transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -31,12 +30,10 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE INDEX IF NOT EXISTS entries_expiry ON entries (expires_at);
 CREATE INDEX IF NOT EXISTS entries_used ON entries (used);
-CREATE TABLE IF NOT EXISTS totals (one INTEGER PRIMARY KEY CHECK (one = 1), count INTEGER, bytes INTEGER);
-INSERT OR IGNORE INTO totals VALUES (1, 0, 0);
 """
 
 
-class SqliteAudioStore:
+class SqliteAudioStore(SqliteStore):
     """An `AudioStore` in the SQLite file `path`, shared by every process that opens it with
     the same `tag` (the server's workers)."""
 
@@ -54,26 +51,15 @@ class SqliteAudioStore:
             raise ValueError("max_entries, max_bytes and ttl_s must be >= 1")
         self.max_entries, self.max_bytes, self.ttl_s, self.tag = max_entries, max_bytes, ttl_s, tag
         self._clock = clock
-        # One connection per process, used under a lock (the server's event loop and, rarely,
-        # a caller on another thread); autocommit mode, transactions opened explicitly.
-        self._db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # a crash may lose the last answers, not the file
-            self._db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")  # one process creates it
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        super().__init__(path, _SCHEMA)
 
     @property
     def count(self) -> int:
-        return int(self._db.execute("SELECT count FROM totals").fetchone()[0])
+        return self.totals[0]
 
     @property
     def bytes(self) -> int:
-        return int(self._db.execute("SELECT bytes FROM totals").fetchone()[0])
+        return self.totals[1]
 
     def new_id(self) -> str:
         return f"{ID_PREFIX}{self.tag}_{secrets.token_hex(16)}"
@@ -84,13 +70,10 @@ class SqliteAudioStore:
     def _delete(self, where: str, args: tuple[object, ...]) -> None:
         """Delete the rows `where` selects (at most one: the callers' clauses end in LIMIT 1 or
         match one id) and take them off the totals."""
-        for audio_id, size in self._db.execute(f"SELECT id, size FROM entries WHERE {where}", args).fetchall():
-            self._db.execute("DELETE FROM entries WHERE id = ?", (audio_id,))
-            self._db.execute("UPDATE totals SET count = count - 1, bytes = bytes - ?", (size,))
+        delete_rows(self._db, "entries", where, args)
 
     def _over(self, size: int) -> bool:
-        count, total = self._db.execute("SELECT count, bytes FROM totals").fetchone()
-        return bool(count >= self.max_entries or total + size > self.max_bytes)
+        return over(self._db, size, self.max_entries, self.max_bytes)
 
     def put(self, audio_id: str, transcript: str, expires_at: int | None = None) -> AudioEntry:
         now = self._clock()
@@ -98,27 +81,21 @@ class SqliteAudioStore:
         size = len(audio_id) + len(transcript.encode()) + ENTRY_OVERHEAD
         if size > self.max_bytes:  # could never be stored: the id stays unresolvable, said at use
             return entry
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._forget_stale(now)
-                self._delete("id = ?", (audio_id,))
-                # Expired entries go first (oldest first), then the least recently used; each
-                # pass removes one row, and the totals bound the number of passes.
-                while self._over(size):
-                    expired = "expires_at <= ? ORDER BY expires_at LIMIT 1"
-                    if self._db.execute(f"SELECT 1 FROM entries WHERE {expired}", (now,)).fetchone():
-                        self._delete(expired, (now,))
-                    else:
-                        self._delete("1 ORDER BY used LIMIT 1", ())
-                self._db.execute(
-                    "INSERT INTO entries VALUES (?, ?, ?, ?, ?)", (audio_id, transcript, entry.expires_at, now, size)
-                )
-                self._db.execute("UPDATE totals SET count = count + 1, bytes = bytes + ?", (size,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with transaction(self._db, self._lock) as db:
+            self._forget_stale(now)
+            self._delete("id = ?", (audio_id,))
+            # Expired entries go first (oldest first), then the least recently used; each
+            # pass removes one row, and the totals bound the number of passes.
+            while self._over(size):
+                expired = "expires_at <= ? ORDER BY expires_at LIMIT 1"
+                if db.execute(f"SELECT 1 FROM entries WHERE {expired}", (now,)).fetchone():
+                    self._delete(expired, (now,))
+                else:
+                    self._delete("1 ORDER BY used LIMIT 1", ())
+            db.execute(
+                "INSERT INTO entries VALUES (?, ?, ?, ?, ?)", (audio_id, transcript, entry.expires_at, now, size)
+            )
+            added(db, size)
         return entry
 
     def get(self, audio_id: str) -> AudioEntry:

@@ -26,7 +26,7 @@ class MediaSizes(msgspec.Struct, frozen=True):
     max_media_bytes: int  # one decoded file (audio or image)
 
 
-def _b64(data: str, max_bytes: int, param: str) -> bytes:
+def b64_payload(data: str, max_bytes: int, param: str) -> bytes:
     """The bytes of raw base64 or a data: URL, refused by its length before decoding."""
     m = _DATA_URL.match(data[:256])
     body = data[m.end() :] if m else data
@@ -44,7 +44,7 @@ def decode_audio(data: str, fmt: str, sizes: MediaSizes, limits: MediaLimits, pa
         raise bad_request(
             f"audio format {fmt!r} is not supported; use one of {sorted(AUDIO_FORMATS)}", f"{param}.format"
         )
-    raw = _b64(data, sizes.max_media_bytes, f"{param}.data")
+    raw = b64_payload(data, sizes.max_media_bytes, f"{param}.data")
     try:
         with soundfile.SoundFile(io.BytesIO(raw)) as f:
             seconds = f.frames / f.samplerate if f.samplerate else 0.0
@@ -66,7 +66,7 @@ def decode_image(url: str, sizes: MediaSizes, limits: MediaLimits, param: str) -
 
     if not url[:5].lower() == "data:":
         raise bad_request("only data: URLs are accepted (this server fetches nothing)", param, "unsupported_url")
-    raw = _b64(url, sizes.max_media_bytes, param)
+    raw = b64_payload(url, sizes.max_media_bytes, param)
     try:
         with Image.open(io.BytesIO(raw)) as img:  # reads the header only
             w, h = img.size

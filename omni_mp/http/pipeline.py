@@ -83,6 +83,19 @@ class PipelineView:
         return MediaLimits(**{f: min(getattr(m, f) for m in entries) for f in MediaLimits.__struct_fields__})
 
     @functools.cached_property
+    def speech_task(self) -> str | None:
+        """A speech model's variant (`task_type`: CustomVoice, VoiceDesign, Base), from its entry
+        stage's prompt format and checkpoint; None for other pipelines."""
+        from omni_mp.models.registry import prompt_format, resolve_model
+
+        if not self.speech_only:
+            return None
+        stage = self.cfg.entry_stages[0]
+        fmt = prompt_format(stage.prompt_format)  # type: ignore[arg-type]
+        task = getattr(fmt, "task_type", None)
+        return None if task is None else str(task(str(resolve_model(stage.model))))
+
+    @functools.cached_property
     def chat_policy(self) -> ChatPolicy:
         """The entry stage's chat format's policy for whole conversations (a default one for a
         stage without a chat format)."""

@@ -134,7 +134,8 @@ class VoiceRef(_Req):
 
 
 class SpeechRequest(_Req):
-    """Every field of OpenAI's speech request; omni_mp.http.speech says what each does here."""
+    """Every field of OpenAI's speech request, then vllm-omni's Qwen3-TTS extras (`extra_body` in
+    the SDK); omni_mp.http.speech says what each does here."""
 
     model: str
     input: Annotated[str, Meta(min_length=1, max_length=4096)]  # OpenAI's bound
@@ -143,6 +144,14 @@ class SpeechRequest(_Req):
     speed: float | None = None
     instructions: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
     stream_format: str | None = None
+    # vllm-omni's extras (a speech model's: Qwen3-TTS)
+    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    language: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+    max_new_tokens: Annotated[int, Meta(ge=1)] | None = None
+    ref_audio: str | None = None  # base64 or a data: URL (bounded by max_media_bytes before decoding)
+    ref_text: Annotated[str, Meta(max_length=4096)] | None = None
+    x_vector_only_mode: bool | None = None
+    non_streaming_mode: bool | None = None  # the whole text in the prompt: true (or absent) only
 
 
 class ImageGenerationRequest(_Req):

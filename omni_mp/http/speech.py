@@ -19,8 +19,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
+import numpy as np
 
 from omni_mp.client.omni_client import AsyncOmniClient
 from omni_mp.http.audio_encode import FORMATS, MAX_SPEED, MIN_SPEED, SpeechEncoder
@@ -29,9 +31,11 @@ from omni_mp.http.chat import AudioDelta, ChatEnd
 from omni_mp.http.errors import ApiError, bad_request
 from omni_mp.http.pipeline import PipelineView
 from omni_mp.http.schemas import SpeechRequest, Usage, VoiceRef, to_json
+from omni_mp.http.speech_clone import talker_sampling, tts_params
 from omni_mp.http.sse import event
+from omni_mp.http.voice_store import VoiceStore
 from omni_mp.http.voices import Voices
-from omni_mp.wire.messages import Finished, StageDone, StageOutputChunk
+from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageDone, StageOutputChunk
 from omni_mp.wire.outputs import audio_of
 
 log = logging.getLogger("omni_mp.http")
@@ -46,11 +50,14 @@ STREAM_FORMATS = ("audio", "sse")
 class SpeechJob:
     prompt: str  # the user turn
     text: str  # what is spoken: the assistant's turn
-    voice: str  # one of the model's
+    voice: str | None  # one of the model's (None: a cloned voice)
     fmt: str
     sse: bool
     speed: float
-    params: dict[str, str] | None = None  # a speech model's (Qwen3-TTS): its instructions
+    params: dict[str, Any] | None = None  # a speech model's (Qwen3-TTS): instructions, cloning fields
+    ref_audio: str | None = None  # the clip to clone as sent (decoded off the event loop: `clip`)
+    clip: tuple[np.ndarray, int] | None = None  # mono float32 samples and their rate
+    sampling: dict[int, SamplingParamsMsg] | None = None  # max_new_tokens
 
 
 class SpeechDelta(msgspec.Struct):
@@ -69,23 +76,34 @@ class SpeechDone(msgspec.Struct):
     type: str = "speech.audio.done"
 
 
+_TTS_FIELDS = ("task_type", "language", "max_new_tokens", "ref_audio", "ref_text", "x_vector_only_mode",
+               "non_streaming_mode")  # fmt: skip
 _NO_INSTRUCTIONS = (
     "this model's talker takes no instructions: Qwen2.5-Omni and Qwen3-Omni voice the text in the chosen "
     "voice only (leave `instructions` out, or empty)"
 )
 
 
-def parse_speech(req: SpeechRequest, view: PipelineView, voices: Voices) -> SpeechJob:
-    """Validate what the schema cannot; every refusal names its field."""
+def parse_speech(req: SpeechRequest, view: PipelineView, voices: Voices, store: VoiceStore | None = None) -> SpeechJob:
+    """Validate what the schema cannot; every refusal names its field. `store`: the cloned voices
+    a speech model's request may name by id (omni_mp.http.voice_store)."""
     if view.audio_stage is None or (view.text_stage is None and not view.speech_only):
         raise bad_request(f"pipeline {view.cfg.name!r} cannot speak", "model", "unsupported_value")
     if not req.input.strip():
         raise bad_request("`input` has no text to speak", "input")
+    if not view.speech_only and any(getattr(req, f) is not None for f in _TTS_FIELDS):
+        given = [f for f in _TTS_FIELDS if getattr(req, f) is not None]
+        raise bad_request(
+            f"{given}: fields of a speech model (Qwen3-TTS); this pipeline speaks its talker's voices", given[0]
+        )
     name = req.voice.id if isinstance(req.voice, VoiceRef) else req.voice
-    voice = voices.resolve(name)
-    if voice is None:
+    stored = store.get(name) if view.speech_only and req.ref_audio is None and store is not None else None
+    cloned = view.speech_only and (req.ref_audio is not None or stored is not None)
+    voice = None if cloned else voices.resolve(name)  # a clip: its own voice
+    if voice is None and not cloned:
         param = "voice.id" if isinstance(req.voice, VoiceRef) else "voice"
-        raise bad_request(f"unknown voice {name!r}; this model's voices are {voices.names()}", param)
+        hint = " (a Base model: clone a voice with ref_audio)" if view.speech_task == "Base" else ""
+        raise bad_request(f"unknown voice {name!r}; this model's voices are {voices.names()}{hint}", param)
     fmt = req.response_format or DEFAULT_FORMAT
     if fmt not in FORMATS:
         raise bad_request(f"response_format {fmt!r}: supported are {list(FORMATS)}", "response_format")
@@ -96,8 +114,12 @@ def parse_speech(req: SpeechRequest, view: PipelineView, voices: Voices) -> Spee
     if not MIN_SPEED <= speed <= MAX_SPEED:
         raise bad_request(f"speed {speed}: from {MIN_SPEED} to {MAX_SPEED}", "speed")
     if view.speech_only:  # the model speaks `input` itself, in the voice and manner asked
-        params = {"instructions": req.instructions.strip()} if req.instructions and req.instructions.strip() else None
-        return SpeechJob(req.input, req.input, voice, fmt, stream == "sse", speed, params)
+        params = tts_params(req, view.speech_task, stored) or None
+        sampling = talker_sampling(req, view)
+        clip = None if stored is None else (stored.samples, stored.rate)
+        return SpeechJob(
+            req.input, req.input, voice, fmt, stream == "sse", speed, params, req.ref_audio, clip, sampling
+        )
     if req.instructions and req.instructions.strip():
         raise bad_request(_NO_INSTRUCTIONS, "instructions", "unsupported_value")
     prompt = SPEECH_REQUEST.format(input=req.input)
@@ -128,7 +150,13 @@ async def run_speech(
     assert view.audio_stage is not None
     if view.speech_only:  # a speech model: the text as the prompt, its instructions as params
         events = client.stream(
-            job.text, speaker=job.voice, params=job.params, request_id=request_id, final_stages=[view.audio_stage.id]
+            job.text,
+            speaker=job.voice,
+            params=job.params,
+            audios=[job.clip] if job.clip is not None else (),
+            sampling=job.sampling,  # type: ignore[arg-type]
+            request_id=request_id,
+            final_stages=[view.audio_stage.id],
         )
     else:
         events = client.stream(

@@ -92,7 +92,7 @@ class TranscriptEnd:
     timings: list[StageDone]
 
 
-async def _form(request: Request, body: bytes) -> FormData:
+async def read_form(request: Request, body: bytes) -> FormData:
     """The multipart form of an already read (size-checked) body."""
     delivered = False
 
@@ -203,7 +203,7 @@ async def transcription_job(request: Request, srv: Server, read_body: BodyReader
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise bad_request(f"Content-Type must be multipart/form-data, got {content_type or 'none'!r}", "content-type")
-    form = await _form(request, await read_body(request, srv.settings.max_body_bytes))
+    form = await read_form(request, await read_body(request, srv.settings.max_body_bytes))
     try:
         data, upload = _fields(form)
         req = _parse(data)

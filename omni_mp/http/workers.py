@@ -74,7 +74,11 @@ def run_workers(
     try:
         metrics = os.path.join(shared, "metrics")
         os.mkdir(metrics)
-        store = SharedStore(path=os.path.join(shared, "audio_ids.sqlite3"), tag=secrets.token_hex(6))
+        store = SharedStore(
+            path=os.path.join(shared, "audio_ids.sqlite3"),
+            tag=secrets.token_hex(6),
+            voices_path=os.path.join(shared, "voices.sqlite3"),
+        )
         spec = WorkerSpec(config=config, settings=msgspec.structs.replace(settings, shared_store=store))
         os.environ[WORKER_ENV] = msgspec.json.encode(spec).decode()
         os.environ[METRICS_ENV] = metrics  # read by prometheus_client when a worker imports it

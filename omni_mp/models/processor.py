@@ -32,6 +32,8 @@ class UpstreamResult(msgspec.Struct):
     mrope_delta: int = 0
     finished: bool = False
     finish_reason: str | None = None
+    # The named values its first chunk carried (StageInput.first_chunk_info of an entry stage).
+    first_info: dict[str, Any] = {}
 
     @property
     def hidden_rows(self) -> int:

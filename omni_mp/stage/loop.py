@@ -240,6 +240,7 @@ class StageLoop:
         if result.request is None:
             self._fail(result.request_id, result.code, result.error)
             return
+        state.first_chunk_info = result.first_chunk_info
         try:
             self._start(state, result.request)
         except EngineInputError as err:
@@ -356,6 +357,9 @@ class StageLoop:
             state.output_token_ids.extend(out.new_token_ids)
             first = not state.sent_first
             state.sent_first = True
+            info = out.info
+            if first and state.first_chunk_info:  # the entry stage's values for downstream
+                info = {**state.first_chunk_info, **(info or {})}
             final_text = out.finished and self.stage.final_output
             chunks.append(
                 StageOutputChunk(
@@ -364,7 +368,7 @@ class StageLoop:
                     token_ids=out.new_token_ids,
                     prompt_token_ids=state.prompt_token_ids if first else None,
                     hidden=out.hidden,
-                    additional_information=out.info,  # e.g. a diffusion stage's audio chunk
+                    additional_information=info,  # e.g. a diffusion stage's audio chunk
                     finished=out.finished,
                     finish_reason=out.finish_reason,
                     text=self.engine.decode(state.output_token_ids) if final_text else None,

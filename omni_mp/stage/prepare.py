@@ -17,12 +17,13 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from omni_mp.config.schema import StageConfig
 from omni_mp.engines.base import EngineInputError, PreparedRequest, StageEngine, StageInput
 from omni_mp.models.registry import prompt_format
 from omni_mp.stage.io_threads import Stopped
-from omni_mp.stage.media import MediaError, build_entry_input
+from omni_mp.stage.media import MediaError, build_entry_input, check_media
 from omni_mp.wire.messages import SamplingParamsMsg, StageRequest
 
 log = logging.getLogger("omni_mp.stage")
@@ -48,6 +49,7 @@ class Prepared:
     request: PreparedRequest | None = None
     code: str = ""
     error: str = ""
+    first_chunk_info: dict[str, Any] | None = None  # StageInput.first_chunk_info
 
 
 def entry_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> StageInput:
@@ -81,11 +83,17 @@ def embedded_entry_input(stage: StageConfig, msg: StageRequest) -> StageInput:
     from omni_mp.models.registry import resolve_model
 
     assert stage.prompt_format is not None and msg.prompt is not None
-    if msg.multi_modal is not None:
-        raise EngineInputError(f"stage {stage.id} takes no media: its prompt format reads text only")
     fmt = prompt_format(stage.prompt_format)
+    clip = None
+    if msg.multi_modal is not None:
+        check_media(stage, msg.multi_modal)  # sizes against the stage's limits, before anything is computed
+        if msg.multi_modal.images or len(msg.multi_modal.audios) != 1:
+            raise EngineInputError(f"stage {stage.id} takes one audio clip (a voice to clone) and no images")
+        audio = msg.multi_modal.audios[0]
+        clip = (audio.samples.numpy().copy(), audio.sample_rate)  # (the received tensor views the buffer)
     try:
-        return fmt.stage_input(resolve_model(stage.model), msg.prompt, msg.params, msg.speaker)  # type: ignore[attr-defined]
+        args = (resolve_model(stage.model), msg.prompt, msg.params, msg.speaker)
+        return fmt.stage_input(*args, clip) if clip is not None else fmt.stage_input(*args)  # type: ignore[attr-defined]
     except ValueError as err:
         raise EngineInputError(str(err)) from None
 
@@ -145,7 +153,7 @@ class Preparer(threading.Thread):
             log.exception("stage %d: preparing request %s failed", self.stage.id, rid)
             text = f"stage {self.stage.id} could not prepare the request's input: {type(err).__name__}: {err}"
             return Prepared(rid, job.token, code="invalid_input", error=text)
-        return Prepared(rid, job.token, request=prepared)
+        return Prepared(rid, job.token, request=prepared, first_chunk_info=stage_input.first_chunk_info)
 
     def run(self) -> None:
         try:

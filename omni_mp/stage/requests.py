@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import torch
@@ -29,6 +30,7 @@ class StageRequestState:
     prompt_token_ids: list[int] | None = None  # None for an embeddings prompt
     output_token_ids: list[int] = field(default_factory=list)
     sent_first: bool = False  # the first chunk (which carries the prompt ids) went out
+    first_chunk_info: dict[str, Any] | None = None  # sent on the first chunk (StageInput.first_chunk_info)
     rows_extended: int = 0  # per-step extra embeddings handed to the engine
     inputs_extended: int = 0  # input ids handed to the engine after its prompt (streamed inputs)
     cached_tokens: int = 0  # prompt tokens the engine read from its prefix cache
@@ -44,6 +46,10 @@ class StageRequestState:
         up = self.upstream.setdefault(chunk.stage_id, UpstreamResult(stage_id=chunk.stage_id))
         if chunk.prompt_token_ids is not None:
             up.prompt_token_ids = list(chunk.prompt_token_ids)
+            if chunk.additional_information:  # the first chunk's values for this stage (copied out)
+                up.first_info = {
+                    k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in chunk.additional_information.items()
+                }
         up.output_token_ids.extend(chunk.token_ids)
         h = chunk.hidden
         if h is not None:

@@ -1,6 +1,9 @@
 """Runs INSIDE the qwen-tts reference venv (scripts/oracle_envs/qwen_tts.sh), never imported by
 omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "requests": [...]}
-(each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"clone_icl"|"decode", ...}).
+(each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"clone_icl"|"clone_wav"|"decode", ...};
+"clone_wav": the waveform `generate_voice_clone` returns for a clip given as a base64 data: URL of an audio file
+(`ref_audio_data`), as a user gets it (in-context: the clip's codes decoded before the new ones and
+the clip's share cut), `x_vector_only_mode` as given).
 OUT.npz: per request i, `codes_i` [frames, 16] int64 and `wav_i` float32 (24 kHz); the talker's
 inputs as generate() builds them (`inputs_embeds_i` [rows, hidden], `trailing_text_hidden_i`
 [steps, hidden], `tts_pad_embed_i` [1, hidden]); token ids, a clone's x-vector and reference
@@ -113,6 +116,23 @@ def _decode(model, codes: np.ndarray) -> np.ndarray:
     return np.asarray(wavs[0], dtype=np.float32)
 
 
+def _clone_wav(tts, req: dict) -> np.ndarray:
+    """What `generate_voice_clone` returns for the request (its own reading of a base64 WAV file,
+    down-mix, resampling, cut)."""
+    clip = req["ref_audio_data"]
+    wavs, _ = tts.generate_voice_clone(
+        text=req["text"],
+        language=req.get("language", "auto"),
+        ref_audio=clip,
+        ref_text=req.get("ref_text"),
+        x_vector_only_mode=bool(req.get("x_vector_only_mode", False)),
+        non_streaming_mode=True,
+        max_new_tokens=req["max_new_tokens"],
+        **(GREEDY | {"repetition_penalty": req.get("repetition_penalty", 1.0)}),
+    )
+    return np.asarray(wavs[0], dtype=np.float32)
+
+
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
     torch.manual_seed(0)
@@ -123,6 +143,9 @@ def main() -> None:
         for i, req in enumerate(spec["requests"]):
             try:
                 record: dict = {}
+                if req["kind"] == "clone_wav":
+                    out[f"wav_{i}"] = _clone_wav(tts, req)
+                    continue
                 codes = (
                     np.asarray(req["codes"], dtype=np.int64)
                     if req["kind"] == "decode"

@@ -13,6 +13,7 @@ most `streaming.max_chunks_in_flight` chunks of one request run at once (default
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ class DiffusionRequest:
     arrival: int = 0
     chunks_planned: int = 0
     emitted: int = 0  # ids whose output a planned chunk covers
+    context: int = 0  # the first ids are context only: decoded in the first chunk's window, never emitted
     planned_last: bool = False
     pooling_params: None = None
     kv_transfer_params: None = None
@@ -118,6 +120,8 @@ class Batcher:
             plan = one_shot(len(req.ids)) if req.closed else None
         if plan is None or dry:
             return plan
+        if req.context and req.chunks_planned == 0:  # the first window decodes the context first
+            plan = dataclasses.replace(plan, window_start=0, emit_start=max(plan.emit_start, req.context))
         req.chunks_planned += 1
         req.emitted = plan.emit_end
         req.planned_last = plan.last

@@ -31,6 +31,7 @@ class PreparedDiffusion:
     ids: list[int]
     params: DiffusionParams | Any
     inputs: Any = None  # a RequestModel's request inputs
+    context: int = 0  # StageInput.context_ids
 
 
 class DiffusionEngine:
@@ -136,8 +137,12 @@ class DiffusionEngine:
         if stage_input.prompt_text is not None or stage_input.multi_modal:
             raise EngineInputError("a diffusion stage takes codec ids, not text or media")
         ids = list(stage_input.prompt_token_ids or [])
+        if not 0 <= stage_input.context_ids <= len(ids) or stage_input.context_ids % self.model.window_align:
+            raise EngineInputError(
+                f"context_ids {stage_input.context_ids}: not a multiple of {self.model.window_align} within the prompt"
+            )
         params = msgspec.structs.replace(self.cfg.defaults, seed=sampling.seed, speaker=speaker)
-        return PreparedDiffusion(request_id, ids, params)
+        return PreparedDiffusion(request_id, ids, params, context=stage_input.context_ids)
 
     def add(self, prepared: PreparedDiffusion) -> PromptIds:  # type: ignore[override]
         if self.owned:
@@ -148,7 +153,9 @@ class DiffusionEngine:
             req = DiffusionRequest(prepared.request_id, prepared.params, [], True, False, inputs=prepared.inputs)
             self.driver.add(req)
             return PromptIds(0, None)
-        self.submit(prepared.request_id, prepared.ids, prepared.params, closed=not self.open_inputs)
+        self.submit(
+            prepared.request_id, prepared.ids, prepared.params, closed=not self.open_inputs, context=prepared.context
+        )
         return PromptIds(len(prepared.ids), list(prepared.ids))
 
     def check_params(self, params: dict[str, Any] | None) -> None:
@@ -172,6 +179,7 @@ class DiffusionEngine:
         *,
         closed: bool = True,
         stream: bool | None = None,
+        context: int = 0,
     ) -> DiffusionParams:
         """Start a request on the ids known so far (more may follow with `add_inputs` unless
         `closed`); returns its resolved parameters (seed and speaker filled in)."""
@@ -189,6 +197,8 @@ class DiffusionEngine:
             ids=list(ids),
             closed=closed,
             stream=self.cfg.stream if stream is None else stream,
+            emitted=context,
+            context=context,
         )
         self.driver.add(req)
         return resolved

@@ -8,27 +8,35 @@ docs/qwen3_tts.md.
 - `speaker`: Base's speaker encoder (x-vector cloning), equal to the reference's.
 - `codec_decoder`: the speech tokenizer's decoder as a streaming window decoder
   (`diffusion.model_type: qwen3_tts_codec`), Qwen3-Omni code2wav's streaming with its own front.
+- `clip_codes`: a reference clip's codes (the speech tokenizer's Mimi encoder, transformers').
+- `clone`: Base cloning on the entry stage (clip rules, x-vector and codes, a small cache).
+- `codec_inputs`: the talker -> decoder link (`processor: qwen3_tts_codec`), an in-context
+  clip's codes first as the decoder's context.
 
 - `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
   (`model_part: qwen3_tts_talker`), loaded from a `talker_view` of the checkpoint.
 
 - `prompt.PROMPT_FORMAT` (`prompt_format: qwen3_tts`): the entry talker stage's prompt rows from
   a request's text, speaker (preset voice) and params (instructions, language).
-The talker -> decoder link is Qwen3-Omni's (`processor: qwen3_omni_code2wav`): the same rows.
-
-Not yet: the text-streaming prompt mode on a served stage, cloning (Base), HTTP /v1/audio/speech.
+Not yet: the text-streaming prompt mode on a served stage (docs/qwen3_tts.md).
 This module only declares names (omni_mp.models.registry reads them).
 """
 
 from typing import Any
 
-from omni_mp.models.family import Family
+from omni_mp.models.family import Family, Processor
 
 
 def _codec_decoder() -> Any:
     from omni_mp.models.qwen3_tts.codec_decoder import TtsCodecDecoder
 
     return TtsCodecDecoder.from_checkpoint
+
+
+def _codec_inputs() -> Any:
+    from omni_mp.models.qwen3_tts.codec_inputs import Qwen3TtsCodecInputs
+
+    return Qwen3TtsCodecInputs
 
 
 def _prompt_format() -> Any:
@@ -51,6 +59,7 @@ def _tiny() -> Any:
 
 FAMILY = Family(
     name="qwen3_tts",
+    processors={"qwen3_tts_codec": Processor(_codec_inputs, needs_hidden_states=True, feeds_diffusion=True)},
     prompt_formats={"qwen3_tts": _prompt_format},
     model_parts={"qwen3_tts_talker": _talker},
     diffusion_models={"qwen3_tts_codec": _codec_decoder},

@@ -9,8 +9,8 @@ prompt"): T(id) = text_projection(text_embedding(id)), C(id) = codec_embedding(i
   (`text_streaming=True`: the rest is fed one token per frame, then T(tts_eos)).
 - step rows: what each decode step adds beside the frame's codec embeddings; after them T(tts_pad).
 
-CustomVoice (preset voices, instructions) and VoiceDesign (instructions, no voice) so far; Base
-(cloning) needs the speaker encoder and the reference codes (not yet).
+CustomVoice (preset voices, instructions), VoiceDesign (instructions, no voice) and Base (cloning:
+the clip's x-vector in the voice's place; in context, the clip's text and codes too).
 """
 
 from __future__ import annotations
@@ -193,6 +193,13 @@ class TtsPromptBuilder:
 # ---- the entry stage's prompt format (`prompt_format: qwen3_tts`) --------------------------------
 INSTRUCTIONS_PARAM = "instructions"  # Submit.params keys a request may set
 LANGUAGE_PARAM = "language"
+TASK_TYPE_PARAM = "task_type"  # vllm-omni's: CustomVoice | VoiceDesign | Base, checked against the checkpoint
+REF_TEXT_PARAM = "ref_text"  # the reference clip's text: in-context cloning (Base)
+XVECTOR_ONLY_PARAM = "x_vector_only_mode"  # true: the clip's x-vector only, its text ignored
+_STR_PARAMS = (INSTRUCTIONS_PARAM, LANGUAGE_PARAM, TASK_TYPE_PARAM, REF_TEXT_PARAM)
+_PARAMS = (*_STR_PARAMS, XVECTOR_ONLY_PARAM)
+TASK_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
+CLIP_CODES_KEY = "qwen3_tts_clip_codes"  # the talker's first chunk -> the decoder: [frames, 16] int64
 
 
 @functools.cache
@@ -200,11 +207,60 @@ def _builder(model_dir: str) -> TtsPromptBuilder:
     return TtsPromptBuilder(model_dir)
 
 
+@functools.cache
+def _variant(model_dir: str) -> str:
+    return str(json.loads((Path(model_dir) / "config.json").read_text()).get("tts_model_type"))
+
+
+@functools.cache
+def _cloner(model_dir: str) -> Any:
+    from omni_mp.models.qwen3_tts.clone import VoiceCloner
+
+    return VoiceCloner(model_dir)
+
+
+def _check_params(params: Mapping[str, Any]) -> None:
+    unknown = sorted(set(params) - set(_PARAMS))
+    if unknown:
+        raise TtsPromptError(f"unknown params {unknown}; Qwen3-TTS takes {list(_PARAMS)}")
+    for key in _STR_PARAMS:
+        if key in params and not isinstance(params[key], str):
+            raise TtsPromptError(f"params[{key!r}] must be a string, got {type(params[key]).__name__}")
+    if XVECTOR_ONLY_PARAM in params and not isinstance(params[XVECTOR_ONLY_PARAM], bool):
+        raise TtsPromptError(f"params[{XVECTOR_ONLY_PARAM!r}] must be true or false")
+
+
+def _clone_mode(variant: str, params: Mapping[str, Any], clip: Any) -> bool | None:
+    """None: no cloning; else whether in context (a reference text, x_vector_only_mode not set).
+    Refuses cloning fields on a checkpoint that is not Base, and Base without a clip."""
+    task = params.get(TASK_TYPE_PARAM)
+    if task is not None and task != TASK_TYPES.get(variant):
+        raise TtsPromptError(
+            f"task_type {task!r}: this model is a {TASK_TYPES.get(variant, variant)} checkpoint "
+            f"(task types: {sorted(TASK_TYPES.values())})"
+        )
+    fields = [k for k in (REF_TEXT_PARAM, XVECTOR_ONLY_PARAM) if k in params] + (["ref_audio"] if clip else [])
+    if variant != "base":
+        if fields:
+            raise TtsPromptError(
+                f"{fields}: voice cloning needs a Base checkpoint; this model is {TASK_TYPES[variant]}"
+            )
+        return None
+    if clip is None:
+        raise TtsPromptError("this Base model speaks a cloned voice only: give ref_audio (or a stored voice's id)")
+    xvec_only = params.get(XVECTOR_ONLY_PARAM)
+    ref_text = (params.get(REF_TEXT_PARAM) or "").strip()
+    if xvec_only is False and not ref_text:
+        raise TtsPromptError("ref_text: in-context cloning (x_vector_only_mode false) needs the clip's text")
+    return bool(ref_text) and not xvec_only
+
+
 class TtsPromptFormat:
     """The talker stage's prompt format: the request's text is what to say, its speaker the preset
-    voice (none given: the first preset by name), `params` its instructions and language; the
-    stage's input is the talker's prompt rows (`embeds_prompt`: built here, not tokenized by the
-    engine), every decode step then adding T(tts_pad) (the reference wrappers' whole-text mode)."""
+    voice (none given: the first preset by name), `params` its instructions and language, and for
+    Base a reference clip (the request's one audio) with its text; the stage's input is the
+    talker's prompt rows (`embeds_prompt`: built here, not tokenized by the engine), every decode
+    step then adding T(tts_pad) (the reference wrappers' whole-text mode)."""
 
     audio_rate = 24000
     reply_end = None
@@ -212,7 +268,9 @@ class TtsPromptFormat:
     embeds_prompt = True  # the entry stage takes `stage_input`'s embeddings, not rendered text
 
     def max_audio_s(self, model_dir: str) -> float | None:
-        return None
+        from omni_mp.models.qwen3_tts.clone import MAX_CLIP_S
+
+        return MAX_CLIP_S if self.task_type(model_dir) == "Base" else None
 
     def render(self, text: str, n_audio: int, n_image: int, system: str | None = None) -> str:
         return assistant_text(text)  # what the talker reads (as text: never a chat turn)
@@ -224,25 +282,37 @@ class TtsPromptFormat:
         """The preset voices a request may name (None: a model without presets)."""
         return frozenset(_builder(model_dir).voices) or None
 
-    def stage_input(self, model_dir: str, text: str, params: Mapping[str, Any] | None, voice: str | None) -> StageInput:
-        """The talker's input for one request (TtsPromptError names what is wrong)."""
+    def task_type(self, model_dir: str) -> str:
+        """The checkpoint's variant as vllm-omni's `task_type` names it (Base: cloning); reads
+        config.json only (the HTTP server and the coordinator ask: no tables loaded)."""
+        variant = _variant(str(model_dir))
+        return TASK_TYPES.get(variant, variant)
+
+    def stage_input(
+        self,
+        model_dir: str,
+        text: str,
+        params: Mapping[str, Any] | None,
+        voice: str | None,
+        clip: tuple[Any, int] | None = None,
+    ) -> StageInput:
+        """The talker's input for one request; `clip`: the reference clip (mono float32 samples,
+        rate) of a Base request. TtsPromptError (or CloneError) names what is wrong."""
         params = params or {}
-        unknown = sorted(set(params) - {INSTRUCTIONS_PARAM, LANGUAGE_PARAM})
-        if unknown:
-            raise TtsPromptError(
-                f"unknown params {unknown}; Qwen3-TTS takes {INSTRUCTIONS_PARAM!r}, {LANGUAGE_PARAM!r}"
-            )
-        for key in (INSTRUCTIONS_PARAM, LANGUAGE_PARAM):
-            if key in params and not isinstance(params[key], str):
-                raise TtsPromptError(f"params[{key!r}] must be a string, got {type(params[key]).__name__}")
+        _check_params(params)
         b = _builder(model_dir)
+        in_context = _clone_mode(_variant(model_dir), params, clip)
         if voice is None and b.voices:
             voice = min(b.voices)  # the reference has no default preset: the first by name
+        clone = None if in_context is None else _cloner(model_dir).prompt(clip[0], clip[1], in_context)  # type: ignore[index]
         req = TtsRequest(
             text=text,
-            voice=voice,
+            voice=None if clone is not None else voice,
             language=params.get(LANGUAGE_PARAM, "auto"),
             instructions=params.get(INSTRUCTIONS_PARAM, ""),
+            speaker_embedding=None if clone is None else clone.speaker_embedding,
+            ref_text=params.get(REF_TEXT_PARAM) if in_context else None,
+            ref_codes=None if clone is None else clone.ref_codes,
         )
         rows = b.rows(req)
         t = b.talker_config
@@ -253,6 +323,8 @@ class TtsPromptFormat:
             step_fill=rows.pad,  # whole-text mode: every step adds T(tts_pad) (steps == [pad])
             stop_token_ids=[eos],
             suppress_token_ids=[i for i in range(vocab - CODEC_SPECIAL_RANGE, vocab) if i != eos],
+            # in context: the decoder decodes the clip's codes first (the reference's waveform)
+            first_chunk_info=None if req.ref_codes is None else {CLIP_CODES_KEY: req.ref_codes},
         )
 
 

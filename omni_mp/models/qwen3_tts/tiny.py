@@ -32,7 +32,7 @@ TINY_SPECS: dict[str, TinyTtsSpec] = {
     "tiny-qwen3-tts-voice-design": TinyTtsSpec(variant="voice_design", seed=1),
     "tiny-qwen3-tts-base": TinyTtsSpec(variant="base", seed=2),
 }
-TINY_BUILD = 1  # bump when the build changes without a spec change
+TINY_BUILD = 2  # bump when the build changes without a spec change (2: Mimi codebooks drawn)
 
 Shape = tuple[int, ...]
 
@@ -186,7 +186,13 @@ def _encoder_weights(spec: TinyTtsSpec) -> dict[str, Any]:
     torch.manual_seed(spec.seed + 11)
     mimi = MimiModel(MimiConfig(**encoder_config(spec))).eval()
     drop = ("decoder.", "decoder_transformer.", "upsample.")
-    return {f"encoder.{k}": v.detach().clone() for k, v in mimi.state_dict().items() if not k.startswith(drop)}
+    state = {f"encoder.{k}": v.detach().clone() for k, v in mimi.state_dict().items() if not k.startswith(drop)}
+    # transformers' init leaves every codebook vector zero (every code 0): drawn, so that a clip's
+    # codes vary and a comparison of them can fail
+    g = torch.Generator().manual_seed(spec.seed + 12)
+    for k in sorted(k for k in state if k.endswith(".codebook.embed_sum")):
+        state[k] = torch.randn(state[k].shape, generator=g)
+    return state
 
 
 def _save(state: dict[str, Any], path: Path) -> None:
