@@ -850,7 +850,9 @@ def test_two_workers_share_audio_ids_and_metrics_and_leave_nothing(served: Serve
         workers = supervisor.children()  # the workers and multiprocessing's resource tracker
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+        # The resource tracker ends when it reads its parent's pipe closed: shortly after, not before.
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
         assert not shared.exists()
     finally:
         if proc.poll() is None:
