@@ -3,6 +3,7 @@ nothing behind), and an AR engine in the test process as a stage process runs it
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -177,3 +178,44 @@ def with_replicas(config: Path, directory: Path, replicas: dict[int, int]) -> Pa
     out = directory / f"{config.stem}-replicas.yaml"
     out.write_text(yaml.safe_dump(data))
     return out
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """`python -m omni_mp.launch ARGS` run from `cwd` (a test's temp dir: outside the checkout,
+    so a shipped config is found by name, as package data), checking it left no process behind."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    cmd = [sys.executable, "-m", "omni_mp.launch", *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not left, f"processes left behind: {left}"
+    return proc
+
+
+def config_args(name: str) -> list[str]:
+    """The launcher's arguments for shipped config `name`: none for the demo's default."""
+    from omni_mp.stage_configs import DEFAULT
+
+    return [] if name == DEFAULT else ["--config", name]
+
+
+def check_shipped_run(name: str, proc: subprocess.CompletedProcess[str], out: Path, requests: int = 1) -> None:
+    """What every run of a shipped config through the CLI must end with (tests/test_shipped_configs.py):
+    every request served, each output written (.json always, .wav for a final stage that
+    speaks, .png for one that draws), and no record with an error."""
+    from omni_mp.config.validate import load_config
+    from omni_mp.models.registry import makes_images
+    from omni_mp.stage_configs import shipped_config
+
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, tail
+    assert f"{requests}/{requests} requests succeeded" in proc.stdout + proc.stderr, tail
+    cfg = load_config(shipped_config(name), check_engine_args=False)
+    want = {".json"}
+    for s in cfg.final_stages:
+        if s.kind == "diffusion":
+            want.add(".png" if makes_images(s.diffusion.model_type) else ".wav")
+    written = {p.suffix for p in out.iterdir()}
+    assert want <= written, (sorted(written), tail)
+    for record in out.glob("*.json"):
+        assert json.loads(record.read_text()).get("error") is None, record

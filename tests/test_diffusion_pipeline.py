@@ -8,8 +8,6 @@ test_diffusion_engine (relative L2 error <= 1e-3)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished, SamplingParamsMsg
 from tests.hf_oracle import assert_close_audio, greedy, token2wav, tokenize
-from tests.launcher import REPO, ServedPipeline, serve, settled_client
+from tests.launcher import ServedPipeline, check_shipped_run, config_args, run_cli, serve, settled_client
 
 pytestmark = pytest.mark.engine
 
@@ -82,9 +80,8 @@ def test_closing_the_audio_stream_aborts_everywhere(client: OmniClient) -> None:
 
 def test_cli_writes_wav(tmp_path: Path) -> None:
     prompt = "Hello there"
-    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(CONFIG), "--prompt", prompt]
-    proc = subprocess.run([*cmd, "--output-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_cli(*config_args(CONFIG.stem), "--prompt", prompt, "--output-dir", str(tmp_path), cwd=tmp_path)
+    check_shipped_run(CONFIG.stem, proc, tmp_path)  # as tests/test_shipped_configs.py would run it
     record = json.loads((tmp_path / "req0.json").read_text())
     assert record["audio_files"] == {"1": "req0.stage1.wav"}
     samples, rate = read_audio(tmp_path / "req0.stage1.wav")

@@ -22,7 +22,7 @@ from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.media.audio_io import write_wav
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import SamplingParamsMsg
-from tests.launcher import REPO, abstract_sockets_of, serve, sockets_left
+from tests.launcher import REPO, abstract_sockets_of, check_shipped_run, config_args, run_cli, serve, sockets_left
 
 pytestmark = pytest.mark.engine
 
@@ -96,20 +96,9 @@ def test_startup_failure_names_the_stage_and_shows_its_log(tmp_path: Path) -> No
 
 def test_cli_runs_prompts_through_tiny_chain(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "omni_mp.launch",
-            "--config", str(CONFIG_DIR / "tiny_chain.yaml"),
-            "--prompt", "Hello world, how are you?",
-            "--prompt", "The quick brown fox",
-            "--output-dir", str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    prompts = ["--prompt", "Hello world, how are you?", "--prompt", "The quick brown fox"]
+    proc = run_cli(*config_args("tiny_chain"), *prompts, "--output-dir", str(out), cwd=tmp_path, timeout=600)
+    check_shipped_run("tiny_chain", proc, out, requests=2)  # as tests/test_shipped_configs.py would run it
     assert "2/2 requests succeeded" in proc.stdout
     assert "stage 0: " in proc.stdout and "stage 1: " in proc.stdout
     records = [json.loads((out / f"req{i}.json").read_text()) for i in range(2)]

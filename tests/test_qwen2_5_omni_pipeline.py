@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import subprocess
-import sys
 import time
 import wave
 from collections.abc import Iterator
@@ -27,10 +25,10 @@ import torch
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.media.audio_io import read_audio
 from omni_mp.models.registry import resolve_model
-from omni_mp.stage_configs import CONFIG_DIR
+from omni_mp.stage_configs import CONFIG_DIR, DEFAULT
 from omni_mp.wire.messages import Finished, SamplingParamsMsg, StageOutputChunk
 from tests.hf_oracle import assert_close_audio, assert_same_tokens, omni_generate
-from tests.launcher import REPO, ServedPipeline, settled_client
+from tests.launcher import ServedPipeline, check_shipped_run, config_args, run_cli, settled_client
 from tests.synthetic_media import pattern, tone
 
 pytestmark = pytest.mark.engine
@@ -153,10 +151,11 @@ def test_cli_takes_audio_and_image_files_and_writes_wav(tmp_path: Path) -> None:
     write_wav(tmp_path / "in.wav", tone(), 16_000, float32=True)  # the oracle gets the same samples
     Image.fromarray(pattern()).save(tmp_path / "in.png")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "omni_mp.launch", "--config", str(CONFIG), "--prompt", "What is this?"]
-    cmd += ["--audio", str(tmp_path / "in.wav"), "--image", str(tmp_path / "in.png"), "--speaker", "Ethan"]
-    proc = subprocess.run([*cmd, "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert DEFAULT == CONFIG.stem
+    # The demo's default config (no --config), as tests/test_shipped_configs.py would run it.
+    args = [*config_args(DEFAULT), "--prompt", "What is this?", "--audio", "in.wav", "--image", "in.png"]
+    proc = run_cli(*args, "--speaker", "Ethan", "--output-dir", str(out), cwd=tmp_path)
+    check_shipped_run(DEFAULT, proc, out)
     record = json.loads((out / "req0.json").read_text())
     assert record["audio_files"] == {"2": "req0.stage2.wav"}
     with wave.open(str(out / "req0.stage2.wav")) as w:  # what every player reads: 16-bit PCM

@@ -14,8 +14,6 @@ import base64
 import io
 import json
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +25,15 @@ from PIL import Image
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.models.registry import makes_images
 from omni_mp.stage_configs import CONFIG_DIR
-from tests.launcher import REPO, ServedPipeline, serve, settled_client, wait_healthy
+from tests.launcher import (
+    ServedPipeline,
+    check_shipped_run,
+    config_args,
+    run_cli,
+    serve,
+    settled_client,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.engine
 # The HTTP server and the CLI know an image stage by its family's word (Family.image_models).
@@ -205,20 +211,20 @@ def test_refusals_name_the_field_and_the_server_keeps_serving(served: Served) ->
 
 @needs_declared
 def test_cli_writes_one_png_per_request_with_size_and_seed(served: Served, tmp_path: Path) -> None:
-    cmd = [
-        sys.executable, "-m", "omni_mp.launch", "--config", str(CONFIG), "--prompt", PROMPT, "--prompt", "a blue boat",
-        "--size", f"{W}x{H}", "--steps", str(STEPS), "--seed", "40", "--output-dir", str(tmp_path),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    written = tmp_path / "out"
+    proc = run_cli(
+        *config_args(CONFIG.stem), "--prompt", PROMPT, "--prompt", "a blue boat",
+        "--size", f"{W}x{H}", "--steps", str(STEPS), "--seed", "40", "--output-dir", str(written), cwd=tmp_path,
+    )  # fmt: skip
+    check_shipped_run(CONFIG.stem, proc, written, requests=2)  # as tests/test_shipped_configs.py would run it
     with settled_client(served.pipeline.endpoint) as zmq:
         for i, prompt in enumerate([PROMPT, "a blue boat"]):
-            record = json.loads((tmp_path / f"req{i}.json").read_text())
+            record = json.loads((written / f"req{i}.json").read_text())
             assert record["prompt"] == prompt
             (image,) = record["images"].values()
             assert image == {"width": W, "height": H, "seed": 40 + i, "file": f"req{i}.png"}
             assert all("image" not in out for out in record["outputs"])  # the pixels are in the PNG only
-            with Image.open(tmp_path / image["file"]) as im:
+            with Image.open(written / image["file"]) as im:
                 assert im.format == "PNG" and im.size == (W, H)
                 got = np.asarray(im).astype(np.int16)
             # The CLI's two prompts may share denoising steps (and the encoder's prefill batch),

@@ -7,54 +7,42 @@ The GPU configs (`*_gpu.yaml` and the released-size ones) run the same way in te
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
-from omni_mp.config.validate import load_config
-from omni_mp.models.registry import makes_images
-from omni_mp.stage_configs import DEFAULT, shipped, shipped_config
+from omni_mp.stage_configs import DEFAULT, shipped
+from tests.launcher import REPO, check_shipped_run, config_args, run_cli
 
 pytestmark = pytest.mark.engine
 
 # The configs that run on CPU: the tiny ones, except the variants made for a GPU.
 CPU_CONFIGS = [name for name in shipped() if name.startswith("tiny_") and not name.endswith("_gpu")]
+# The configs that another test already runs through the CLI with the launcher's defaults (plus
+# inputs of its own and an oracle on the output), from outside the checkout and under the same
+# checks (`check_shipped_run`): run once there, not twice (about 35 s each on 2 cores).
+RUN_ELSEWHERE = {
+    DEFAULT: "tests/test_qwen2_5_omni_pipeline.py::test_cli_takes_audio_and_image_files_and_writes_wav",
+    "tiny_chain": "tests/test_lifecycle.py::test_cli_runs_prompts_through_tiny_chain",
+    "tiny_tts": "tests/test_diffusion_pipeline.py::test_cli_writes_wav",
+    "tiny_qwen_image": "tests/test_qwen_image_outputs.py::test_cli_writes_one_png_per_request_with_size_and_seed",
+}
 
 
 def test_the_cpu_configs_are_found() -> None:
     assert DEFAULT in CPU_CONFIGS and len(CPU_CONFIGS) >= 6, CPU_CONFIGS
 
 
-def _expected_files(name: str) -> set[str]:
-    """The suffixes a request's outputs are written with: .json always, .wav for a final stage
-    that speaks, .png for one that draws."""
-    cfg = load_config(shipped_config(name), check_engine_args=False)
-    out = {".json"}
-    for s in cfg.final_stages:
-        if s.kind == "diffusion":
-            out.add(".png" if makes_images(s.diffusion.model_type) else ".wav")
-    return out
+def test_the_runs_elsewhere_exist_and_check_the_same() -> None:
+    for name, node in RUN_ELSEWHERE.items():
+        path, test = node.split("::")
+        source = (REPO / path).read_text()
+        assert name in CPU_CONFIGS and f"\ndef {test}(" in source, node
+        body = source[source.index(f"\ndef {test}(") :].split("\ndef ", 2)[1]
+        assert "check_shipped_run(" in body and "run_cli(" in body, f"{node} does not run {name} as shipped"
 
 
-@pytest.mark.parametrize("name", CPU_CONFIGS)
+@pytest.mark.parametrize("name", [n for n in CPU_CONFIGS if n not in RUN_ELSEWHERE])
 def test_a_shipped_config_runs_with_the_launchers_defaults(name: str, tmp_path: Path) -> None:
-    config = [] if name == DEFAULT else ["--config", name]  # the demo's config is the default
-    cmd = [sys.executable, "-m", "omni_mp.launch", *config, "--prompt", "a red circle", "--output-dir", str(tmp_path)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    # Run from outside the checkout: the shipped configs are package data, found by name.
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    tail = (proc.stdout + proc.stderr)[-4000:]
-    assert proc.returncode == 0, tail
-    assert "1/1 requests succeeded" in proc.stdout + proc.stderr, tail
-    written = {p.suffix for p in tmp_path.iterdir()}
-    assert _expected_files(name) <= written, (sorted(written), tail)
-    record = json.loads(next(tmp_path.glob("*.json")).read_text())
-    assert record.get("error") is None, record
-    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
-    assert not left, f"processes left behind: {left}"
+    proc = run_cli(*config_args(name), "--prompt", "a red circle", "--output-dir", str(tmp_path), cwd=tmp_path)
+    check_shipped_run(name, proc, tmp_path)
