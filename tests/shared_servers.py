@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from omni_mp.stage_configs import CONFIG_DIR
 from tests.launcher import ServedPipeline
-from tests.speech_checks import KEY, serve_http
+from tests.speech_checks import KEY, serve_http, serve_tiny_tts
 
 # test_http_speech: one new name, one of OpenAI's remapped.
 VOICE_ALIASES = {"narrator": "Ethan", "echo": "Chelsie"}
@@ -32,21 +32,22 @@ REALTIME_HISTORY_TOKENS = 300  # more than any one-turn prompt of those tests
 TTS_MAX_TOKENS = 24  # test_http_speech_qwen3_tts's answers: 23 frames (the YAML's 256 is long)
 
 
-def _qwen2_5_omni(raw: dict[str, Any]) -> None:
+def _qwen2_5_omni(tmp: Path) -> AbstractContextManager[tuple[ServedPipeline, str]]:
     realtime = {"max_sessions": REALTIME_MAX_SESSIONS, "max_append_bytes": 64 << 10,
                 "idle_timeout_s": REALTIME_IDLE_S, "max_turn_audio_s": REALTIME_MAX_TURN_S,
                 "max_history_tokens": REALTIME_HISTORY_TOKENS}  # fmt: skip
-    raw["http"] = {"voice_aliases": VOICE_ALIASES, "realtime": realtime}
+    http = {"voice_aliases": VOICE_ALIASES, "realtime": realtime}
+    return serve_http(CONFIG_DIR / "tiny_qwen2_5_omni.yaml", tmp, http=http)
 
 
-def _qwen3_tts(raw: dict[str, Any]) -> None:
-    raw["stages"][0]["sampling"]["max_tokens"] = TTS_MAX_TOKENS
-
-
-# config name -> how the shared server's YAML differs from the shipped one; in the order the
+# config name -> how its shared server starts (in a temp dir of its own); in the order the
 # grouped modules use them (a module using two comes between those of each alone)
-EDITS = {"tiny_qwen3_omni": lambda raw: None, "tiny_qwen2_5_omni": _qwen2_5_omni, "tiny_qwen3_tts": _qwen3_tts}
-FIXTURES = {f"shared_{name}": name for name in EDITS}
+STARTS: dict[str, Callable[[Path], AbstractContextManager[tuple[ServedPipeline, str]]]] = {
+    "tiny_qwen3_omni": lambda tmp: serve_http(CONFIG_DIR / "tiny_qwen3_omni.yaml", tmp),
+    "tiny_qwen2_5_omni": _qwen2_5_omni,
+    "tiny_qwen3_tts": lambda tmp: serve_tiny_tts(tmp, TTS_MAX_TOKENS),
+}
+FIXTURES = {f"shared_{name}": name for name in STARTS}
 
 
 class SharedServers:
@@ -59,15 +60,11 @@ class SharedServers:
     def get(self, name: str) -> tuple[ServedPipeline, str]:
         """The server of `name` (started now if it is not running): (pipeline, url)."""
         if name not in self._running:
-            import yaml
-
-            raw = yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())
-            EDITS[name](raw)
             stack = ExitStack()
             tmp = Path(tempfile.mkdtemp(prefix=f"shared-{name}-"))
             stack.callback(shutil.rmtree, tmp, ignore_errors=True)
             try:
-                pipeline, url = stack.enter_context(serve_http(CONFIG_DIR / f"{name}.yaml", tmp, **raw))
+                pipeline, url = stack.enter_context(STARTS[name](tmp))
             except BaseException:
                 stack.close()
                 raise
@@ -98,7 +95,7 @@ def group_modules(items: list[pytest.Item], shared: SharedServers) -> None:
         used = {FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURES}
         shared.needed.setdefault(_module_of(item), set()).update(used)
     modules = list(dict.fromkeys(_module_of(i) for i in items))
-    index = {name: k for k, name in enumerate(EDITS)}
+    index = {name: k for k, name in enumerate(STARTS)}
     users = [m for m in modules if shared.needed[m]]
     first = users[0] if users else None
     users.sort(key=lambda m: (max(index[n] for n in shared.needed[m]), min(index[n] for n in shared.needed[m])))
