@@ -208,6 +208,13 @@ def _spoken(served: Served, messages: list[dict[str, Any]]) -> Any:
 def _check_against_transformers(served: Served, messages: list[dict[str, Any]], transcripts: dict[str, str]) -> str:  # noqa: E501
     """One spoken answer over HTTP and the same conversation through the ZMQ client (the codes),
     against transformers; returns the answer's audio id (its transcript recorded)."""
+    return _spoken_against_transformers(served, messages, transcripts)[0].choices[0].message.audio.id
+
+
+def _spoken_against_transformers(
+    served: Served, messages: list[dict[str, Any]], transcripts: dict[str, str]
+) -> tuple[Any, list[int]]:
+    """`_check_against_transformers`, returning the HTTP answer and the thinker's prompt ids."""
     model_dir = resolve_model("tiny-qwen3-omni")
     audios, images = _media(messages)
     hf_messages = _template_messages(messages, transcripts)
@@ -245,7 +252,7 @@ def _check_against_transformers(served: Served, messages: list[dict[str, Any]], 
     frames = run.frames()
     assert frames.shape == want.codes.shape and torch.equal(frames, want.codes)
     transcripts[msg.audio.id] = msg.audio.transcript
-    return msg.audio.id
+    return got, list(thinker_prompt)
 
 
 def _conv(messages: list[dict[str, Any]], transcripts: dict[str, str]) -> Any:
@@ -291,6 +298,29 @@ def test_conversations_of_1_2_and_4_turns_equal_transformers(served: Served) -> 
     _check_against_transformers(served, two, transcripts)
     four = [{"role": "system", "content": "Answer briefly."}, *two, LATER[3], LATER[2], LATER[1], LATER[4]]
     _check_against_transformers(served, four, transcripts)
+
+
+def test_spoken_answers_read_the_thinkers_prefix_cache_up_to_their_first_media_row(served: Served) -> None:
+    """The talker reads the thinker's rows only at the prompt's media placeholders (its text rows
+    come from the embedding table by id): a spoken turn reads the thinker's prefix cache, up to
+    its first media position when it has media, and speaks exactly what transformers says."""
+    system = {"role": "system", "content": "You are a helpful assistant who answers briefly. " * 6}
+    transcripts: dict[str, str] = {}
+    # Text turns: the second reads the cached system prompt and first turn, past any row it needs.
+    first = _spoken(served, [system, LATER[2]]).choices[0].message
+    transcripts[first.audio.id] = first.audio.transcript
+    two = [system, LATER[2], {"role": "assistant", "audio": {"id": first.audio.id}}, LATER[4]]
+    got, ids = _spoken_against_transformers(served, two, transcripts)
+    cached = got.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 48 and cached % 16 == 0 and cached < len(ids), (cached, len(ids))
+    # An audio turn after the same system prompt: the cache is read only below the audio.
+    _spoken(served, [system, *TURN1])
+    got, ids = _spoken_against_transformers(served, [system, *TURN1], transcripts)
+    from transformers import AutoTokenizer
+
+    audio_pad = AutoTokenizer.from_pretrained(resolve_model("tiny-qwen3-omni")).convert_tokens_to_ids("<|audio_pad|>")
+    cached = got.usage.prompt_tokens_details.cached_tokens
+    assert 16 <= cached <= ids.index(audio_pad) and cached % 16 == 0, (cached, ids.index(audio_pad))
 
 
 def test_a_forced_tool_call_is_parsed_never_spoken_and_its_result_answered(served: Served) -> None:

@@ -225,7 +225,7 @@ def test_declared_processor_traits_are_the_classes_own() -> None:
     must say what the class itself says."""
     for name in registry.names("processors"):
         declared, cls = registry.processor_traits(name), type(registry.stage_processor(name))
-        for trait in ("needs_hidden_states", "feeds_diffusion"):
+        for trait in ("needs_hidden_states", "feeds_diffusion", "prompt_rows"):
             assert getattr(declared, trait) == getattr(cls, trait), (name, trait)
 
 

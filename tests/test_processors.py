@@ -22,6 +22,25 @@ def test_hidden_rows_by_range_touch_only_their_chunks() -> None:
     assert torch.equal(up.hidden_states(), full)
 
 
+def test_a_stream_may_begin_past_position_0_and_then_takes_no_gap() -> None:
+    """An upstream that read its prefix cache sends rows from the first one its reader reads:
+    the stream begins there; rows below it, a later gap or an overlap are refused."""
+    from omni_mp.engines.rows import RowGap, RowStream
+
+    full = torch.arange(40.0).reshape(20, 2)
+    stream = RowStream()
+    stream.append(full[6:9], 6)
+    stream.append(full[9:12], 9)
+    assert (stream.first, stream.rows) == (6, 12)
+    assert torch.equal(stream.slice(7, 11), full[7:11]) and torch.equal(stream.row(6), full[6])
+    for bad in (lambda: stream.slice(5, 8), lambda: stream.row(0)):
+        with pytest.raises(RowGap, match="begins at position 6"):
+            bad()
+    for start in (13, 11):
+        with pytest.raises(RowGap, match=f"rows from position {start} after 12 rows"):
+            stream.append(full[start : start + 1], start)
+
+
 def test_thinker_to_talker_builds_prompt_then_streams_step_rows() -> None:
     proc = stage_processor("thinker_to_talker")
     up = UpstreamResult(stage_id=0)

@@ -83,11 +83,12 @@ def write_result(out: Path | None, config: Path, tokens: int, result: dict[str, 
         out.write_text(json.dumps({"config": str(config), "tokens": tokens, **result}, indent=1))
 
 
-def released_qwen3_omni(work_dir: Path, thinker_tokens: int, talker_frames: int) -> Path:
+def released_qwen3_omni(work_dir: Path, thinker_tokens: int, talker_frames: int, http_workers: int = 1) -> Path:
     """omni_mp/stage_configs/qwen3_omni.yaml as shipped (one GPU; the thinker's prefix cache on),
     on the released-size checkpoint with random weights (load_format dummy) and the released
     tokenizer ids: every answer `thinker_tokens` long (ignore_eos), every spoken one
-    `talker_frames` frames (the codec's control ids suppressed), so runs compare like for like."""
+    `talker_frames` frames (the codec's control ids suppressed), so runs compare like for like;
+    served by `http_workers` HTTP server processes."""
     from benchmarks.common.checkpoints import qwen3_omni_processor_dir
 
     model = str(qwen3_omni_processor_dir(work_dir))
@@ -105,16 +106,19 @@ def released_qwen3_omni(work_dir: Path, thinker_tokens: int, talker_frames: int)
         "temperature": 0.0, "ignore_eos": True, "max_tokens": talker_frames + 1,
         "suppress_token_ids": list(range(codebook, talker_vocab)),
     }  # fmt: skip
-    out = work_dir / f"qwen3_omni_served_{thinker_tokens}_{talker_frames}.yaml"
+    if http_workers != 1:
+        raw.setdefault("http", {})["workers"] = http_workers
+    out = work_dir / f"qwen3_omni_served_{thinker_tokens}_{talker_frames}_w{http_workers}.yaml"
     out.write_text(yaml.safe_dump(raw, sort_keys=False))
     return out
 
 
 def main() -> None:
-    """`python -m benchmarks.common.served WORK_DIR TOKENS FRAMES`: write the released config,
-    print its path (scripts/gpu/http_benchmarks.sh serves it once for several benchmarks)."""
+    """`python -m benchmarks.common.served WORK_DIR TOKENS FRAMES [HTTP_WORKERS]`: write the released
+    config, print its path (scripts/gpu/http_benchmarks.sh serves it once for several benchmarks)."""
     work_dir, tokens, frames = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    print(released_qwen3_omni(Path(work_dir), tokens, frames))
+    workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    print(released_qwen3_omni(Path(work_dir), tokens, frames, workers))
 
 
 if __name__ == "__main__":

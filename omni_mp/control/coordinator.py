@@ -46,6 +46,7 @@ from omni_mp.control.stage_handle import StageHandle
 from omni_mp.control.supervisor import Supervisor
 from omni_mp.control.wiring import Wiring
 from omni_mp.media.limits import resolve_media_limits
+from omni_mp.models.registry import processor_traits
 from omni_mp.utils.devices import visible_entries
 from omni_mp.wire.codec import PayloadError
 from omni_mp.wire.keys import CLIENT_DOMAIN, STAGE_DOMAIN, SecureContext, pipeline_identity
@@ -148,6 +149,10 @@ class Coordinator:
         self._register_order = sorted(cfg.stages, key=lambda s: not s.inputs)
         # The stages fed by each stage (StageRequest.rows_wanted: who may read its hidden rows).
         self._readers = {s.id: set(cfg.downstream(s.id)) for s in cfg.stages}
+        # Of those, the ones that read its prompt's rows only at media placeholders.
+        self._media_readers = {
+            s.id: {d for d in self._readers[s.id] if _reads_media_rows_only(cfg.stage(d).processor)} for s in cfg.stages
+        }
         self._stop = threading.Event()
         self._closed = False
 
@@ -599,6 +604,8 @@ class Coordinator:
                 continue
             left = None if deadline_at is None else max(deadline_at - time.monotonic(), 0.0)
             entry = not stage.inputs
+            to_client = msg.hidden_states and stage.final_output  # the client reads its rows too
+            readers = self._readers[stage.id] & runs
             link.register(
                 StageRequest(
                     request_id=req.internal_id,
@@ -613,9 +620,10 @@ class Coordinator:
                     params=msg.params,
                     sampling_params=sampling.get(stage.id, stage.sampling),
                     deadline_s=left,
-                    hidden_states=msg.hidden_states and stage.final_output,
+                    hidden_states=to_client,
                     downstream_replicas=[BoundReplica(d, req.route[d]) for d in self.cfg.downstream(stage.id)],
-                    rows_wanted=(msg.hidden_states and stage.final_output) or bool(self._readers[stage.id] & runs),
+                    rows_wanted=to_client or bool(readers),
+                    media_rows_only=not to_client and bool(readers) and readers <= self._media_readers[stage.id],
                 )
             )
 
@@ -633,3 +641,8 @@ class Coordinator:
         for req in self.table.expired(now):
             allowed = req.deadline - req.t_submit if req.deadline is not None else 0.0
             self._finish_with_error(req.internal_id, "deadline_exceeded", f"deadline of {allowed:.3f}s exceeded", None)
+
+
+def _reads_media_rows_only(processor: str | None) -> bool:
+    """Whether a stage's processor reads its upstream's prompt rows only at media placeholders."""
+    return processor is not None and processor_traits(processor).prompt_rows == "media"

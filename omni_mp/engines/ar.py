@@ -29,7 +29,7 @@ from omni_mp.engines.vllm_hooks import (
     StepIO,
     build_engine_core,
     engine_core_cls,
-    install_gated_scheduler,
+    install_scheduler,
 )
 from omni_mp.engines.vllm_hooks_sampling import SuppressTokens, suppress_args
 from omni_mp.engines.vllm_hooks_warmup import MoeWarmup, warm_up_moe_kernels
@@ -102,9 +102,10 @@ class AREngine:
         args = dict(engine_args)
         if self.io.capturing:
             # A prefix-cache hit skips computing the cached tokens, so their hidden rows would be
-            # missing: off unless the stage's engine_args turn it on, and then read only by the
+            # missing: off unless the stage's engine_args turn it on, and then read in full by the
             # requests whose rows nobody reads (StageInput.rows_wanted; e.g. text-only answers
-            # of a thinker whose talker does not run for them).
+            # of a thinker whose talker does not run for them), and only below the first row
+            # read by the others (`_rows_from`: vllm_hooks caps the cache hit there).
             args.setdefault("enable_prefix_caching", False)
         if features.prompt_embeds or features.step_embeds:
             # Step embeddings are added into the persistent inputs_embeds buffer (vllm_hooks),
@@ -113,7 +114,7 @@ class AREngine:
         # The gate holds back decode steps whose extra row has not arrived; it subclasses the
         # scheduler vLLM resolves, async (CUDA's default: the host prepares step N+1 while the GPU
         # runs step N) or not.
-        configure = install_gated_scheduler(self.io) if features.step_embeds else None
+        configure = install_scheduler(self.io) if hooked else None
         # Suppressed ids through our logits processor, not a per-request allowed_token_ids list
         # of the rest of the vocabulary (~10 ms of host time per request: vllm_hooks_sampling).
         # Only where the runner is V1 anyway (hooked): vLLM moves a stage with a custom logits
@@ -288,8 +289,6 @@ class AREngine:
             )
         try:
             params = self.to_vllm_sampling(sampling, only)
-            if self.io.capturing and stage_input.rows_wanted:
-                params.skip_reading_prefix_cache = True  # every row is computed (see __init__)
             req = self._inputs.process(request_id, prompt, params)
         except EngineInputError:
             raise
@@ -300,7 +299,14 @@ class AREngine:
         positions = None if stage_input.positions is None else self._check_positions(stage_input.positions, prompt_len)
         hooked = None
         if self.hooked:
-            hooked = HookedRequest(prompt_len=prompt_len, positions=positions, rows_wanted=stage_input.rows_wanted)
+            rows_from = self._rows_from(req, stage_input, prompt_len)
+            hooked = HookedRequest(
+                prompt_len=prompt_len,
+                positions=positions,
+                rows_wanted=stage_input.rows_wanted,
+                rows_from=rows_from,
+                hidden_next=rows_from,
+            )
             if stage_input.step_embeds or stage_input.step_fill is not None:
                 fill = stage_input.step_fill
                 fill = torch.zeros(self.inputs_embeds_size) if fill is None else fill
@@ -324,6 +330,20 @@ class AREngine:
             reported = PromptIds(prompt_len - len(forced), ids[: -len(forced)])
             return PreparedAR(request_id, req, reported, hooked, forced=forced)
         return PreparedAR(request_id, req, PromptIds(prompt_len, ids), hooked, companions)
+
+    def _rows_from(self, req: Any, stage_input: StageInput, prompt_len: int) -> int:
+        """The first position whose rows a reader of this request reads (0: all of them), and
+        the prefix cache's reach for it: only below that position (see __init__). Readers of
+        media rows only (`media_rows_only`) read from the first media placeholder (vLLM's
+        placeholder ranges of the processed prompt), or only past the prompt when it has none."""
+        if not (self.io.capturing and stage_input.rows_wanted):
+            return 0  # nobody reads its rows: the cache is read as usual and they are dropped
+        rows_from = 0
+        if stage_input.media_rows_only:
+            rows_from = min((f.mm_position.offset for f in req.mm_features or ()), default=prompt_len)
+        if rows_from == 0:
+            req.sampling_params.skip_reading_prefix_cache = True  # every row is computed
+        return rows_from
 
     def check_params(self, params: dict[str, Any] | None) -> None:
         return None  # an AR stage's model parameters are its prompt format's (checked when prepared)

@@ -55,6 +55,9 @@ class StageInput(msgspec.Struct):
     # prompt (a prefix-cache hit would skip the rows of the cached positions); one nobody
     # reads may start from the prefix cache, and its rows are dropped.
     rows_wanted: bool = True
+    # Its readers read prompt rows only at media placeholders (StageRequest.media_rows_only): the
+    # prompt is computed from its first media position, below which the prefix cache is read.
+    media_rows_only: bool = False
     # An entry stage's named values for the stages downstream, sent on the request's first output
     # chunk (`additional_information`; e.g. Qwen3-TTS in-context cloning's clip codes, which its
     # decoder decodes before the new ones).

@@ -115,6 +115,10 @@ class HookedRequest:
     recorded: bool = False
     hidden_next: int = 0  # position of the next captured row to hand out
     rows_wanted: bool = True  # False: nobody reads its rows (StageInput.rows_wanted): dropped
+    # The first position whose rows are read (AREngine._rows_from): the prefix cache is read only
+    # below it (`capped_cache_manager_cls`), so every row from there on is computed. 0: no cap
+    # (either every row is read and the cache is skipped, or none is).
+    rows_from: int = 0
     num_output: int = 0  # tokens generated so far
 
     def decode_ready(self, num_computed_tokens: int) -> bool:
@@ -393,6 +397,22 @@ def engine_core_cls(io: StepIO) -> type:
     return type("OmniEngineCore", (EngineCore,), {"_initialize_kv_caches": _initialize_kv_caches})
 
 
+def capped_cache_manager_cls(io: StepIO, base: type) -> type:
+    """A subclass of vLLM's KVCacheManager whose prefix-cache hit for a request with
+    `rows_from` > 0 ends at or below that position (whole blocks; vLLM's own limit, the last
+    token, still holds), so that the runner computes, and captures, every row read from there."""
+
+    def get_computed_blocks(self: Any, request: Any) -> tuple[Any, int]:
+        req = io.requests.get(request.request_id)
+        if req is None or req.rows_from <= 0 or not self.enable_caching or request.skip_reading_prefix_cache:
+            return base.get_computed_blocks(self, request)
+        reach = min(request.num_tokens - 1, req.rows_from)
+        blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, reach)
+        return self.create_kv_cache_blocks(blocks), hit
+
+    return type(f"OmniCapped{base.__name__}", (base,), {"get_computed_blocks": get_computed_blocks})
+
+
 def gated_scheduler_cls(io: StepIO, base: type) -> type:
     """A subclass of the scheduler `base` that skips, for one `schedule()`, every running
     request whose next decode step's extra embedding has not arrived. Held requests stay
@@ -456,9 +476,26 @@ def build_engine_core(
     return core
 
 
-def install_gated_scheduler(io: StepIO) -> Callable[[Any], None]:
-    """A `build_engine_core` `configure` that makes the resolved scheduler class the gated one
-    (`gated_scheduler_cls`). vLLM decides async scheduling while it resolves the config (on by
+def hooked_scheduler_cls(io: StepIO, base: type) -> type:
+    """The scheduler `base` with the hooks `io` needs: the gate (`gated_scheduler_cls`) for
+    per-step embeddings; for captured rows, a KV cache manager whose prefix-cache hits stop at
+    each request's first read row (`capped_cache_manager_cls`; the scheduler builds its
+    manager in `__init__`, so the instance's class is swapped right after)."""
+    cls = gated_scheduler_cls(io, base) if io.takes_step_embeds else base
+    if not io.capturing:
+        return cls
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        cls.__init__(self, *args, **kwargs)
+        manager = self.kv_cache_manager
+        manager.__class__ = capped_cache_manager_cls(io, type(manager))
+
+    return type(f"OmniCapped{cls.__name__}", (cls,), {"__init__": __init__})
+
+
+def install_scheduler(io: StepIO) -> Callable[[Any], None]:
+    """A `build_engine_core` `configure` that makes the resolved scheduler class the hooked one
+    (`hooked_scheduler_cls`). vLLM decides async scheduling while it resolves the config (on by
     default where the executor supports it, off on the CPU platform) and picks `AsyncScheduler`
     or `Scheduler` from that: the gate subclasses whichever it picked (or a configured class).
     Async scheduling holds no hazard for the gate: a step is scheduled (and its extra rows
@@ -467,7 +504,7 @@ def install_gated_scheduler(io: StepIO) -> Callable[[Any], None]:
 
     def configure(vllm_config: Any) -> None:
         sched = vllm_config.scheduler_config
-        sched.scheduler_cls = gated_scheduler_cls(io, sched.get_scheduler_cls())
+        sched.scheduler_cls = hooked_scheduler_cls(io, sched.get_scheduler_cls())
 
     return configure
 

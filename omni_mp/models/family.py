@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -29,6 +29,9 @@ class Processor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     load: Loader
     needs_hidden_states: bool = False  # upstream stages must emit hidden states
     feeds_diffusion: bool = False  # made for a diffusion stage (codec ids in); False: for AR stages
+    # Which of the upstream prompt's hidden rows it reads: "all", or "media" (only at the
+    # prompt's media placeholders: the upstream stage may read its prefix cache up to the first).
+    prompt_rows: Literal["all", "media"] = "all"
 
     def __call__(self) -> Any:
         """The processor class (a Processor is a Loader too)."""

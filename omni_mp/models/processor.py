@@ -82,6 +82,7 @@ class StageProcessor:
     needs_hidden_states = False  # True: upstream stages must emit hidden states
     streams_inputs = False  # True: a started request takes more input ids (`more_inputs`)
     feeds_diffusion = False  # True: made for a diffusion stage (codec ids in); False: for AR stages
+    prompt_rows = "all"  # or "media": reads upstream prompt rows only at media placeholders (family.Processor)
     speakers: frozenset[str] | None = None  # voices a request may pick (None: no voice here)
 
     def bind(self, stage: StageConfig, model_dir: str) -> StageProcessor:

@@ -146,6 +146,7 @@ class Preparer(threading.Thread):
         try:
             stage_input = entry_input(self.stage, self.engine, job.msg)
             stage_input.rows_wanted = job.msg.rows_wanted
+            stage_input.media_rows_only = job.msg.media_rows_only
             prepared = self.engine.prepare(rid, job.sampling, stage_input, job.msg.speaker)
         except (EngineInputError, MediaError) as err:
             return Prepared(rid, job.token, code="invalid_input", error=str(err))

@@ -276,6 +276,9 @@ class StageRequest(MessageBase):
     # Whether a stage this request runs on (downstream of this one) or the client reads this
     # stage's hidden rows: false lets a stage that captures them read its prefix cache.
     rows_wanted: bool = True
+    # Those readers read the prompt's rows only at its media placeholders (family.Processor
+    # `prompt_rows`): the stage reads its prefix cache up to the first one and sends rows from there.
+    media_rows_only: bool = False
 
 
 class StageOutputChunk(MessageBase):

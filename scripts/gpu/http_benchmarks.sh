@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # One GPU call for the HTTP and realtime benchmarks on the shipped Qwen3-Omni config at released sizes (random
 # weights): the pipeline starts once (about 3 minutes with its CUDA graphs) and serves them all.
-#   bash scripts/gpu/http_benchmarks.sh [TOKENS] [FRAMES]   (after the wheels are carried: README.md)
+#   bash scripts/gpu/http_benchmarks.sh [TOKENS] [FRAMES] [HTTP_WORKERS]   (after the wheels are carried: README.md)
 # Results: /tmp/omni_mp_results/http_*.json and .log (copied to $OUT where the device tool sets it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tokens=${1:-48}; frames=${2:-64}
+tokens=${1:-48}; frames=${2:-64}; workers=${3:-1}
 bash scripts/gpu/install.sh
 source scripts/gpu/env.sh
 res=/tmp/omni_mp_results; mkdir -p "$res"
 work=/tmp/qwen3_omni_gpu
-config=$(python3 -m benchmarks.common.served "$work" "$tokens" "$frames" | tail -1)
+config=$(python3 -m benchmarks.common.served "$work" "$tokens" "$frames" "$workers" | tail -1)
 port=$(python3 -c "from benchmarks.common.served import free_port; print(free_port())")
 log=$res/http_launcher.log
 python3 -m omni_mp.launch --config "$config" --http "127.0.0.1:$port" >"$log" 2>&1 &

@@ -82,7 +82,7 @@ def _tiny() -> Any:
 FAMILY = Family(
     name="qwen3_omni",
     processors={
-        "qwen3_omni_talker": Processor(_talker_inputs, needs_hidden_states=True),
+        "qwen3_omni_talker": Processor(_talker_inputs, needs_hidden_states=True, prompt_rows="media"),
         "qwen3_omni_code2wav": Processor(_code2wav_inputs, needs_hidden_states=True, feeds_diffusion=True),
     },
     prompt_formats={"qwen3_omni": _prompt_format},

@@ -97,6 +97,9 @@ class Qwen3OmniTalkerInputs(StageProcessor):
     step_embeds_enabled = True
     prompt_embeds_enabled = True
     needs_hidden_states = True
+    # The thinker's layer rows are read at the prompt's media placeholders only; text rows come
+    # from the T table by id, so the thinker reads its prefix cache up to the first media position.
+    prompt_rows = "media"
 
     def bind(self, stage: StageConfig, model_dir: str) -> StageProcessor:
         return _BoundTalkerInputs(Path(model_dir), dummy=stage.engine_args.get("load_format") == "dummy")
@@ -213,8 +216,9 @@ class _BoundTalkerInputs(Qwen3OmniTalkerInputs):
         user = self.text_rows([x[p] for p in turns.user])
         if turns.media:
             media = turns.media_mask()
-            hidden = up.layer_states(self.layer, 0, max(turns.media) + 1)
-            user[media] = self.hidden_mlp(hidden[torch.tensor(turns.media)])
+            first = turns.media[0]  # the thinker's rows may begin there (prompt_rows "media")
+            hidden = up.layer_states(self.layer, first, turns.media[-1] + 1)
+            user[media] = self.hidden_mlp(hidden[torch.tensor(turns.media) - first])
         head = self.text_rows(s[: ASSISTANT_HEAD + 1])
         pad = self.tts_pad[None].expand(3, -1)
         assistant = torch.cat(
