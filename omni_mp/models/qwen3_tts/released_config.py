@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from omni_mp.models.qwen3_omni.tiny import RELEASED_TOKEN_IDS
-from omni_mp.models.qwen3_tts.tiny_config import CODEC_SPECIAL_RANGE, NUM_CODE_GROUPS
+from omni_mp.models.qwen3_tts.tiny_config import CODEC_SPECIAL_RANGE, NUM_CODE_GROUPS, TinyTtsSpec, decoder_config
 
 TALKER_HIDDEN = 2048  # [S] (vllm-omni: speaker embeddings "2048-dim for 1.7B")
 RELEASED_PREDICTOR_HIDDEN = 1024  # [S] (qwen-tts default [V]); needs small_to_mtp_projection
@@ -107,28 +107,13 @@ def released_top_config() -> dict[str, Any]:
 
 
 def released_decoder_config() -> dict[str, Any]:
-    """The 12 Hz decoder: qwen-tts's defaults [V] (the shipped tokenizer's sizes [S]);
+    """The 12 Hz decoder: qwen-tts's defaults [V] (the shipped tokenizer's sizes [S]) over the
+    tiny decoder's config, whose window, rope, quantizers and upsampling are already these;
     codebook_dim has no default there: 512 [S]."""
-    return {
-        "codebook_size": CODEBOOK,
-        "codebook_dim": 512,
-        "hidden_size": 1024,
-        "latent_dim": 1024,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
-        "head_dim": 64,  # [V] hidden_size / num_attention_heads when absent
-        "intermediate_size": 3072,
-        "sliding_window": 72,
-        "max_position_embeddings": 8000,
-        "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-5,
-        "layer_scale_initial_scale": 0.01,
-        "num_quantizers": NUM_CODE_GROUPS,
-        "upsample_rates": [8, 5, 4, 3],
-        "upsampling_ratios": [2, 2],
-        "decoder_dim": 1536,
-    }
+    sizes = {"codebook_dim": 512, "hidden_size": 1024, "latent_dim": 1024, "num_hidden_layers": 8,
+             "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 3072, "decoder_dim": 1536,
+             "head_dim": 64}  # fmt: skip  # head_dim: hidden_size / num_attention_heads when absent [V]
+    return decoder_config(TinyTtsSpec(codebook=CODEBOOK)) | sizes
 
 
 def released_speech_tokenizer_config() -> dict[str, Any]:
