@@ -95,3 +95,61 @@ def qwen3_omni_processor_dir(work_dir: Path, smoke: bool = False) -> Path:
     if (base / "tokenizer_config.json").exists():
         return base
     return with_processor(base, "qwen3_omni")
+
+
+def qwen3_tts_released_dir(work_dir: Path) -> Path:
+    """Qwen3-TTS-12Hz-1.7B-CustomVoice's layout at its released sizes with random weights
+    (omni_mp.models.qwen3_tts.released_config says which sizes are verified) under `work_dir`,
+    written once: config.json, model.safetensors (every `talker.*` tensor, bf16; the entry stage
+    reads the text embedding and projection, the talker stage the rest), generation_config.json,
+    a tokenizer with the released special ids (omni_bench_dir's byte-level BPE of Qwen3-Omni's
+    151643 regular tokens and special tokens at 151643..), and speech_tokenizer/ (its config and
+    the decoder's fp32 `decoder.*` tensors, audible; no Mimi encoder: CustomVoice clones nothing)."""
+    from benchmarks.common.omni_bench_dir import _write_qwen3_processor
+    from omni_mp.models.qwen3_tts.released_config import (
+        released_decoder_config,
+        released_speech_tokenizer_config,
+        released_top_config,
+    )
+    from omni_mp.models.qwen3_tts.tiny import _save, decoder_weights
+
+    out = work_dir / "qwen3_tts-1.7b-released"
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "speech_tokenizer").mkdir(parents=True)
+    _write_qwen3_processor(tmp)
+    for extra in ("preprocessor_config.json", "processor_config.json", "chat_template.jinja"):
+        (tmp / extra).unlink(missing_ok=True)  # Qwen3-Omni's processor: not this model's
+    config = released_top_config()
+    _save(_random_talker(config), tmp / "model.safetensors")
+    (tmp / "generation_config.json").write_text(json.dumps({"max_new_tokens": 2048, "repetition_penalty": 1.05}))
+    tok = tmp / "speech_tokenizer"
+    (tok / "config.json").write_text(json.dumps(released_speech_tokenizer_config(), indent=1))
+    decoder = decoder_weights(released_decoder_config(), seed=0)
+    _save(decoder, tok / "model.safetensors")
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))  # last: marks the dir complete
+    tmp.rename(out)
+    return out
+
+
+def _random_talker(config: dict[str, Any]) -> dict[str, Any]:
+    """Every `talker.*` tensor of `config`, bf16, drawn on the GPU where there is one: matrices
+    ~ N(0, 0.02) (transformers' init range), norms 1, biases 0."""
+    import torch
+
+    from omni_mp.models.qwen3_tts.tiny import _talker_shapes
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(dev).manual_seed(0)
+    out: dict[str, Any] = {}
+    for name, shape in sorted(_talker_shapes(config["talker_config"])):
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape, dtype=torch.bfloat16)
+        elif len(shape) == 1:
+            out[name] = torch.zeros(shape, dtype=torch.bfloat16)
+        else:
+            t = torch.empty(shape, dtype=torch.bfloat16, device=dev).normal_(0.0, 0.02, generator=gen)
+            out[name] = t.cpu()
+    return out

@@ -113,6 +113,28 @@ def released_qwen3_omni(work_dir: Path, thinker_tokens: int, talker_frames: int,
     return out
 
 
+def released_qwen3_tts(work_dir: Path) -> Path:
+    """omni_mp/stage_configs/qwen3_tts.yaml as shipped on the released-size Qwen3-TTS checkpoint
+    with random weights (benchmarks.common.checkpoints.qwen3_tts_released_dir): `qwen3_tts_served`."""
+    from benchmarks.common.checkpoints import qwen3_tts_released_dir
+
+    out = work_dir / "qwen3_tts_served.yaml"
+    out.write_text(yaml.safe_dump(qwen3_tts_served(qwen3_tts_released_dir(work_dir)), sort_keys=False))
+    return out
+
+
+def qwen3_tts_served(model: Path) -> dict[str, Any]:
+    """The shipped qwen3_tts.yaml (raw) on checkpoint `model`, its talker never sampling EOS:
+    random weights may say it at once or never, so every request runs to its `max_new_tokens`
+    (benchmarks.tts_serving sets one per sentence) and runs compare like for like."""
+    raw: dict[str, Any] = yaml.safe_load((CONFIG_DIR / "qwen3_tts.yaml").read_text())
+    eos = int(json.loads((model / "config.json").read_text())["talker_config"]["codec_eos_token_id"])
+    for stage in raw["stages"]:
+        stage["model"] = str(model)
+    raw["stages"][0]["sampling"]["suppress_token_ids"] = [eos]  # beside the entry stage's control ids
+    return raw
+
+
 def main() -> None:
     """`python -m benchmarks.common.served WORK_DIR TOKENS FRAMES [HTTP_WORKERS]`: write the released
     config, print its path (scripts/gpu/http_benchmarks.sh serves it once for several benchmarks)."""

@@ -150,24 +150,25 @@ def _decoder_front_shapes(d: dict[str, Any]) -> Iterator[tuple[str, Shape]]:
     yield f"{p}.output_proj.bias", (lat,)
 
 
-def _decoder_weights(spec: TinyTtsSpec) -> dict[str, Any]:
+def decoder_weights(d: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The speech tokenizer's `decoder.*` tensors of decoder config `d`, fp32, audible (the tiny
+    checkpoints' and the released-size benchmark checkpoint's)."""
     import torch
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
     from omni_mp.models.qwen3_omni.code2wav_weights import init_code2wav
     from omni_mp.models.qwen3_tts.codec_decoder import omni_code2wav_config
 
-    d = decoder_config(spec)
     omni = omni_code2wav_config(d, d["latent_dim"])
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(seed)
     convs = Qwen3OmniMoeCode2Wav(omni).eval()
-    init_code2wav(convs, spec.seed)  # audible (transformers' init is nearly silent)
+    init_code2wav(convs, seed)  # audible (transformers' init is nearly silent)
     state = {
         f"decoder.{k}": v.detach().clone()
         for k, v in convs.state_dict().items()
         if k.split(".")[0] in ("upsample", "decoder")
     }
-    front = _draw(_decoder_front_shapes(d), spec.seed + 7, 1.0)
+    front = _draw(_decoder_front_shapes(d), seed + 7, 1.0)
     for k, v in front.items():
         if k.endswith("cluster_usage"):
             front[k] = torch.ones_like(v)  # codebook = embedding_sum / usage
@@ -204,7 +205,7 @@ def _save(state: dict[str, Any], path: Path) -> None:
 def _write_speech_tokenizer(spec: TinyTtsSpec, out: Path) -> None:
     out.mkdir()
     (out / "config.json").write_text(json.dumps(speech_tokenizer_config(spec), indent=2))
-    _save(_decoder_weights(spec) | _encoder_weights(spec), out / "model.safetensors")
+    _save(decoder_weights(decoder_config(spec), spec.seed) | _encoder_weights(spec), out / "model.safetensors")
     from transformers import EncodecFeatureExtractor
 
     EncodecFeatureExtractor(feature_size=1, sampling_rate=24000, padding_value=0.0).save_pretrained(out)

@@ -1,0 +1,289 @@
+"""Qwen3-TTS served over HTTP: open-loop Poisson arrivals of streamed `/v1/audio/speech` requests.
+
+For each rate (requests/s, ascending), requests arrive at seeded exponential gaps for
+`--duration` seconds after an unmeasured warm-up at that rate (`--warmup` seconds); each is a
+sentence of 8-20 words in a preset voice, `response_format: pcm` (16-bit mono at 24 kHz) read as
+it streams. Per rate:
+
+- time to first audio p50 / p95: from sending the request to its first audio bytes;
+- playback underruns: a listener starts playing at the first chunk in real time and pauses
+  whenever the next bytes have not arrived; the requests that paused at all (> UNDERRUN_S) and
+  the total pause;
+- real-time factor: stream (first byte to last) / audio seconds, and generation (sent to last
+  byte) / audio seconds;
+- achieved rate (requests sent / window), errors (non-200, no audio, or unfinished after
+  `--drain` seconds); then the highest rate held with p95 <= `--target-ms` and no errors.
+
+Every request's length is fixed (`max_new_tokens`: FRAMES_PER_WORD frames a word, + 1 step), and
+with `--fixed-length` (the released random-weight checkpoint: it may never say EOS, or say it at
+once) the stage suppresses EOS too (benchmarks.common.served.released_qwen3_tts), so each request
+yields exactly that audio. Rates after one that left requests unfinished are skipped (it only gets
+worse). Prints a table; `--out` writes JSON.
+
+    python -m benchmarks.tts_serving [--config omni_mp/stage_configs/tiny_qwen3_tts.yaml]
+        [--serving URL] [--rates 5,10,20,40] [--duration 20] [--voice vivian] [--out FILE.json]
+    python -m benchmarks.tts_serving --write-released DIR   (the GPU run's config: scripts/gpu/tts_benchmark.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common.phases import device_name
+from benchmarks.common.report import fmt, make_say
+from benchmarks.common.served import measure_served, released_qwen3_tts
+from benchmarks.common.stats import percentile
+from benchmarks.common.warmup import Warmups, warmup_line
+from omni_mp.stage_configs import CONFIG_DIR
+
+SAMPLE_RATE = 24_000
+BYTES_PER_SAMPLE = 2  # pcm: 16-bit mono
+SAMPLES_PER_FRAME = 1920  # 12.5 frames a second
+FRAMES_PER_WORD = 5  # ~2.5 words a second of speech
+UNDERRUN_S = 0.001  # a pause shorter than this is not counted
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Please remind me to call my mother tomorrow morning at nine.",
+    "Our flight to Chicago has been delayed by about forty minutes.",
+    "Could you tell me the way to the nearest train station from here?",
+    "The weather today will be sunny with a light breeze from the west.",
+    "I would like to book a table for two at seven this evening.",
+    "Thank you for calling, your order will arrive within three business days.",
+    "The museum opens at ten and closes at six on weekdays.",
+    "She finished reading the whole novel in a single rainy afternoon last weekend.",
+    "Turn left at the next intersection and then continue straight for two miles.",
+    "Your package was delivered to the front desk a few minutes ago.",
+    "We are sorry, all of our agents are currently busy helping other customers.",
+    "The meeting has been moved to Thursday afternoon in the large conference room.",
+    "Remember to drink plenty of water and get enough sleep before the race.",
+    "Good morning, how can I help you today?",
+    "The library will be closed on Monday for the national holiday.",
+    "He fixed the old bicycle with a few spare parts from the garage.",
+    "Your account balance is four hundred and twelve dollars and fifty cents.",
+    "Please hold the line while I transfer you to the billing department.",
+    "The children built a tall sandcastle before the tide came in.",
+]
+
+
+def max_new_tokens(text: str) -> int:
+    """Talker steps for `text`: FRAMES_PER_WORD frames a word (N steps give N - 1 frames)."""
+    return FRAMES_PER_WORD * len(text.split()) + 1
+
+
+@dataclass
+class Result:
+    sent: float  # time.perf_counter() when sent
+    first: float | None = None
+    last: float | None = None
+    samples: int = 0
+    stall_s: float = 0.0
+    error: str | None = None
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, bytes)
+
+    def playback(self) -> None:
+        """Pauses of a listener who starts at the first chunk and plays in real time."""
+        if not self.chunks:
+            return
+        start, played, stall = self.chunks[0][0], 0, 0.0
+        for arrival, nbytes in self.chunks:
+            due = start + stall + played / (SAMPLE_RATE * BYTES_PER_SAMPLE)  # when the listener needs it
+            if arrival > due:
+                stall += arrival - due
+            played += nbytes
+        self.stall_s = stall
+
+
+async def speak(http: httpx.AsyncClient, url: str, text: str, voice: str, res: Result) -> None:
+    body = {"model": "tts", "input": text, "voice": voice, "response_format": "pcm",
+            "max_new_tokens": max_new_tokens(text)}  # fmt: skip
+    try:
+        async with http.stream("POST", f"{url}/v1/audio/speech", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return
+            async for chunk in r.aiter_raw():
+                now = time.perf_counter()
+                if chunk:
+                    res.first = res.first or now
+                    res.last = now
+                    res.chunks.append((now, len(chunk)))
+                    res.samples += len(chunk) // BYTES_PER_SAMPLE
+        if not res.samples:
+            res.error = "no audio"
+    except (httpx.HTTPError, OSError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+
+
+async def run_rate(
+    http: httpx.AsyncClient,
+    url: str,
+    voice: str,
+    rate: float,
+    seconds: float,
+    seed: int,
+    drain_s: float,
+    warm: bool = False,
+) -> tuple[list[Result], float, int]:
+    """Poisson arrivals at `rate` for `seconds`: the results, the arrival window's length and the
+    requests still unfinished `drain_s` after it (cancelled, counted as errors). `warm`: the
+    first request at once (a warm-up sends at least one)."""
+    rng = random.Random(seed)
+    tasks: list[asyncio.Task[None]] = []
+    results: list[Result] = []
+    t0 = time.perf_counter()
+    at = 0.0 if warm else rng.expovariate(rate)
+    while at < seconds:
+        await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+        res = Result(sent=time.perf_counter())
+        results.append(res)
+        tasks.append(asyncio.create_task(speak(http, url, rng.choice(SENTENCES), voice, res)))
+        at += rng.expovariate(rate)
+    window = time.perf_counter() - t0
+    _, pending = await asyncio.wait(tasks, timeout=drain_s) if tasks else (set(), set())
+    for t in pending:
+        t.cancel()
+    for t in pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+    for res in results:
+        if res.error is None and res.last is None:
+            res.error = "unfinished"
+    return results, window, len(pending)
+
+
+def summarize(rate: float, results: list[Result], window: float, unfinished: int) -> dict[str, Any]:
+    ok = [r for r in results if r.error is None and r.first is not None and r.last is not None]
+    for r in ok:
+        r.playback()
+    ttfa = [(r.first - r.sent) * 1000 for r in ok]  # type: ignore[operator]
+    audio = [r.samples / SAMPLE_RATE for r in ok]
+    stream_rtf = [(r.last - r.first) / a for r, a in zip(ok, audio, strict=True) if a > 0]  # type: ignore[operator]
+    gen_rtf = [(r.last - r.sent) / a for r, a in zip(ok, audio, strict=True) if a > 0]  # type: ignore[operator]
+    stalled = [r for r in ok if r.stall_s > UNDERRUN_S]
+    errors = [r.error for r in results if r.error is not None]
+    return {
+        "rate": rate,
+        "sent": len(results),
+        "achieved_rate": len(results) / window if window else 0.0,
+        "ok": len(ok),
+        "errors": len(errors),
+        "unfinished": unfinished,
+        "error_examples": sorted(set(errors))[:3],
+        "ttfa_p50_ms": percentile(ttfa, 0.5) if ttfa else None,
+        "ttfa_p95_ms": percentile(ttfa, 0.95) if ttfa else None,
+        "ttfa_max_ms": max(ttfa) if ttfa else None,
+        "underrun_requests": len(stalled),
+        "underrun_share": len(stalled) / len(ok) if ok else None,
+        "stall_total_ms": 1000 * sum(r.stall_s for r in ok),
+        "audio_s_mean": sum(audio) / len(audio) if audio else None,
+        "stream_rtf_p50": percentile(stream_rtf, 0.5) if stream_rtf else None,
+        "gen_rtf_p50": percentile(gen_rtf, 0.5) if gen_rtf else None,
+        "gen_rtf_p95": percentile(gen_rtf, 0.95) if gen_rtf else None,
+    }
+
+
+HEADER = (f"{'rate':>5} {'got/s':>6} {'ok':>5} {'err':>4} | {'TTFA p50':>8} {'p95':>7} | "
+          f"{'underrun':>8} {'stall ms':>8} | {'RTF strm':>8} {'gen p50':>7} {'p95':>6}")  # fmt: skip
+
+
+def row(s: dict[str, Any]) -> str:
+    share = "-" if s["underrun_share"] is None else f"{s['underrun_requests']}/{s['ok']}"
+    return (
+        f"{s['rate']:>5g} {s['achieved_rate']:>6.2f} {s['ok']:>5} {s['errors']:>4} | "
+        f"{fmt(s['ttfa_p50_ms'], '{:.1f}'):>8} {fmt(s['ttfa_p95_ms'], '{:.1f}'):>7} | "
+        f"{share:>8} {s['stall_total_ms']:>8.0f} | {fmt(s['stream_rtf_p50']):>8} "
+        f"{fmt(s['gen_rtf_p50']):>7} {fmt(s['gen_rtf_p95']):>6}"
+    )
+
+
+def held(levels: list[dict[str, Any]], target_ms: float) -> float | None:
+    """The highest rate with p95 time to first audio <= target and no errors."""
+    good = [s["rate"] for s in levels if s["errors"] == 0 and s["ttfa_p95_ms"] is not None
+            and s["ttfa_p95_ms"] <= target_ms]  # fmt: skip
+    return max(good) if good else None
+
+
+async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    say = make_say("tts_serving")
+    warmups = Warmups(f"{args.warmup:g} s of unmeasured arrivals at each rate, just before it is measured")
+    levels: list[dict[str, Any]] = []
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.drain + args.duration), limits=limits) as http:
+        voice = args.voice or (await http.get(f"{url}/v1/models")).json()["data"][0]["voices"][0]
+        say(f"voice {voice!r}; {FRAMES_PER_WORD} frames a word ({len(SENTENCES)} sentences, 8-20 words)")
+        print(HEADER, flush=True)
+        for i, rate in enumerate(args.rates):
+            t0 = time.time()
+            if args.warmup > 0:
+                warm, _, _ = await run_rate(http, url, voice, rate, args.warmup, 1_000_000 + i, args.drain, True)
+                warmups.warmed(rate, t0, len(warm))
+            t1 = time.time()
+            results, window, unfinished = await run_rate(http, url, voice, rate, args.duration, args.seed + i,
+                                                         args.drain)  # fmt: skip
+            warmups.measured(rate, t1)
+            s = summarize(rate, results, window, unfinished)
+            levels.append(s)
+            print(row(s), flush=True)
+            if s["error_examples"]:
+                say(f"errors at {rate:g}/s: {s['error_examples']}")
+            if unfinished:
+                say(f"{unfinished} requests unfinished {args.drain:g} s after the window: higher rates skipped")
+                break
+    return {"levels": levels, "held_rate": held(levels, args.target_ms), "warmup": warmups.to_json()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--config", type=Path, default=CONFIG_DIR / "tiny_qwen3_tts.yaml", help="served here unless --serving"
+    )
+    p.add_argument("--serving", help="measure the server at this URL instead of starting --config")
+    p.add_argument("--rates", default="5,10,20,40", type=lambda s: [float(x) for x in s.split(",") if x])
+    p.add_argument("--duration", type=float, default=20.0, help="measured seconds of arrivals per rate")
+    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds of arrivals before each rate")
+    p.add_argument("--drain", type=float, default=30.0, help="seconds to wait for a rate's last requests")
+    p.add_argument("--voice", help="a preset voice (default: the server's first)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target-ms", type=float, default=100.0, help="p95 time to first audio a held rate keeps")
+    p.add_argument("--fixed-length", action="store_true", help="say so in the output: the config suppresses EOS")
+    p.add_argument("--out", type=Path)
+    released = "write the released-size checkpoint and its served config under DIR, print the config's path, exit"
+    p.add_argument("--write-released", type=Path, metavar="DIR", help=released)
+    args = p.parse_args()
+    if args.write_released:
+        print(released_qwen3_tts(args.write_released), flush=True)
+        return 0
+    say = make_say("tts_serving")
+    device = device_name()
+    say(f"device: {device}; rates {args.rates} /s, {args.duration:g} s each after {args.warmup:g} s warm-up")
+    length = "EOS suppressed: every request exactly" if args.fixed_length else "at most"
+    say(f"request length: {length} {FRAMES_PER_WORD} frames ({FRAMES_PER_WORD / 12.5:.2f} s of audio) a word")
+    serving = None if args.serving is None else (args.serving, "")
+    result = measure_served(args.config, serving, lambda url, _endpoint: bench(args, url))
+    held_rate = result["held_rate"]
+    say(f"highest rate held with p95 time to first audio <= {args.target_ms:g} ms: "
+        f"{'none' if held_rate is None else f'{held_rate:g}/s'}")  # fmt: skip
+    print(warmup_line(result["warmup"]), flush=True)
+    doc = {
+        "device": device, "config": str(args.config), "serving": args.serving, "fixed_length": args.fixed_length,
+        "frames_per_word": FRAMES_PER_WORD, "duration_s": args.duration, "target_ms": args.target_ms, **result,
+    }  # fmt: skip
+    if args.out:
+        import json
+
+        args.out.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
