@@ -141,3 +141,34 @@ def test_out_of_range_code_is_refused_naming_it_and_others_go_on(engine: Diffusi
     audio, reasons, _ = run(engine, {}, {})
     assert reasons == {"good": "stop"}
     torch.testing.assert_close(torch.cat(audio["good"]), torch.from_numpy(want), atol=STREAM_ATOL, rtol=0)
+
+
+def test_graphed_calls_padded_to_buckets_equal_the_reference(model_dir: Path, reference) -> None:
+    """On a GPU the decoder's front and transformer run as one captured call per row bucket
+    (frames padded to the longest streamed chunk, the cache to its full window, each row's
+    pre_conv context an input) and its convolutions as Qwen3-Omni's: here the same padded calls
+    run eagerly (tests/recording_graphs.py). Concurrent streams each equal their reference, and
+    every padded call had a shape warmed up at start-up (no step waits for a capture)."""
+    from tests.recording_graphs import RecordingGraphs
+
+    cfg = DiffusionStageConfig(model_type="qwen3_tts_codec", streaming=STREAMING, max_batch=8)
+    eng = DiffusionEngine(str(model_dir), cfg, {"max_model_len": 4096}, open_inputs=True)
+    try:
+        graphs = RecordingGraphs()
+        eng.model.use_graphs(graphs, cfg.graph_batch_sizes)  # what the runner does on a GPU
+        assert eng.model.warm_up_graphs(STREAMING, [8]) > 0
+        names = ["spoken", "c", "d", "e", "f"]
+        rates = {rid: GROUPS * (1 + i % 3) for i, rid in enumerate(names)}
+        audio, reasons, batches = run(eng, {rid: ids_of(reference[rid][0]) for rid in names}, rates)
+        assert reasons == dict.fromkeys(names, "stop")
+        assert any(len(b) == 3 for b in batches), batches  # a 3-row step ran as a padded 4-row call
+        for rid in names:
+            want = torch.from_numpy(reference[rid][1])
+            torch.testing.assert_close(torch.cat(audio[rid]), want, atol=STREAM_ATOL, rtol=0, msg=rid)
+        for name, member in graphs.members.items():  # the front + transformer, the convolutions
+            assert member.calls and set(member.calls) <= member.warmed, name
+        calls = graphs.members["code2wav transformer"].calls
+        assert any(call[0][1][0] == 4 for call in calls), calls  # rows padded to the bucket
+        assert not worker_streams(eng)
+    finally:
+        eng.shutdown()

@@ -9,7 +9,8 @@ reference puts before the transformer (docs/qwen3_tts.md):
 
 The causal pre_conv reaches 2 frames back: each request keeps its last 2 quantized frames (zeros
 before its first, as the reference's left padding), so a chunk's frames see what the one-shot
-pass sees. Eager only for now (Qwen3-Omni's CUDA graphs capture its own front).
+pass sees. On a GPU the front runs inside the transformer's CUDA graph (Code2WavModel's
+`use_graphs`: rows padded to a bucket, frames to the longest streamed chunk).
 
 The other difference in the convolutions: Qwen3-TTS's transposed convolutions trim k - s samples
 on the right only (Qwen3-Omni's on both sides), so the decoder is causal with no look-ahead: T
@@ -141,48 +142,39 @@ class TtsCodecDecoder(Code2WavModel):
         front = CodecFront({k: v.float() for k, v in state.items() if k not in mine}, int(d["num_quantizers"]))
         return cls(hf, front, device)
 
-    def use_graphs(self, graphs: Any, row_buckets: Any) -> None:
-        raise NotImplementedError("the Qwen3-TTS codec decoder runs eagerly (no CUDA graphs yet)")
+    # ---- the front before the transformer (graphed with it: `use_graphs`) ----------------------
+    def _front_inputs(self, streams: list[_Stream], rows: int) -> tuple[torch.Tensor, ...]:
+        """Each row's context: its stream's last 2 quantized frames (zeros before its first, as
+        the reference's left padding; zeros for padded rows)."""
+        ctx = torch.zeros(rows, PRE_CONV_REACH, self.front.out_first.shape[0], device=self.device)
+        for r, st in enumerate(streams):
+            if getattr(st, "context", None) is not None:
+                ctx[r] = st.context  # type: ignore[attr-defined]
+        return (ctx,)
 
-    # ---- the transformer, incrementally, after the front ---------------------------------------
-    def _transformer(self, windows: list[Code2WavWindow], streams: list[_Stream]) -> list[torch.Tensor | None]:
-        """Code2WavModel's, with each row's new frames through the front first (its pre_conv after
-        the request's last 2 quantized frames)."""
-        out: list[torch.Tensor | None] = [None] * len(windows)
-        at = [i for i, (w, st) in enumerate(zip(windows, streams, strict=True)) if w.end > st.frames]
-        if not at:
-            return out
-        dev, groups, front = self.device, self.groups, self.front
-        new = [windows[i].end - streams[i].frames for i in at]
-        cached = [0 if streams[i].kv is None else streams[i].kv.shape[3] for i in at]
-        n, c = max(new), max(cached)
-        codes = torch.zeros(len(at), groups, n, dtype=torch.long, device=dev)
-        for r, i in enumerate(at):
-            codes[r, :, : new[r]] = windows[i].codes[:, streams[i].frames - windows[i].start :]
+    def _keep_front_state(
+        self, st: _Stream, row: int, new: int, inputs: tuple[torch.Tensor, ...], outputs: list[torch.Tensor]
+    ) -> None:
+        (ctx,), (q,) = inputs, outputs
+        st.context = torch.cat([ctx[row], q[row, :new]])[-PRE_CONV_REACH:].clone()  # type: ignore[attr-defined]
+
+    def _attend(  # type: ignore[override]
+        self,
+        codes: torch.Tensor,
+        first: torch.Tensor,
+        cached: torch.Tensor,
+        new: torch.Tensor,
+        kv: torch.Tensor,
+        ctx: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Code2WavModel._attend with this decoder's front first, tensors only (capture-safe):
+        codes [rows, groups, n] and each row's context [rows, 2, codebook_dim] -> the transformer,
+        its norm and output_proj: ([rows, n, latent], new keys and values, the new quantized
+        frames [rows, n, codebook_dim] for the rows' next contexts). Padded frames come after a
+        row's real ones, which the causal pre_conv and the mask keep apart."""
+        tr, front = self.hf.pre_transformer, self.front
         q = front.quantized(codes)
-        dim = q.shape[-1]
-        ctx = torch.stack([_context(streams[i], dim, dev) for i in at])
         x = front.conv(q, ctx)
-        kv = torch.zeros(len(at), len(self.layers), 2, self.heads, c, self.head_dim, device=dev, dtype=self.dtype)
-        for r, i in enumerate(at):
-            if streams[i].kv is not None:
-                kv[r, :, :, :, : cached[r]] = streams[i].kv
-        first, n_cached, n_new = (torch.tensor(v, device=dev) for v in ([streams[i].frames for i in at], cached, new))
-        h, new_kv = self._attend_rows(x, first, n_cached, n_new, kv)
-        for r, i in enumerate(at):
-            st, m = streams[i], new[r]
-            kept = torch.cat([kv[r, :, :, :, : cached[r]], new_kv[r, :, :, :, :m]], dim=3)
-            st.kv = kept[:, :, :, -self.keep :].clone()
-            st.context = torch.cat([_context(st, dim, dev), q[r, :m]])[-PRE_CONV_REACH:].clone()  # type: ignore[attr-defined]
-            out[i] = h[r, :m]
-        return out
-
-    def _attend_rows(
-        self, x: torch.Tensor, first: torch.Tensor, cached: torch.Tensor, new: torch.Tensor, kv: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Code2WavModel._attend from the front's rows x [rows, n, hidden]: the transformer, its norm
-        and output_proj -> ([rows, n, latent], new keys and values)."""
-        tr = self.hf.pre_transformer
         q_pos = first[:, None] + torch.arange(x.shape[1], device=x.device)
         past = _PastKV(kv)
         mask = self._mask(first, q_pos, cached, new, kv.shape[4])
@@ -190,7 +182,7 @@ class TtsCodecDecoder(Code2WavModel):
         h = x
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_embeddings=pe, past_key_values=past)
-        return self.front.output_proj(tr.norm(h)), torch.stack(past.new, dim=1)
+        return front.output_proj(tr.norm(h)), torch.stack(past.new, dim=1), q
 
     def _round(self, windows: list[Code2WavWindow]) -> list[torch.Tensor]:
         for w in windows:  # streams with room for the front's context
@@ -200,8 +192,3 @@ class TtsCodecDecoder(Code2WavModel):
 
 def _modules(m: Any) -> Any:
     return m.modules() if isinstance(m, nn.Module) else (x for b in m for x in b.modules())
-
-
-def _context(st: _Stream, dim: int, device: torch.device) -> torch.Tensor:
-    ctx = getattr(st, "context", None)
-    return torch.zeros(PRE_CONV_REACH, dim, device=device) if ctx is None else ctx
