@@ -156,12 +156,13 @@ def sse_events(client: openai.OpenAI, fmt: str, **request: Any) -> list[dict[str
         return [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
 
 
-def check_sse_is_the_answer(events: list[dict[str, Any]], answer: bytes, min_deltas: int = 2) -> dict[str, Any]:
-    """`speech.audio.delta` events, at least `min_deltas` (the audio sent in pieces as made), then
-    one `speech.audio.done`; the deltas' bytes are `answer` (the same request not streamed as SSE).
-    Returns the done event's usage."""
+def check_sse_is_the_answer(client: openai.OpenAI, fmt: str, min_deltas: int = 2, **request: Any) -> dict[str, Any]:
+    """The request as SSE: `speech.audio.delta` events, at least `min_deltas` (the audio sent in
+    pieces as made), then one `speech.audio.done`; the deltas' bytes are the answer of the same
+    request not streamed as SSE. Returns the done event's usage."""
+    events = sse_events(client, fmt, **request)
     types = [e["type"] for e in events]
     assert types[-1] == "speech.audio.done" and types[:-1] == ["speech.audio.delta"] * (len(types) - 1)
     assert len(types) - 1 >= min_deltas, types
-    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == answer
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == speech_answer(client, fmt, **request)[1]
     return events[-1]["usage"]

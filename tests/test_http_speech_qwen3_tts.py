@@ -20,20 +20,12 @@ import pytest
 
 from omni_mp.client.omni_client import OmniClient
 from omni_mp.models.registry import resolve_model
+from tests import speech_checks as checks
 from tests.client_scripts import client_script
 from tests.launcher import ServedPipeline, settled_client
 from tests.qwen3_tts_oracle import OracleRun, require_reference, run_reference
 from tests.shared_servers import TTS_MAX_TOKENS
-from tests.speech_checks import (
-    KEY,
-    Decoded,
-    check_every_format,
-    check_livekit_plays_the_mp3,
-    check_sse_is_the_answer,
-    pcm_samples,
-    speech_answer,
-    sse_events,
-)
+from tests.speech_checks import KEY, Decoded, check_livekit_plays_the_mp3, pcm_samples
 
 pytestmark = pytest.mark.engine
 
@@ -143,7 +135,7 @@ def test_every_format_decodes_to_the_pcm_answer(served: tuple[ServedPipeline, st
     """wav, pcm, mp3, opus, aac and flac of one request (text-streamed, instructed): PyAV decodes
     each to the pcm answer's samples (tests/speech_checks.check_every_format)."""
     request = {"voice": VOICE, "input": TEXT, "instructions": INSTRUCTIONS, "extra_body": MODES["text-streamed"]}
-    check_every_format(_client(served[1]), LOSSY_MIN_CORR, **request)
+    checks.check_every_format(_client(served[1]), LOSSY_MIN_CORR, **request)
 
 
 @pytest.fixture
@@ -158,9 +150,9 @@ def test_sse_deltas_are_the_answer_and_done_has_the_usage(served: tuple[ServedPi
     same request through the ZMQ client counts them."""
     client = _client(served[1])
     request = {"voice": VOICE, "input": TEXT, "extra_body": MODES["text-streamed"]}
-    usage = check_sse_is_the_answer(sse_events(client, "pcm", **request), speech_answer(client, "pcm", **request)[1])
+    usage = checks.check_sse_is_the_answer(client, "pcm", **request)
     done = zmq.generate(TEXT, speaker=VOICE, params={"non_streaming_mode": False}, deadline_s=600)
     talker = next(d for d in done.stage_timings if d.stage_id == 0)
     n_in, n_out = talker.num_prompt_tokens, talker.num_output_tokens
     assert usage == {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
-    check_sse_is_the_answer(sse_events(client, "mp3", **request), speech_answer(client, "mp3", **request)[1])
+    checks.check_sse_is_the_answer(client, "mp3", **request)  # what LiveKit's plugin asks: SSE of mp3
