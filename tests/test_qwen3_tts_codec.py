@@ -35,6 +35,7 @@ GROUPS = 16
 FRAME = 1920
 STREAMING = StreamingConfig(first_chunk=16, chunk=32, max_chunk=128, left_context=0, right_context=0, crossfade_ms=0.0)
 LENGTHS = {"a": 1, "b": 3, "c": 8, "d": 17, "e": 26, "f": 12, "g": 5, "h": 2}
+LONG = 626  # frames: three of the reference's 300-frame chunks (each after 25 frames of left context)
 
 
 def random_codes(n: int, seed: int) -> np.ndarray:
@@ -55,9 +56,9 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def reference(model_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """name -> (codes [frames, 16], the reference's waveform): the reference talker's own codes
-    (a preset voice with instructions) and random codes of every length in LENGTHS."""
+    (a preset voice with instructions) and random codes of every length in LENGTHS, and LONG."""
     require_reference()
-    sets = {rid: random_codes(n, 100 + i) for i, (rid, n) in enumerate(LENGTHS.items())}
+    sets = {rid: random_codes(n, 100 + i) for i, (rid, n) in enumerate({**LENGTHS, "long": LONG}.items())}
     requests = [
         {
             "kind": "custom_voice",
@@ -78,7 +79,7 @@ def reference(model_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path):
-    cfg = DiffusionStageConfig(model_type="qwen3_tts_codec", streaming=STREAMING, max_batch=8)
+    cfg = DiffusionStageConfig(model_type="qwen3_tts_codec", streaming=STREAMING, max_batch=8, max_input_len=16384)
     eng = DiffusionEngine(str(model_dir), cfg, {"max_model_len": 4096}, open_inputs=True)
     yield eng
     eng.shutdown()
@@ -102,6 +103,21 @@ def test_streamed_frame_by_frame_equals_the_reference(engine: DiffusionEngine, r
     torch.testing.assert_close(got, torch.from_numpy(want), atol=STREAM_ATOL, rtol=0)
     sizes = [a.numel() for a in audio[name]]
     assert sizes[:-1] == [STREAMING.chunk_at(k) // GROUPS * FRAME for k in range(len(sizes) - 1)], sizes
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_past_300_frames_the_audio_is_the_references_chunked_decode(engine: DiffusionEngine, reference, stream: bool) -> None:  # noqa: E501
+    """The reference decodes 300 frames at a time, each chunk after 25 frames of left context
+    on a fresh decoder (qwen-tts `chunked_decode`): one window or streamed 13 frames a step (windows
+    across a chunk start), the audio equals it across both chunk starts (frames 300 and 600)."""
+    codes, want = reference["long"]
+    rate = {"long": codes.size if not stream else 13 * GROUPS}  # windows that straddle the chunk starts
+    audio, reasons, _ = run(engine, {"long": ids_of(codes)}, rate, stream=stream)
+    assert reasons == {"long": "stop"}
+    got = torch.cat(audio["long"])
+    assert got.shape == (LONG * FRAME,) == want.shape
+    torch.testing.assert_close(got, torch.from_numpy(want), atol=STREAM_ATOL, rtol=0)
+    assert not engine.model.tails or "long" not in engine.model.tails  # released with the request
 
 
 def test_first_audio_comes_from_the_first_frame(engine: DiffusionEngine, reference) -> None:

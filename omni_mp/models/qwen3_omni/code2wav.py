@@ -78,6 +78,9 @@ class _Stream:
     """What a request keeps between its chunks."""
 
     frames: int = 0  # frames the transformer and the convolutions have run
+    # the frame the transformer's positions count from (a decoder that restarts a request's state
+    # mid-request, e.g. Qwen3-TTS's chunked decode, starts a new stream there)
+    origin: int = 0
     # [layers, 2 (keys, values), heads, <= window - 1, head_dim]: rotated, of its last frames
     kv: torch.Tensor | None = None
     convs: torch.Tensor | None = None  # [state_size] the convolutions' kept inputs (StreamingConvs.run)
@@ -271,7 +274,7 @@ class Code2WavModel:
                 kv[i, :, :, :, : cached[i]] = st.kv
         pad = [0] * (n_rows - len(rows))
         first, n_cached, n_new = (
-            torch.tensor(v + pad, device=dev) for v in ([st.frames for _, st in rows], cached, new)
+            torch.tensor(v + pad, device=dev) for v in ([st.frames - st.origin for _, st in rows], cached, new)
         )
         front = self._front_inputs([st for _, st in rows], n_rows)
         h, new_kv, *front_out = (self._attend_fn if graphed else self._attend)(

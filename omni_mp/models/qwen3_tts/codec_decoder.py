@@ -21,6 +21,7 @@ frames give exactly 1920 T samples, each final when made (no right context neede
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ from omni_mp.models.checkpoint import load_prefixed
 from omni_mp.models.qwen3_omni.code2wav import Code2WavModel, Code2WavWindow, _PastKV, _Stream
 
 PRE_CONV_REACH = 2  # frames before a frame that the kernel-3 causal pre_conv reads
+# The reference decodes a request's codes CHUNK_FRAMES at a time, each chunk after the
+# LEFT_CONTEXT_FRAMES before it (qwen-tts `chunked_decode`'s defaults [V]): a chunk's audio comes
+# from a decoder state begun afresh 25 frames before it, its context's audio dropped. Streamed,
+# a request restarts its stream there too, so its audio equals the reference's past 300 frames.
+CHUNK_FRAMES = 300
+LEFT_CONTEXT_FRAMES = 25
 
 
 class CodecFront(nn.Module):
@@ -98,12 +105,19 @@ class TtsStream(_Stream):
     context: torch.Tensor | None = None  # [2, codebook_dim]: the request's last quantized frames
 
 
+@dataclass(frozen=True, slots=True)
+class _ChunkContext(Code2WavWindow):
+    """A chunk's left context: decoded on a fresh stream that starts at it, its audio dropped."""
+
+
 class TtsCodecDecoder(Code2WavModel):
     """The decoder on one device, fp32 (Code2WavModel's streaming, the front above)."""
 
     def __init__(self, hf_convs: Any, front: CodecFront, device: torch.device) -> None:
         super().__init__(hf_convs, device)
         self.front = front.to(device).eval()
+        # request -> codes [groups, <= LEFT_CONTEXT_FRAMES] of its frames just before its next window
+        self.tails: dict[str, torch.Tensor] = {}
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> TtsCodecDecoder:
@@ -184,9 +198,51 @@ class TtsCodecDecoder(Code2WavModel):
             h = layer(h, attention_mask=mask, position_embeddings=pe, past_key_values=past)
         return front.output_proj(tr.norm(h)), torch.stack(past.new, dim=1), q
 
+    # ---- the reference's chunks ------------------------------------------------------------------
+    def release(self, request_id: str) -> None:
+        super().release(request_id)
+        self.tails.pop(request_id, None)
+
+    @torch.no_grad()
+    def decode_windows(self, windows: Sequence[Code2WavWindow]) -> list[torch.Tensor]:
+        """Code2WavModel's, each window split where the reference's chunks start (CHUNK_FRAMES),
+        each chunk after its left context on a fresh stream (whose audio is dropped)."""
+        parts = [self._chunked(w) for w in windows]
+        outs = iter(super().decode_windows([p for ps in parts for p in ps]))
+        audio = []
+        for ps in parts:
+            kept = [
+                wav for p, wav in zip(ps, [next(outs) for _ in ps], strict=True) if not isinstance(p, _ChunkContext)
+            ]
+            audio.append(kept[0] if len(kept) == 1 else torch.cat(kept))
+        return audio
+
+    def _chunked(self, w: Code2WavWindow) -> list[Code2WavWindow]:
+        """`w` as the reference's chunks cut it: its part in each chunk, a chunk's start preceded
+        by the chunk's left context (from the codes kept of earlier windows and `w`'s own)."""
+        tail = self.tails.get(w.request_id)
+        history = w.codes if tail is None else torch.cat([tail, w.codes], dim=1)
+        first = w.end - history.shape[1]  # the frame of history[:, 0]
+        out: list[Code2WavWindow] = []
+        pos = w.start
+        while pos < w.end:
+            chunk = pos // CHUNK_FRAMES
+            end = min(w.end, (chunk + 1) * CHUNK_FRAMES)
+            if chunk and pos == chunk * CHUNK_FRAMES:
+                ctx = pos - LEFT_CONTEXT_FRAMES
+                out.append(_ChunkContext(w.request_id, history[:, ctx - first : pos - first], ctx, pos))
+            out.append(Code2WavWindow(w.request_id, history[:, pos - first : end - first], pos, end))
+            pos = end
+        self.tails[w.request_id] = history[:, -LEFT_CONTEXT_FRAMES:].clone()
+        return out
+
     def _round(self, windows: list[Code2WavWindow]) -> list[torch.Tensor]:
-        for w in windows:  # streams with room for the front's context
-            self.streams.setdefault(w.request_id, TtsStream())
+        for w in windows:  # streams with room for the front's context; a chunk's fresh one
+            if isinstance(w, _ChunkContext):
+                start = w.start * self.frame_samples
+                self.streams[w.request_id] = TtsStream(frames=w.start, origin=w.start, samples_start=start)
+            else:
+                self.streams.setdefault(w.request_id, TtsStream())
         return super()._round(windows)
 
 
