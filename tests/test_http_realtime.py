@@ -730,6 +730,47 @@ def test_user_turns_are_transcribed_as_the_transcriptions_endpoint_does(served: 
     assert kinds.index("response.created") < kinds.index(DONE)  # the answer did not wait for it
 
 
+def test_a_transcript_that_cannot_be_made_fails_alone_and_the_answer_goes_on(served: Served) -> None:
+    """A transcription prompt longer than the thinker's context (its bound is the endpoint's
+    16384 characters, not the model's 2048 tokens): the turn's transcript fails with
+    `...input_audio_transcription.failed` naming why, the answer to the same turn is made, and
+    the session's next turn, with the prompt cleared, is transcribed."""
+    long = {**TRANSCRIBED["audio"]["input"]["transcription"], "prompt": "the words of a long glossary " * 500}
+    first = {
+        **TRANSCRIBED,
+        "audio": {**TRANSCRIBED["audio"], "input": {**TRANSCRIBED["audio"]["input"], "transcription": long}},
+    }
+
+    async def run() -> tuple[list[Any], Any]:
+        seen: list[Any] = []
+        async with served.openai.realtime.connect(model="tiny") as conn:
+            await _until(conn, "session.created", seen)
+            await conn.session.update(session=first)  # type: ignore[arg-type]
+            await _until(conn, "session.updated", seen)
+            for chunk in _chunks(_pcm16(SPEECH)):
+                await conn.input_audio_buffer.append(audio=chunk)
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            while not {"conversation.item.input_audio_transcription.failed", "response.done"} <= {e.type for e in seen}:
+                seen.append(await asyncio.wait_for(conn.recv(), 300))
+                assert seen[-1].type not in ("error", DONE), seen[-1]
+            await conn.session.update(session=TRANSCRIBED)  # type: ignore[arg-type]
+            await _until(conn, "session.updated", seen)
+            completed, _ = await _turn_with_transcript(conn, _chunks(_pcm16(SPEECH)), seen, answer=False)
+        return seen, completed
+
+    seen, completed = asyncio.run(run())
+    failed = next(e for e in seen if e.type == "conversation.item.input_audio_transcription.failed")
+    committed = next(e for e in seen if e.type == "input_audio_buffer.committed")
+    assert failed.item_id == committed.item_id and failed.content_index == 0
+    assert failed.error.code == "context_length_exceeded" and "2048" in failed.error.message, failed.error
+    done = next(e for e in seen if e.type == "response.done")
+    assert done.response.status == "completed" and done.response.output[0].content[0].text
+    assert completed.transcript == _transcribed(
+        served, soxr.resample(_pcm16_float(SPEECH), RATE, 16_000).astype(np.float32), 16_000
+    )
+
+
 def _audio_item(pcm: bytes) -> dict[str, Any]:
     return {
         "type": "message",
