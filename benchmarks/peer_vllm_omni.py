@@ -195,15 +195,22 @@ def render_overlay(
     """Our overlay chain and the installed base YAML, copied into run_dir (base_config paths are
     resolved next to the overlay); returns the overlay to load and each file's sha256."""
     fam = FAMILIES[family]
-    base = peer_site / "vllm_omni" / "deploy" / fam.base_yaml
+    shas = copy_overlays(fam.base_yaml, list(fam.configs.values()), peer_site, run_dir)
+    return run_dir / fam.configs[config], shas
+
+
+def copy_overlays(base_yaml: str, overlays: list[str], peer_site: Path, run_dir: Path) -> dict[str, str]:
+    """The installed package's deploy/`base_yaml` and our `overlays` (benchmarks/peer/) copied into
+    run_dir, where vllm-omni resolves an overlay's base_config; returns each file's sha256."""
+    base = peer_site / "vllm_omni" / "deploy" / base_yaml
     if not base.is_file():
         raise FileNotFoundError(f"{base} missing: is vllm-omni installed in --peer-site {peer_site}?")
     run_dir.mkdir(parents=True, exist_ok=True)
     shas = {}
-    for src in [base, *(HERE / "peer" / name for name in fam.configs.values())]:
+    for src in [base, *(HERE / "peer" / name for name in overlays)]:
         shutil.copyfile(src, run_dir / src.name)
         shas[src.name] = hashlib.sha256(src.read_bytes()).hexdigest()
-    return run_dir / fam.configs[config], shas
+    return shas
 
 
 def model_dir(args: argparse.Namespace) -> Path:

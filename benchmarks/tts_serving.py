@@ -3,7 +3,9 @@
 For each rate (requests/s, ascending), requests arrive at seeded exponential gaps for
 `--duration` seconds after an unmeasured warm-up at that rate (`--warmup` seconds); each is a
 sentence of 8-20 words in a preset voice, `response_format: pcm` (16-bit mono at 24 kHz) read as
-it streams. Per rate:
+it streams (`stream_format: "audio"`: raw PCM chunks as decoded, omni_mp's default and vllm-omni's
+opt-in, so the same request measures either server: scripts/gpu/tts_peer.sh serves vllm-omni
+0.25.0rc1 on the same checkpoint, benchmarks.peer_tts_serve). Per rate:
 
 - time to first audio p50 / p95: from sending the request to its first audio bytes;
 - playback underruns: a listener starts playing at the first chunk in real time and pauses
@@ -12,17 +14,21 @@ it streams. Per rate:
 - real-time factor: stream (first byte to last) / audio seconds, and generation (sent to last
   byte) / audio seconds;
 - achieved rate (requests sent / window), errors (non-200, no audio, or unfinished after
-  `--drain` seconds); then the highest rate held with p95 <= `--target-ms` and no errors.
+  `--drain` seconds); then the highest rate held with p95 <= `--target-ms` and no errors;
+- audio length against the request's frames ((max_new_tokens - 1) x 1920 samples): the requests
+  more than a frame short or at all long (EOS not suppressed, or a server's decoder dropping audio).
 
 Every request's length is fixed (`max_new_tokens`: FRAMES_PER_WORD frames a word, + 1 step), and
 with `--fixed-length` (the released random-weight checkpoint: it may never say EOS, or say it at
 once) the stage suppresses EOS too (benchmarks.common.served.released_qwen3_tts), so each request
 yields exactly that audio. Rates after one that left requests unfinished are skipped (it only gets
-worse). Prints a table; `--out` writes JSON.
+worse). Prints a table; `--out` writes JSON (`--system` names the server in it); `--compare A B`
+prints two such files side by side (omni_mp's and vllm-omni's) and exits.
 
     python -m benchmarks.tts_serving [--config omni_mp/stage_configs/tiny_qwen3_tts.yaml]
         [--serving URL] [--rates 5,10,20,40] [--duration 20] [--voice vivian] [--out FILE.json]
     python -m benchmarks.tts_serving --write-released DIR   (the GPU run's config: scripts/gpu/tts_benchmark.sh)
+    python -m benchmarks.tts_serving --compare tts_serving.json tts_peer.json
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ def max_new_tokens(text: str) -> int:
 @dataclass
 class Result:
     sent: float  # time.perf_counter() when sent
+    expected: int = 0  # samples the request's frames make
     first: float | None = None
     last: float | None = None
     samples: int = 0
@@ -104,8 +111,9 @@ class Result:
 
 
 async def speak(http: httpx.AsyncClient, url: str, text: str, voice: str, res: Result) -> None:
-    body = {"model": "tts", "input": text, "voice": voice, "response_format": "pcm",
+    body = {"model": "tts", "input": text, "voice": voice, "response_format": "pcm", "stream_format": "audio",
             "max_new_tokens": max_new_tokens(text)}  # fmt: skip
+    res.expected = (body["max_new_tokens"] - 1) * SAMPLES_PER_FRAME
     try:
         async with http.stream("POST", f"{url}/v1/audio/speech", json=body) as r:
             if r.status_code != 200:
@@ -170,6 +178,8 @@ def summarize(rate: float, results: list[Result], window: float, unfinished: int
     stream_rtf = [(r.last - r.first) / a for r, a in zip(ok, audio, strict=True) if a > 0]  # type: ignore[operator]
     gen_rtf = [(r.last - r.sent) / a for r, a in zip(ok, audio, strict=True) if a > 0]  # type: ignore[operator]
     stalled = [r for r in ok if r.stall_s > UNDERRUN_S]
+    short = [r for r in ok if r.samples < r.expected - SAMPLES_PER_FRAME]
+    long = [r for r in ok if r.samples > r.expected]
     errors = [r.error for r in results if r.error is not None]
     return {
         "rate": rate,
@@ -186,6 +196,9 @@ def summarize(rate: float, results: list[Result], window: float, unfinished: int
         "underrun_share": len(stalled) / len(ok) if ok else None,
         "stall_total_ms": 1000 * sum(r.stall_s for r in ok),
         "audio_s_mean": sum(audio) / len(audio) if audio else None,
+        "audio_short": len(short),  # more than a frame short of the request's frames
+        "audio_long": len(long),
+        "audio_ratio_mean": sum(r.samples / r.expected for r in ok) / len(ok) if ok else None,
         "stream_rtf_p50": percentile(stream_rtf, 0.5) if stream_rtf else None,
         "gen_rtf_p50": percentile(gen_rtf, 0.5) if gen_rtf else None,
         "gen_rtf_p95": percentile(gen_rtf, 0.95) if gen_rtf else None,
@@ -213,6 +226,33 @@ def held(levels: list[dict[str, Any]], target_ms: float) -> float | None:
     return max(good) if good else None
 
 
+def compare(paths: list[Path]) -> list[str]:
+    """Markdown lines: two result files (omni_mp's, then its peer's) side by side per rate, and
+    their held rates (issue 50's bar: omni_mp's at least 2x the peer's)."""
+    import json
+
+    docs = [json.loads(p.read_text()) for p in paths]
+    names = [d.get("system") or p.stem for d, p in zip(docs, paths, strict=True)]
+    levels = [{s["rate"]: s for s in d["levels"]} for d in docs]
+    lines = [f"device: {' / '.join(sorted({str(d.get('device')) for d in docs}))}; {names[0]} / {names[1]}",
+             "| rate /s | TTFA p50 ms | TTFA p95 ms | underruns | gen RTF p50 | short audio | errors |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for rate in sorted(set(levels[0]) | set(levels[1])):
+        a, b = levels[0].get(rate), levels[1].get(rate)
+
+        def pair(key: str, spec: str = "{:.1f}", a: Any = a, b: Any = b) -> str:
+            return " / ".join(fmt(x.get(key), spec) if x else "not run" for x in (a, b))  # a field older files lack: -
+
+        under = " / ".join(f"{x['underrun_requests']}/{x['ok']}" if x else "not run" for x in (a, b))
+        rest = f"{pair('gen_rtf_p50', '{:.3f}')} | {pair('audio_short', '{}')} | {pair('errors', '{}')}"
+        lines.append(f"| {rate:g} | {pair('ttfa_p50_ms')} | {pair('ttfa_p95_ms')} | {under} | {rest} |")
+    held = [d.get("held_rate") for d in docs]
+    ratio = f" ({held[0] / held[1]:.1f}x)" if held[0] and held[1] else ""
+    target = docs[0].get("target_ms")
+    lines.append(f"held at p95 <= {target} ms: {' / '.join('none' if h is None else f'{h:g}/s' for h in held)}{ratio}")
+    return lines
+
+
 async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
     say = make_say("tts_serving")
     warmups = Warmups(f"{args.warmup:g} s of unmeasured arrivals at each rate, just before it is measured")
@@ -236,6 +276,9 @@ async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
             print(row(s), flush=True)
             if s["error_examples"]:
                 say(f"errors at {rate:g}/s: {s['error_examples']}")
+            if s["audio_short"] or s["audio_long"]:
+                say(f"audio length at {rate:g}/s: {s['audio_short']} requests more than a frame short, "
+                    f"{s['audio_long']} long (mean {fmt(s['audio_ratio_mean'])} of their frames)")  # fmt: skip
             if unfinished:
                 say(f"{unfinished} requests unfinished {args.drain:g} s after the window: higher rates skipped")
                 break
@@ -257,11 +300,16 @@ def main() -> int:
     p.add_argument("--target-ms", type=float, default=100.0, help="p95 time to first audio a held rate keeps")
     p.add_argument("--fixed-length", action="store_true", help="say so in the output: the config suppresses EOS")
     p.add_argument("--out", type=Path)
+    p.add_argument("--system", default="omni_mp", help="the measured server's name, in --out")
+    p.add_argument("--compare", type=Path, nargs=2, metavar="JSON", help="print two --out files side by side, exit")
     released = "write the released-size checkpoint and its served config under DIR, print the config's path, exit"
     p.add_argument("--write-released", type=Path, metavar="DIR", help=released)
     args = p.parse_args()
     if args.write_released:
         print(released_qwen3_tts(args.write_released), flush=True)
+        return 0
+    if args.compare:
+        print("\n".join(compare(args.compare)), flush=True)
         return 0
     say = make_say("tts_serving")
     device = device_name()
@@ -275,7 +323,8 @@ def main() -> int:
         f"{'none' if held_rate is None else f'{held_rate:g}/s'}")  # fmt: skip
     print(warmup_line(result["warmup"]), flush=True)
     doc = {
-        "device": device, "config": str(args.config), "serving": args.serving, "fixed_length": args.fixed_length,
+        "system": args.system, "device": device,
+        "config": str(args.config), "serving": args.serving, "fixed_length": args.fixed_length,
         "frames_per_word": FRAMES_PER_WORD, "duration_s": args.duration, "target_ms": args.target_ms, **result,
     }  # fmt: skip
     if args.out:

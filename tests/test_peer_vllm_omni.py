@@ -328,3 +328,58 @@ def test_playback_counts_the_silence_a_listener_hears() -> None:
     p.chunk(ran_out + 0.42, second)
     assert p.stalls == 1 and p.stall_s == pytest.approx(0.42)
     assert p.ends_at == pytest.approx(ran_out + 0.42 + second)
+
+
+def test_qwen3_tts_dir_is_the_one_the_peer_overlay_names() -> None:
+    """The peer overlay suppresses the released codec EOS id; the benchmark's voice is a preset."""
+    from benchmarks import peer_tts_serve as serve
+    from omni_mp.models.qwen3_tts.released_config import released_top_config
+
+    talker = released_top_config()["talker_config"]
+    assert talker["codec_eos_token_id"] == serve.SUPPRESSED_EOS
+    assert serve.VOICE in {name.lower() for name in talker["spk_id"]}
+
+
+@needs_peer
+def test_qwen3_tts_overlay_resolves_as_shipped_with_eos_suppressed(tmp_path: Path) -> None:
+    """vllm-omni's loader on the Qwen3-TTS overlay: the shipped stages (one GPU, 64 sequences, async
+    chunks), the talker dummy-loaded with its EOS biased out, its sampling as shipped."""
+    from benchmarks import peer_tts_serve as serve
+    from benchmarks.peer_vllm_omni import copy_overlays
+
+    shas = copy_overlays(serve.BASE_YAML, [serve.OVERLAY], PEER_SITE, tmp_path)
+    assert set(shas) == {serve.BASE_YAML, serve.OVERLAY}
+    got = serve.resolve(tmp_path / serve.OVERLAY, PEER_SITE)
+    assert got["async_chunk"] and got["stages"] == [[0, "0", 0.3, 64, "dummy"], [1, "0", 0.3, 64, None]]
+    talker = got["talker"]
+    assert talker["logit_bias"] == {str(serve.SUPPRESSED_EOS): -100.0}  # JSON keys
+    assert (talker["temperature"], talker["top_k"], talker["min_tokens"]) == (0.9, 50, 2)
+
+
+@needs_peer
+def test_qwen3_tts_decoder_tensors_are_vllm_omnis_code2wav_parameters(tmp_path: Path) -> None:
+    """vllm-omni's code2wav loads the dir's speech_tokenizer `decoder.*` tensors strictly: the names
+    and shapes our builder writes (tiny sizes here, the released sizes' builder is the same) are
+    exactly its decoder's parameters, built from the same config."""
+    from benchmarks import peer_vllm_omni as peer
+    from omni_mp.models.qwen3_tts.tiny import TINY_SPECS, decoder_weights
+    from omni_mp.models.qwen3_tts.tiny_config import decoder_config, speech_tokenizer_config
+
+    spec = TINY_SPECS["tiny-qwen3-tts-custom-voice"]
+    (tmp_path / "config.json").write_text(json.dumps(speech_tokenizer_config(spec)))
+    ours = {k: list(v.shape) for k, v in decoder_weights(decoder_config(spec), spec.seed).items()}
+    code = (
+        "import json, sys, torch\n"
+        "from vllm_omni.model_executor.models.qwen3_tts.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 "
+        "import Qwen3TTSTokenizerV2Config as C\n"
+        "from vllm_omni.model_executor.models.qwen3_tts.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 "
+        "import Qwen3TTSTokenizerV2Decoder as D\n"
+        "with torch.device('meta'):\n"
+        "    dec = D._from_config(C.from_pretrained(sys.argv[1]).decoder_config)\n"
+        "print(json.dumps({f'decoder.{k}': list(v.shape) for k, v in dec.named_parameters()}))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], env=peer.child_env(PEER_SITE), capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == ours

@@ -104,7 +104,9 @@ def qwen3_tts_released_dir(work_dir: Path) -> Path:
     reads the text embedding and projection, the talker stage the rest), generation_config.json,
     a tokenizer with the released special ids (omni_bench_dir's byte-level BPE of Qwen3-Omni's
     151643 regular tokens and special tokens at 151643..), and speech_tokenizer/ (its config and
-    the decoder's fp32 `decoder.*` tensors, audible; no Mimi encoder: CustomVoice clones nothing)."""
+    the decoder's fp32 `decoder.*` tensors, audible; no Mimi encoder: CustomVoice clones nothing;
+    its feature extractor's preprocessor_config.json, which vllm-omni's talker reads at start-up,
+    added to a dir written before it was)."""
     from benchmarks.common.omni_bench_dir import _write_qwen3_processor
     from omni_mp.models.qwen3_tts.released_config import (
         released_decoder_config,
@@ -115,6 +117,7 @@ def qwen3_tts_released_dir(work_dir: Path) -> Path:
 
     out = work_dir / "qwen3_tts-1.7b-released"
     if (out / "config.json").is_file():
+        _feature_extractor(out / "speech_tokenizer")
         return out
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -129,9 +132,20 @@ def qwen3_tts_released_dir(work_dir: Path) -> Path:
     (tok / "config.json").write_text(json.dumps(released_speech_tokenizer_config(), indent=1))
     decoder = decoder_weights(released_decoder_config(), seed=0)
     _save(decoder, tok / "model.safetensors")
+    _feature_extractor(tok)
     (tmp / "config.json").write_text(json.dumps(config, indent=1))  # last: marks the dir complete
     tmp.rename(out)
     return out
+
+
+def _feature_extractor(speech_tokenizer: Path) -> None:
+    """speech_tokenizer/preprocessor_config.json as the tiny checkpoint's (omni_mp.models.qwen3_tts.tiny):
+    the Mimi encoder's input, 24 kHz mono, written once."""
+    if (speech_tokenizer / "preprocessor_config.json").is_file():
+        return
+    from transformers import EncodecFeatureExtractor
+
+    EncodecFeatureExtractor(feature_size=1, sampling_rate=24000, padding_value=0.0).save_pretrained(speech_tokenizer)
 
 
 def _random_talker(config: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,9 @@ mkdir -p "$stash"
 shopt -s nullglob
 for dir in .gpu/*/; do
   [[ -f $dir/manifest ]] || continue
-  read -r name _ _ < "$dir/manifest"
+  read -r name _ sha < "$dir/manifest"
+  # a set rebuilt since its parts were kept here (another sha): the new build's parts replace them
+  [[ -f $stash/$name/manifest && $(cut -d' ' -f3 "$stash/$name/manifest") != "$sha" ]] && rm -rf "${stash:?}/$name"
   mkdir -p "$stash/$name"
   cp -n "$dir"/*part* "$dir/manifest" "$stash/$name/"
 done
