@@ -96,6 +96,16 @@ def test_reference_loads_every_tensor(name: str) -> None:
         _assert_rows_equal(model_dir, requests, run)
 
 
+@pytest.mark.parametrize(
+    ("generation", "named"),
+    [({"subtalker_top_k": "many"}, "subtalker_top_k"), ({"subtalker_top_p": 0.0}, "subtalker_top_p"),
+     ({"subtalker_temperature": 0}, "subtalker_temperature"), ({"subtalker_dosample": "yes"}, "subtalker_dosample")],
+)  # fmt: skip
+def test_bad_subtalker_settings_are_named(generation: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=f"generation_config.json: .*{named}"):
+        subtalker_sampling(generation)
+
+
 def test_reference_generation_is_deterministic_audible_and_conditioned(custom_voice: tuple[Path, OracleRun]) -> None:
     run = custom_voice[1]
     base, again, no_instruct, other_voice, other_lang, streamed_text = run.codes
