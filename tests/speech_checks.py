@@ -1,19 +1,24 @@
 """What the speech tests share: a pipeline served with the HTTP server, PyAV decoding of every
-response format, and the oracle check of a given reply's talker codes and waveform."""
+response format and its check against the pcm answer, the SSE stream's check, and LiveKit's plugin
+against the mp3 answer."""
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import av
 import numpy as np
+import openai
 import yaml
 
+from omni_mp.media.audio_io import resample
 from tests.launcher import ServedPipeline, serve, wait_healthy
 
 KEY = "speech-key"
@@ -93,3 +98,71 @@ def check_livekit_plays_the_mp3(got: dict[str, Any], mp3: np.ndarray) -> None:
     best, lag = max((corr(pcm[:m], mp3[k : k + m]), k) for k in range(0, 1153))
     print(f"[livekit] {pcm.size} samples, {lag} after PyAV's decode of the mp3; correlation {best:.4f}")
     assert best >= 0.98  # (the same samples decoded twice; a misaligned noise-like signal gives ~0)
+
+
+MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "mp3": "audio/mpeg", "opus": "audio/ogg",
+               "aac": "audio/aac", "flac": "audio/flac"}  # fmt: skip
+PRIMING = {"mp3": 1105, "aac": 1024}  # samples LAME and FFmpeg's AAC put before the signal
+
+
+def speech_answer(client: openai.OpenAI, fmt: str, **request: Any) -> tuple[str, bytes]:
+    """One POST /v1/audio/speech through the `openai` SDK (`request`: voice, input, extra_body):
+    the answer's content type and its bytes, as streamed."""
+    with client.audio.speech.with_streaming_response.create(model="tiny", response_format=fmt, **request) as r:
+        assert r.status_code == 200
+        return r.headers["content-type"], b"".join(r.iter_bytes())
+
+
+def check_every_format(client: openai.OpenAI, min_corr: Mapping[str, float], **request: Any) -> dict[str, float]:
+    """The same request in each response format: its media type, and PyAV decodes it to 24 kHz
+    mono (Opus: 48 kHz, its decoders' one rate, with 24 kHz in its header) holding the pcm answer's
+    samples: wav and flac exactly, pcm again the same, the lossy codecs (past their priming) with a
+    correlation of at least `min_corr[fmt]`. Returns the correlations measured."""
+    ref = pcm_samples(speech_answer(client, "pcm", **request)[1])
+    n = ref.size
+    assert n > 24_000 // 2
+    measured: dict[str, float] = {}
+    for fmt, media_type in MEDIA_TYPES.items():
+        content_type, data = speech_answer(client, fmt, **request)
+        assert content_type == media_type, (fmt, content_type)
+        if fmt == "pcm":
+            assert np.array_equal(pcm_samples(data), ref)  # the same request again: the same audio
+            continue
+        d = Decoded(data)
+        assert d.channels == 1, fmt
+        got = d.samples
+        if fmt == "opus":
+            assert d.rate == 48_000 and opus_input_rate(data) == 24_000 and got.size == 2 * n
+            got = resample(got, 48_000, 24_000)
+        else:
+            assert d.rate == 24_000, fmt
+        if fmt in ("wav", "flac"):
+            assert np.array_equal(got, ref), fmt
+            continue
+        lag = PRIMING.get(fmt, 0)
+        assert n <= got.size - lag <= n + 2304, (fmt, got.size, n)
+        measured[fmt] = corr(got[lag : lag + n], ref)
+        print(f"[{fmt}] {got.size} samples decoded for {n}; correlation with the pcm answer {measured[fmt]:.3f}")
+        assert measured[fmt] >= min_corr[fmt], (fmt, measured[fmt])
+    return measured
+
+
+def sse_events(client: openai.OpenAI, fmt: str, **request: Any) -> list[dict[str, Any]]:
+    """The request with `stream_format: "sse"`: its events, in order."""
+    with client.audio.speech.with_streaming_response.create(
+        model="tiny", response_format=fmt, stream_format="sse", **request
+    ) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def check_sse_is_the_answer(client: openai.OpenAI, fmt: str, min_deltas: int = 2, **request: Any) -> dict[str, Any]:
+    """The request as SSE: `speech.audio.delta` events, at least `min_deltas` (the audio sent in
+    pieces as made), then one `speech.audio.done`; the deltas' bytes are the answer of the same
+    request not streamed as SSE. Returns the done event's usage."""
+    events = sse_events(client, fmt, **request)
+    types = [e["type"] for e in events]
+    assert types[-1] == "speech.audio.done" and types[:-1] == ["speech.audio.delta"] * (len(types) - 1)
+    assert len(types) - 1 >= min_deltas, types
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == speech_answer(client, fmt, **request)[1]
+    return events[-1]["usage"]

@@ -11,8 +11,6 @@ pcm answer holds."""
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,6 @@ import pytest
 
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.http.speech import SPEECH_REQUEST
-from omni_mp.media.audio_io import resample
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
 from omni_mp.wire.messages import Finished
@@ -31,8 +28,14 @@ from tests.client_scripts import client_script
 from tests.hf_oracle import assert_same_tokens, omni_generate, reply_ids
 from tests.launcher import ServedPipeline, settled_client
 from tests.shared_servers import VOICE_ALIASES
-from tests.speech_checks import KEY, Decoded, check_livekit_plays_the_mp3, opus_input_rate, pcm_samples
-from tests.speech_checks import corr as speech_corr
+from tests.speech_checks import (
+    KEY,
+    Decoded,
+    check_every_format,
+    check_livekit_plays_the_mp3,
+    check_sse_is_the_answer,
+    pcm_samples,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -123,76 +126,24 @@ LONG = (
     "The quick brown fox jumps over the lazy dog while the sun sets slowly behind the distant hills "
     "and the river keeps flowing toward the sea."
 )  # long enough that the audio comes in several chunks
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "mp3": "audio/mpeg", "opus": "audio/ogg",
-               "aac": "audio/aac", "flac": "audio/flac"}  # fmt: skip
-PRIMING = {"mp3": 1105, "aac": 1024}  # samples LAME and FFmpeg's AAC put before the signal
 LOSSY_CORR = 0.5  # the tiny model's audio is noise-like: lossy codecs keep its shape only roughly
 
 
 def test_every_format_decodes_to_24khz_mono_audio_of_the_pcm_answer(served: Served) -> None:
     """The `openai` client asks for each response format; PyAV decodes it: 24 kHz mono (Opus:
     48 kHz, its decoders' one rate, with 24 kHz in its header) holding the pcm answer's samples."""
-    ref = pcm_samples(served.speech(LONG, fmt="pcm"))
-    n = ref.size
-    assert n > 24_000 // 2
-    for fmt, media_type in MEDIA_TYPES.items():
-        with served.openai.audio.speech.with_streaming_response.create(
-            model="tiny",
-            voice="Ethan",
-            input=LONG,
-            response_format=fmt,  # type: ignore[arg-type]
-        ) as r:
-            assert r.headers["content-type"] == media_type
-            data = b"".join(r.iter_bytes())
-        if fmt == "pcm":
-            assert np.array_equal(pcm_samples(data), ref)  # the same request again: the same audio
-            continue
-        d = Decoded(data)
-        assert d.channels == 1, fmt
-        got = d.samples
-        if fmt == "opus":
-            assert d.rate == 48_000 and opus_input_rate(data) == 24_000 and got.size == 2 * n
-            got = resample(got, 48_000, 24_000)
-        else:
-            assert d.rate == 24_000, fmt
-        if fmt in ("wav", "flac"):
-            assert np.array_equal(got, ref), fmt
-            continue
-        lag = PRIMING.get(fmt, 0)
-        assert n <= got.size - lag <= n + 2304, (fmt, got.size, n)
-        corr = speech_corr(got[lag : lag + n], ref)
-        print(f"[{fmt}] {got.size} samples decoded for {n}; correlation with the pcm answer {corr:.3f}")
-        assert corr >= LOSSY_CORR, (fmt, corr)
-
-
-def _sse(served: Served, text: str, fmt: str) -> list[dict]:
-    with served.openai.audio.speech.with_streaming_response.create(
-        model="tiny",
-        voice="Ethan",
-        input=text,
-        response_format=fmt,
-        stream_format="sse",  # type: ignore[arg-type]
-    ) as r:
-        assert r.headers["content-type"].startswith("text/event-stream")
-        return [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
+    check_every_format(served.openai, dict.fromkeys(("mp3", "opus", "aac"), LOSSY_CORR), voice="Ethan", input=LONG)
 
 
 def test_sse_streams_deltas_then_done_with_the_usage(served: Served, zmq: OmniClient) -> None:
-    events = _sse(served, LONG, "pcm")
-    types = [e["type"] for e in events]
-    assert types[-1] == "speech.audio.done" and types[:-1] == ["speech.audio.delta"] * (len(types) - 1)
-    assert len(types) >= 3, types  # the audio came in pieces, as made
-    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-    assert audio == served.speech(LONG, fmt="pcm")
+    usage = check_sse_is_the_answer(served.openai, "pcm", voice="Ethan", input=LONG)
     done = _given(zmq, LONG)
     timings = {d.stage_id: d for d in done.stage_timings}
     want_in = timings[0].num_prompt_tokens + timings[0].num_output_tokens  # the prompt and the given text
     want_out = timings[1].num_output_tokens  # the talker's codes
-    assert events[-1]["usage"] == {"input_tokens": want_in, "output_tokens": want_out,
-                                   "total_tokens": want_in + want_out}  # fmt: skip
+    assert usage == {"input_tokens": want_in, "output_tokens": want_out, "total_tokens": want_in + want_out}
     # What LiveKit's plugin asks by default: SSE of mp3; the deltas make one mp3 stream.
-    mp3 = b"".join(base64.b64decode(e["audio"]) for e in _sse(served, LONG, "mp3")[:-1])
-    assert mp3 == served.speech(LONG, fmt="mp3")
+    check_sse_is_the_answer(served.openai, "mp3", voice="Ethan", input=LONG)
 
 
 def test_voices_are_listed_and_openai_names_are_aliases(served: Served) -> None:

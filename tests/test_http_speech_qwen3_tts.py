@@ -2,12 +2,15 @@
 the talker, its prompt from `input`, `voice` and `instructions`; the streaming codec decoder),
 served by a real launcher with `--http`, through the `openai` SDK: the PCM answer is the qwen-tts
 0.1.1 reference's waveform for the same text, preset voice and instructions (its own venv; fp32,
-greedy, repetition penalty 1.05 as the YAML) within WAV_ATOL plus PCM16 rounding; the preset
-voices are the model's voices (GET /v1/audio/voices); the chat endpoint answers 400 for this
-family, and a bad voice a 400 naming it; LiveKit's OpenAI TTS plugin plays the mp3 answer."""
+greedy, repetition penalty 1.05 as the YAML) within WAV_ATOL plus PCM16 rounding, in the whole-text
+prompt mode (the default) and the text-streaming one (vllm-omni's `non_streaming_mode: false`);
+every response format decodes to the pcm answer and SSE carries it; the preset voices are the
+model's voices (GET /v1/audio/voices); the chat endpoint answers 400 for this family, and a bad
+voice a 400 naming it; LiveKit's OpenAI TTS plugin plays the mp3 answer."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,10 +18,12 @@ import numpy as np
 import openai
 import pytest
 
+from omni_mp.client.omni_client import OmniClient
 from omni_mp.models.registry import resolve_model
+from tests import speech_checks as checks
 from tests.client_scripts import client_script
-from tests.launcher import ServedPipeline
-from tests.qwen3_tts_oracle import require_reference, run_reference
+from tests.launcher import ServedPipeline, settled_client
+from tests.qwen3_tts_oracle import OracleRun, require_reference, run_reference
 from tests.shared_servers import TTS_MAX_TOKENS
 from tests.speech_checks import KEY, Decoded, check_livekit_plays_the_mp3, pcm_samples
 
@@ -38,19 +43,38 @@ def _client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
 
 
-def test_speech_equals_the_reference(served: tuple[ServedPipeline, str]) -> None:
-    text, voice, instructions = "hello there, how are you?", "vivian", "speak slowly and warmly"
-    with _client(served[1]).audio.speech.with_streaming_response.create(
-        model="tiny", voice=voice, input=text, instructions=instructions, response_format="pcm"
-    ) as r:
-        got = pcm_samples(b"".join(r.iter_bytes()))
-    req = {"kind": "custom_voice", "text": text, "speaker": voice, "language": "auto", "instruct": instructions,
+TEXT, VOICE, INSTRUCTIONS = "hello there, how are you?", "vivian", "speak slowly and warmly"
+MODES = {"default": {}, "text-streamed": {"non_streaming_mode": False}}  # vllm-omni's field, as sent
+
+
+@pytest.fixture(scope="module")
+def reference() -> OracleRun:
+    """The reference's waveform of TEXT in each mode (its generate's non_streaming_mode: True, the
+    generate_custom_voice default, and False)."""
+    req = {"kind": "custom_voice", "text": TEXT, "speaker": VOICE, "language": "auto", "instruct": INSTRUCTIONS,
            "max_new_tokens": FRAMES, "repetition_penalty": 1.05}  # fmt: skip
-    run = run_reference(resolve_model("tiny-qwen3-tts-custom-voice"), [req])
-    want = run.wavs[0]
+    run = run_reference(resolve_model("tiny-qwen3-tts-custom-voice"), [req | mode for mode in MODES.values()])
+    assert run.report["errors"] == {}
+    return run
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_speech_equals_the_reference(served: tuple[ServedPipeline, str], reference: OracleRun, mode: str) -> None:
+    with _client(served[1]).audio.speech.with_streaming_response.create(
+        model="tiny", voice=VOICE, input=TEXT, instructions=INSTRUCTIONS, response_format="pcm",
+        extra_body=MODES[mode] or None,
+    ) as r:  # fmt: skip
+        got = pcm_samples(b"".join(r.iter_bytes()))
+    want = reference.wavs[list(MODES).index(mode)]
     assert float(np.sqrt(np.mean(want**2))) > 0.03
     assert got.shape == want.shape, (got.shape, want.shape)
     assert float(np.abs(got - want).max()) <= WAV_ATOL
+
+
+def test_the_two_text_modes_differ(reference: OracleRun) -> None:
+    """The mode reaches the audio: the comparisons above can tell them apart."""
+    a, b = reference.wavs
+    assert a.shape != b.shape or float(np.abs(a - b).max()) > 0.01
 
 
 def test_voices_are_the_presets_and_bad_ones_are_named(served: tuple[ServedPipeline, str]) -> None:
@@ -99,3 +123,36 @@ def test_livekit_openai_tts_plugin_with_its_defaults(served: tuple[ServedPipelin
         model="gpt-4o-mini-tts", voice="ash", input=text, response_format="mp3"
     )
     check_livekit_plays_the_mp3(got, Decoded(mp3.content).samples)
+
+
+# The lossy codecs on this model's audio (TEXT, 23 frames, 1.84 s): correlation with the pcm answer
+# past the codec's priming, measured mp3 0.985, opus 0.919, aac 0.960 (PyAV 18.1, libavcodec 62, at
+# omni_mp.http.audio_encode's bit rates); the bounds leave room for other encoder builds.
+LOSSY_MIN_CORR = {"mp3": 0.95, "opus": 0.85, "aac": 0.92}
+
+
+def test_every_format_decodes_to_the_pcm_answer(served: tuple[ServedPipeline, str]) -> None:
+    """wav, pcm, mp3, opus, aac and flac of one request (text-streamed, instructed): PyAV decodes
+    each to the pcm answer's samples (tests/speech_checks.check_every_format)."""
+    request = {"voice": VOICE, "input": TEXT, "instructions": INSTRUCTIONS, "extra_body": MODES["text-streamed"]}
+    checks.check_every_format(_client(served[1]), LOSSY_MIN_CORR, **request)
+
+
+@pytest.fixture
+def zmq(served: tuple[ServedPipeline, str]) -> Iterator[OmniClient]:
+    with settled_client(served[0].endpoint) as c:
+        yield c  # type: ignore[misc]
+
+
+def test_sse_deltas_are_the_answer_and_done_has_the_usage(served: tuple[ServedPipeline, str], zmq: OmniClient) -> None:
+    """`stream_format: "sse"`: `speech.audio.delta` events whose bytes are the pcm (and the mp3)
+    answer, then `speech.audio.done` with the talker's prompt rows in and its steps out, as the
+    same request through the ZMQ client counts them."""
+    client = _client(served[1])
+    request = {"voice": VOICE, "input": TEXT, "extra_body": MODES["text-streamed"]}
+    usage = checks.check_sse_is_the_answer(client, "pcm", **request)
+    done = zmq.generate(TEXT, speaker=VOICE, params={"non_streaming_mode": False}, deadline_s=600)
+    talker = next(d for d in done.stage_timings if d.stage_id == 0)
+    n_in, n_out = talker.num_prompt_tokens, talker.num_output_tokens
+    assert usage == {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
+    checks.check_sse_is_the_answer(client, "mp3", **request)  # what LiveKit's plugin asks: SSE of mp3

@@ -5,8 +5,11 @@ with `--http`, through the `openai` SDK (vllm-omni's fields in `extra_body`): th
 what the qwen-tts 0.1.1 reference's `generate_voice_clone` returns for the same clip and text (its
 own venv; fp32, greedy, repetition penalty 1.05 as the YAML), x-vector and in-context, a 16 kHz
 stereo clip included (down-mixed and resampled, as the reference does), within WAV_ATOL plus
-PCM16 rounding; a voice stored with POST /v1/audio/voices speaks as its clip does inline; every
-bad input is a 400 naming what is wrong, and the server goes on serving."""
+PCM16 rounding, in the text-streaming prompt mode (the default of both generate_voice_clone and
+vllm-omni for Base; in context the text zipped with the clip's frames, shorter or longer than them)
+and the whole-text one (`non_streaming_mode: true`); a voice stored with POST /v1/audio/voices
+speaks as its clip does inline; every bad input is a 400 naming what is wrong, and the server goes
+on serving."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ FRAMES = 24  # the talker's max_tokens here: 23 frames
 FRAME_SAMPLES = 1920
 WAV_ATOL = 2e-4 + 1 / 32768  # streamed vs one-shot (tests/test_qwen3_tts_codec.py) and PCM16's step
 TEXT = "hello there, how are you?"
+LONG_TEXT = "hello there, how are you? " * 4  # in context: more text rows than the clip's 26 codec rows
 REF_TEXT = "the quick brown fox"
 
 
@@ -57,10 +61,14 @@ def _wav_url(samples: np.ndarray, rate: int) -> str:
 XVEC_CLIP = (_clip(2.0, 24000, 220), 24000)
 ICL_CLIP = (_clip(2.0, 24000, 330), 24000)
 ODD_CLIP = (_clip(1.5, 16000, 260, channels=2), 16000)  # 16 kHz stereo: resampled and down-mixed
+WHOLE_TEXT = {"non_streaming_mode": True}
 CASES: dict[str, dict[str, Any]] = {
     "xvector": {"clip": XVEC_CLIP, "x_vector_only_mode": True},
     "in_context": {"clip": ICL_CLIP, "ref_text": REF_TEXT},
+    "in_context_long_text": {"clip": ICL_CLIP, "ref_text": REF_TEXT, "text": LONG_TEXT},
     "16k_stereo": {"clip": ODD_CLIP, "x_vector_only_mode": True},
+    "xvector_whole_text": {"clip": XVEC_CLIP, "x_vector_only_mode": True, **WHOLE_TEXT},
+    "in_context_whole_text": {"clip": ICL_CLIP, "ref_text": REF_TEXT, **WHOLE_TEXT},
 }
 
 
@@ -75,9 +83,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedPip
 def reference() -> OracleRun:
     """Every case's waveform in one reference run."""
     reqs = [
-        {"kind": "clone_wav", "text": TEXT, "language": "auto", "ref_audio_data": _wav_url(*c["clip"]),
+        {"kind": "clone_wav", "text": c.get("text", TEXT), "language": "auto", "ref_audio_data": _wav_url(*c["clip"]),
          "ref_text": c.get("ref_text"), "x_vector_only_mode": "ref_text" not in c,
          "max_new_tokens": FRAMES, "repetition_penalty": 1.05}
+        | ({"non_streaming_mode": c["non_streaming_mode"]} if "non_streaming_mode" in c else {})  # else its default
         for c in CASES.values()
     ]  # fmt: skip
     run = run_reference(resolve_model(BASE), reqs)
@@ -99,7 +108,7 @@ def _speak(url: str, voice: Any = "alloy", text: str = TEXT, **extra: Any) -> np
 def _fields(case: dict[str, Any]) -> dict[str, Any]:
     samples, rate = case["clip"]
     return {"task_type": "Base", "ref_audio": _wav_url(samples, rate)} | {
-        k: case[k] for k in ("ref_text", "x_vector_only_mode") if k in case
+        k: case[k] for k in ("ref_text", "x_vector_only_mode", "non_streaming_mode") if k in case
     }
 
 
@@ -115,10 +124,10 @@ def _reference_cut_lead(clip_frames: int, frames: int) -> int:
 def test_cloned_speech_equals_the_reference(
     served: tuple[ServedPipeline, str], reference: OracleRun, name: str
 ) -> None:
-    got = _speak(served[1], **_fields(CASES[name]))
+    got = _speak(served[1], text=CASES[name].get("text", TEXT), **_fields(CASES[name]))
     want = reference.wavs[list(CASES).index(name)]
     assert float(np.sqrt(np.mean(want**2))) > 0.03
-    if name == "in_context":
+    if "ref_text" in CASES[name]:
         clip_frames = -(-ICL_CLIP[0].size // FRAME_SAMPLES)
         lead = _reference_cut_lead(clip_frames, got.size // FRAME_SAMPLES)
         want = want[lead:]
@@ -127,11 +136,16 @@ def test_cloned_speech_equals_the_reference(
 
 
 def test_the_two_modes_differ(served: tuple[ServedPipeline, str], reference: OracleRun) -> None:
-    """The clip's text and codes reach the audio: in context is not the x-vector alone."""
+    """The clip's text and codes reach the audio: in context is not the x-vector alone; and the
+    text mode reaches it (the reference's waveforms of the two modes differ)."""
     url = served[1]
     icl = _speak(url, **_fields(CASES["in_context"]))
     xvec = _speak(url, **(_fields(CASES["in_context"]) | {"x_vector_only_mode": True}))
     assert icl.shape != xvec.shape or float(np.abs(icl - xvec).max()) > 0.01
+    wavs = dict(zip(CASES, reference.wavs, strict=True))
+    for mode in ("xvector", "in_context"):
+        a, b = wavs[mode], wavs[f"{mode}_whole_text"]
+        assert a.shape != b.shape or float(np.abs(a - b).max()) > 0.01, mode
 
 
 def _upload(url: str, samples: np.ndarray, rate: int, **form: str) -> httpx.Response:
@@ -153,7 +167,7 @@ def test_a_stored_voice_speaks_as_its_clip(served: tuple[ServedPipeline, str], n
     assert voice["object"] == "audio.voice" and voice["name"] == f"voice-{name}"
     inline = _speak(url, **_fields(case))
     by_id = _speak(url, voice={"id": voice["id"]})
-    as_string = _speak(url, voice=voice["id"], non_streaming_mode=True)
+    as_string = _speak(url, voice=voice["id"], non_streaming_mode=False)  # Base's default, named
     np.testing.assert_array_equal(by_id, inline)
     np.testing.assert_array_equal(as_string, inline)
     listed = httpx.get(f"{url}/v1/audio/voices", headers={"Authorization": f"Bearer {KEY}"}).json()
@@ -180,6 +194,6 @@ def test_bad_input_is_named_and_the_server_goes_on(served: tuple[ServedPipeline,
     _bad(url, "task_type 'CustomVoice'", **(good | {"task_type": "CustomVoice"}))
     _bad(url, "needs the clip's text", **(good | {"x_vector_only_mode": False}))
     _bad(url, "max_new_tokens", **(good | {"max_new_tokens": FRAMES + 1}))
-    _bad(url, "non_streaming_mode false", **(good | {"non_streaming_mode": False}))
+    _bad(url, "non_streaming_mode", **(good | {"non_streaming_mode": "yes"}))
     got = _speak(url, **good)  # and a good request still speaks
     assert float(np.sqrt(np.mean(got**2))) > 0.03

@@ -35,6 +35,7 @@ GROUPS = 16
 FRAME = 1920
 STREAMING = StreamingConfig(first_chunk=16, chunk=32, max_chunk=128, left_context=0, right_context=0, crossfade_ms=0.0)
 LENGTHS = {"a": 1, "b": 3, "c": 8, "d": 17, "e": 26, "f": 12, "g": 5, "h": 2}
+LONG = 626  # frames: three of the reference's 300-frame chunks (each after 25 frames of left context)
 
 
 def random_codes(n: int, seed: int) -> np.ndarray:
@@ -55,9 +56,9 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def reference(model_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """name -> (codes [frames, 16], the reference's waveform): the reference talker's own codes
-    (a preset voice with instructions) and random codes of every length in LENGTHS."""
+    (a preset voice with instructions) and random codes of every length in LENGTHS, and LONG."""
     require_reference()
-    sets = {rid: random_codes(n, 100 + i) for i, (rid, n) in enumerate(LENGTHS.items())}
+    sets = {rid: random_codes(n, 100 + i) for i, (rid, n) in enumerate({**LENGTHS, "long": LONG}.items())}
     requests = [
         {
             "kind": "custom_voice",
@@ -78,7 +79,7 @@ def reference(model_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path):
-    cfg = DiffusionStageConfig(model_type="qwen3_tts_codec", streaming=STREAMING, max_batch=8)
+    cfg = DiffusionStageConfig(model_type="qwen3_tts_codec", streaming=STREAMING, max_batch=8, max_input_len=16384)
     eng = DiffusionEngine(str(model_dir), cfg, {"max_model_len": 4096}, open_inputs=True)
     yield eng
     eng.shutdown()
@@ -102,6 +103,21 @@ def test_streamed_frame_by_frame_equals_the_reference(engine: DiffusionEngine, r
     torch.testing.assert_close(got, torch.from_numpy(want), atol=STREAM_ATOL, rtol=0)
     sizes = [a.numel() for a in audio[name]]
     assert sizes[:-1] == [STREAMING.chunk_at(k) // GROUPS * FRAME for k in range(len(sizes) - 1)], sizes
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_past_300_frames_the_audio_is_the_references_chunked_decode(engine: DiffusionEngine, reference, stream: bool) -> None:  # noqa: E501
+    """The reference decodes 300 frames at a time, each chunk after 25 frames of left context
+    on a fresh decoder (qwen-tts `chunked_decode`): one window or streamed 13 frames a step (windows
+    across a chunk start), the audio equals it across both chunk starts (frames 300 and 600)."""
+    codes, want = reference["long"]
+    rate = {"long": codes.size if not stream else 13 * GROUPS}  # windows that straddle the chunk starts
+    audio, reasons, _ = run(engine, {"long": ids_of(codes)}, rate, stream=stream)
+    assert reasons == {"long": "stop"}
+    got = torch.cat(audio["long"])
+    assert got.shape == (LONG * FRAME,) == want.shape
+    torch.testing.assert_close(got, torch.from_numpy(want), atol=STREAM_ATOL, rtol=0)
+    assert not engine.model.tails or "long" not in engine.model.tails  # released with the request
 
 
 def test_first_audio_comes_from_the_first_frame(engine: DiffusionEngine, reference) -> None:
@@ -141,3 +157,34 @@ def test_out_of_range_code_is_refused_naming_it_and_others_go_on(engine: Diffusi
     audio, reasons, _ = run(engine, {}, {})
     assert reasons == {"good": "stop"}
     torch.testing.assert_close(torch.cat(audio["good"]), torch.from_numpy(want), atol=STREAM_ATOL, rtol=0)
+
+
+def test_graphed_calls_padded_to_buckets_equal_the_reference(model_dir: Path, reference) -> None:
+    """On a GPU the decoder's front and transformer run as one captured call per row bucket
+    (frames padded to the longest streamed chunk, the cache to its full window, each row's
+    pre_conv context an input) and its convolutions as Qwen3-Omni's: here the same padded calls
+    run eagerly (tests/recording_graphs.py). Concurrent streams each equal their reference, and
+    every padded call had a shape warmed up at start-up (no step waits for a capture)."""
+    from tests.recording_graphs import RecordingGraphs
+
+    cfg = DiffusionStageConfig(model_type="qwen3_tts_codec", streaming=STREAMING, max_batch=8)
+    eng = DiffusionEngine(str(model_dir), cfg, {"max_model_len": 4096}, open_inputs=True)
+    try:
+        graphs = RecordingGraphs()
+        eng.model.use_graphs(graphs, cfg.graph_batch_sizes)  # what the runner does on a GPU
+        assert eng.model.warm_up_graphs(STREAMING, [8]) > 0
+        names = ["spoken", "c", "d", "e", "f"]
+        rates = {rid: GROUPS * (1 + i % 3) for i, rid in enumerate(names)}
+        audio, reasons, batches = run(eng, {rid: ids_of(reference[rid][0]) for rid in names}, rates)
+        assert reasons == dict.fromkeys(names, "stop")
+        assert any(len(b) == 3 for b in batches), batches  # a 3-row step ran as a padded 4-row call
+        for rid in names:
+            want = torch.from_numpy(reference[rid][1])
+            torch.testing.assert_close(torch.cat(audio[rid]), want, atol=STREAM_ATOL, rtol=0, msg=rid)
+        for name, member in graphs.members.items():  # the front + transformer, the convolutions
+            assert member.calls and set(member.calls) <= member.warmed, name
+        calls = graphs.members["code2wav transformer"].calls
+        assert any(call[0][1][0] == 4 for call in calls), calls  # rows padded to the bucket
+        assert not worker_streams(eng)
+    finally:
+        eng.shutdown()

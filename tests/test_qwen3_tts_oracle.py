@@ -194,17 +194,25 @@ def test_clone_xvector_embedding_and_prompt_rows_equal_the_reference() -> None:
     np.testing.assert_allclose(rows.prompt.numpy(), run.extras[0]["inputs_embeds"], atol=XVEC_TOL, rtol=0)
 
 
+ICL_MODES = {  # in context: whole text; text streamed zipped with the clip's 26 codec rows,
+    "whole-text": {},  # the text shorter (padded with T(tts_pad)) or longer (its excess fed per step)
+    "streamed-short": {"non_streaming_mode": False},
+    "streamed-long": {"non_streaming_mode": False, "text": "good morning to you, " * 4},
+}
+
+
 def test_clone_in_context_prompt_rows_equal_the_reference() -> None:
-    """Base, in-context cloning (whole-text mode): our codes of the clip are the reference's, and
-    given them and its x-vector, our prompt rows (the clip's text and frames before the text) are
-    the reference's."""
+    """Base, in-context cloning: our codes of the clip are the reference's, and given them and its
+    x-vector, our prompt and step rows (the clip's text and frames before the text: appended in the
+    whole-text mode, zipped in the text-streaming mode) are the reference's."""
     require_reference()
     model_dir = build_tiny(TINY_SPECS["tiny-qwen3-tts-base"])
     t = np.arange(24000 * 2) / 24000
     clip = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
     req = {"kind": "clone_icl", "text": "good morning to you", "language": "auto", "ref_audio": clip.tolist(),
            "ref_text": "the quick brown fox", "max_new_tokens": 4}  # fmt: skip
-    run = run_reference(model_dir, [req])
+    reqs = [req | mode for mode in ICL_MODES.values()]
+    run = run_reference(model_dir, reqs)
     assert run.report["errors"] == {}
     ref = run.extras[0]
     assert ref["ref_codes"].shape == (25, NUM_CODE_GROUPS)  # 2 s at 12.5 Hz
@@ -215,14 +223,18 @@ def test_clone_in_context_prompt_rows_equal_the_reference() -> None:
     ours = ClipEncoder(model_dir).codes(torch.from_numpy(clip)).numpy()
     np.testing.assert_array_equal(ours, ref["ref_codes"])
     assert len(np.unique(ours)) > 16
-    rows = TtsPromptBuilder(model_dir).rows(
-        TtsRequest(
-            text=req["text"],
-            speaker_embedding=torch.from_numpy(ref["speaker_embedding"]),
-            ref_text=req["ref_text"],
-            ref_codes=torch.from_numpy(ref["ref_codes"]),
-        )  # fmt: skip
-    )
-    assert rows.prompt.shape == ref["inputs_embeds"].shape
-    np.testing.assert_allclose(rows.prompt.numpy(), ref["inputs_embeds"], atol=ROW_TOL, rtol=0)
-    np.testing.assert_allclose(rows.steps.numpy(), ref["trailing_text_hidden"], atol=ROW_TOL, rtol=0)
+    builder = TtsPromptBuilder(model_dir)
+    for name, r, got in zip(ICL_MODES, reqs, run.extras, strict=True):
+        rows = builder.rows(
+            TtsRequest(
+                text=r["text"],
+                speaker_embedding=torch.from_numpy(got["speaker_embedding"]),
+                ref_text=r["ref_text"],
+                ref_codes=torch.from_numpy(got["ref_codes"]),
+                text_streaming=not r.get("non_streaming_mode", True),
+            )  # fmt: skip
+        )
+        assert rows.prompt.shape == got["inputs_embeds"].shape, name
+        np.testing.assert_allclose(rows.prompt.numpy(), got["inputs_embeds"], atol=ROW_TOL, rtol=0, err_msg=name)
+        np.testing.assert_allclose(rows.steps.numpy(), got["trailing_text_hidden"], atol=ROW_TOL, rtol=0)
+    assert run.extras[2]["trailing_text_hidden"].shape[0] > 1  # the long text's excess is fed per step

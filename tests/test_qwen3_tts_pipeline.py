@@ -3,7 +3,9 @@ stages (our vLLM talker with its code predictor, its prompt built from the reque
 and instructions; the streaming 12 Hz codec decoder) on the tiny CustomVoice checkpoint, against
 the qwen-tts 0.1.1 reference in its own venv on the same checkpoint (fp32, greedy, repetition
 penalty 1.05 on both sides, its default): every frame's 16 codes equal, and the streamed audio
-equals the reference's one-shot decode within WAV_ATOL (max abs) / WAV_RTOL (relative L2).
+equals the reference's one-shot decode within WAV_ATOL (max abs) / WAV_RTOL (relative L2); in the
+whole-text prompt mode (the default here) and the text-streaming one (params non_streaming_mode
+false: the entry stage feeds the text's rest a token per frame).
 
 The same on the released 1.7B's shape (`tiny-qwen3-tts-narrow-predictor`: a code predictor
 narrower than the talker behind `small_to_mtp_projection`, one more served pipeline), and its
@@ -53,17 +55,20 @@ CASES: dict[str, dict[str, Any]] = {
                    "language": "english"},
     "plain": {"text": "the quick brown fox", "voice": "ryan"},
     "dialect": {"text": "good morning to you", "voice": "dylan", "instructions": "cheerful"},
+    "text-streamed": {"text": "hello there, how are you?", "voice": "vivian", "instructions": "speak slowly",
+                      "language": "english", "non_streaming_mode": False},
 }  # fmt: skip
 
 
-def _params(case: dict[str, Any]) -> dict[str, str]:
-    return {k: case[k] for k in ("instructions", "language") if k in case}
+def _params(case: dict[str, Any]) -> dict[str, Any]:
+    return {k: case[k] for k in ("instructions", "language", "non_streaming_mode") if k in case}
 
 
 def _ref_request(case: dict[str, Any], **more: Any) -> dict[str, Any]:
     return {"kind": "custom_voice", "text": case["text"], "speaker": case["voice"],
             "language": case.get("language", "auto"), "instruct": case.get("instructions", ""),
-            "max_new_tokens": STEPS, "repetition_penalty": 1.05, **more}  # fmt: skip
+            "max_new_tokens": STEPS, "repetition_penalty": 1.05,
+            "non_streaming_mode": case.get("non_streaming_mode", True), **more}  # fmt: skip
 
 
 @functools.cache

@@ -4,7 +4,10 @@ builder (omni_mp.models.qwen3_tts.prompt), against the qwen-tts 0.1.1 reference 
 the tiny CustomVoice and VoiceDesign checkpoints, fp32, greedy talker and code predictor, no
 repetition penalty: every frame's 16 codes equal the reference's, for a preset voice with
 instructions, the other prompt forms, a designed voice, a voice cloned from a clip's x-vector
-(Base) alone or in context with the clip's text and codes, and 8 requests run concurrently.
+(Base) alone or in context with the clip's text and codes, each in the whole-text and the
+text-streaming mode (the reference's non_streaming_mode True and False; the text's rest given as
+the request's step rows, StageInput.step_rows, as the entry stage gives them), and 8 requests run
+concurrently.
 
 The reference's `max_new_tokens = N` gives N - 1 frames (its last code 0 is never expanded); our
 engine with `max_tokens = N` samples N codes 0 and completes N - 1 frames, the same ones.
@@ -22,7 +25,6 @@ import numpy as np
 import pytest
 import torch
 
-from omni_mp.engines.base import Extension
 from omni_mp.models.qwen3_omni.codes import NO_CODE, codes_of_rows
 from omni_mp.models.qwen3_tts.prompt import TtsPromptBuilder, TtsRequest
 from omni_mp.models.qwen3_tts.talker_view import SubtalkerSampling
@@ -44,15 +46,9 @@ CUSTOM = {
     "dialect": {**VOICE, "speaker": "dylan", "language": "auto"},
     "text-streamed": {**VOICE, "non_streaming_mode": False},
 }
-DESIGN = {
-    "designed": {
-        "kind": "voice_design",
-        "text": "good morning to you",
-        "instruct": "a deep calm voice",
-        "language": "english",
-        "max_new_tokens": MAX_NEW,
-    },  # fmt: skip
-}
+DESIGNED = {"kind": "voice_design", "text": "good morning to you", "instruct": "a deep calm voice",
+            "language": "english", "max_new_tokens": MAX_NEW}  # fmt: skip
+DESIGN = {"designed": DESIGNED, "designed-text-streamed": {**DESIGNED, "non_streaming_mode": False}}
 
 
 def _clip() -> np.ndarray:
@@ -78,6 +74,12 @@ CLONE = {
         "max_new_tokens": MAX_NEW,
     },  # fmt: skip
 }
+# in context, the text streamed: zipped with the clip's 26 codec rows, shorter (padded) or longer (fed per step)
+CLONE |= {
+    "in-context-text-streamed": {**CLONE["in-context"], "non_streaming_mode": False},
+    "in-context-text-streamed-long": {**CLONE["in-context"], "non_streaming_mode": False,
+                                      "text": "good morning to you, " * 4},
+}  # fmt: skip
 
 
 def _request(req: dict, model_dir: Path | None = None, extras: dict | None = None) -> TtsRequest:
@@ -149,7 +151,7 @@ def design_engine() -> Iterator[Any]:
 
 
 class Talk:
-    """One request as the stage would run it: prompt rows, then its step rows, closed."""
+    """One request as the entry stage runs it: prompt rows, its step rows given with it, then T(tts_pad)."""
 
     def __init__(self, engine: Any, rid: str, case: Case) -> None:
         builder = _builder(case.model_dir)
@@ -161,10 +163,9 @@ class Talk:
         start_request(
             engine, rid, sampling,
             prompt_embeds=rows.prompt, prompt_token_ids=[int(t["codec_pad_id"])] * self.prompt_len,
-            step_embeds=True, step_fill=rows.pad,
+            step_rows=rows.steps, step_fill=rows.pad,
             suppress_token_ids=[i for i in range(vocab - CODEC_SPECIAL_RANGE, vocab) if i != eos],
         )  # fmt: skip
-        engine.extend(rid, Extension(step_rows=rows.steps, closed=True))
         self.tokens: list[int] = []
         self.rows: list[torch.Tensor] = []
         self.finished = False
@@ -214,8 +215,9 @@ def test_codes_equal_the_reference_custom_voice(custom_engine: Any, cases: dict[
     talk(custom_engine, [Talk(custom_engine, name, cases[name])])
 
 
-def test_codes_equal_the_reference_voice_design(design_engine: Any, cases: dict[str, Case]) -> None:
-    talk(design_engine, [Talk(design_engine, "designed", cases["designed"])])
+@pytest.mark.parametrize("name", list(DESIGN))
+def test_codes_equal_the_reference_voice_design(design_engine: Any, cases: dict[str, Case], name: str) -> None:
+    talk(design_engine, [Talk(design_engine, name, cases[name])])
 
 
 @pytest.fixture(scope="module")
@@ -255,3 +257,11 @@ def test_code_predictor_sampling_matches_the_references_warpers(subtalker: Subta
 def test_eight_concurrent_requests_each_equal_their_reference(custom_engine: Any, cases: dict[str, Case]) -> None:
     names = [*CUSTOM, "instructed", "ryan"]  # 8, two of them twice
     talk(custom_engine, [Talk(custom_engine, f"{n}-{i}", cases[n]) for i, n in enumerate(names)])
+
+
+def test_the_text_modes_give_other_codes(cases: dict[str, Case]) -> None:
+    """The comparisons above can tell the modes apart: the reference's codes differ between them."""
+    pairs = [("instructed", "text-streamed"), ("designed", "designed-text-streamed"),
+             ("in-context", "in-context-text-streamed"), ("in-context", "in-context-text-streamed-long")]  # fmt: skip
+    for whole, streamed in pairs:
+        assert not torch.equal(cases[whole].want, cases[streamed].want), (whole, streamed)

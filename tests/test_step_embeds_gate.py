@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from omni_mp.engines.base import Extension
+from omni_mp.engines.base import EngineInputError, Extension
 from omni_mp.models.registry import resolve_model
 from omni_mp.wire.messages import SamplingParamsMsg
 from tests.hf_oracle import assert_same_tokens, embed_rows, greedy, talker_greedy, tokenize
@@ -71,6 +71,28 @@ def test_decode_waits_for_its_step_embedding_and_resumes_exactly(engine: object)
     want, margins = talker_greedy(talker, prompt, extras, n)
     assert_same_tokens(tokens["talk"], want, margins, "gated talker")
     assert engine_is_empty(engine)
+
+
+def test_rows_given_with_the_request_feed_its_first_steps_then_the_fill(engine: object) -> None:
+    """An entry stage's per-step rows (StageInput.step_rows, e.g. Qwen3-TTS's text fed a token per
+    frame): decode step k adds row k, then every later step the fill row; nothing waits."""
+    talker = resolve_model("tiny-qwen2-b")
+    prompt = embed_rows(talker, tokenize(talker, "Hello world, how are you?"))
+    g = torch.Generator().manual_seed(1)
+    given, fill = torch.randn(6, 128, generator=g) * 0.5, torch.randn(128, generator=g) * 0.5
+    n = 12  # past the given rows: the last steps take the fill
+    tokens: dict[str, list[int]] = {}
+    sampling = SamplingParamsMsg(max_tokens=n, ignore_eos=True)
+    start_request(engine, "given", sampling, prompt_embeds=prompt, step_rows=given, step_fill=fill)
+    run_until_quiet(engine, tokens)
+    assert engine_is_empty(engine)
+    want, margins = talker_greedy(talker, prompt, torch.cat([given, fill.expand(n - given.shape[0], -1)]), n)
+    assert_same_tokens(tokens["given"], want, margins, "given step rows")
+    # the rows change the codes (the comparison can fail): the fill alone gives others
+    alone, _ = talker_greedy(talker, prompt, fill.expand(n, -1), n)
+    assert alone != want
+    with pytest.raises(EngineInputError, match=r"step_rows: expected \[n, 128\]"):
+        start_request(engine, "bad", sampling, prompt_embeds=prompt, step_rows=torch.zeros(2, 64))
 
 
 def test_wrong_width_step_embeddings_are_rejected(engine: object) -> None:

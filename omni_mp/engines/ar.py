@@ -279,7 +279,7 @@ class AREngine:
             only = stage_input.forced_reply[-1:]
             stage_input, sampling, forced = _given_reply(stage_input, sampling)
         prompt = self._vllm_prompt(stage_input)
-        if stage_input.step_embeds and not self.features.step_embeds:
+        if (stage_input.step_embeds or stage_input.step_rows is not None) and not self.features.step_embeds:
             raise EngineInputError("this stage does not take per-step embeddings")
         if stage_input.stop_token_ids or stage_input.suppress_token_ids:
             sampling = msgspec.structs.replace(
@@ -306,13 +306,8 @@ class AREngine:
                 rows_wanted=stage_input.rows_wanted,
                 rows_from=rows_from,
                 hidden_next=rows_from,
+                step_embeds=self._step_stream(stage_input),
             )
-            if stage_input.step_embeds or stage_input.step_fill is not None:
-                fill = stage_input.step_fill
-                fill = torch.zeros(self.inputs_embeds_size) if fill is None else fill
-                hooked.step_embeds = RowStream(fill=self._check_embeds("step embeddings", fill[None])[0])
-                if not stage_input.step_embeds:  # a fill alone: every step takes it, no rows to wait for
-                    hooked.step_embeds.close()
         companions = []
         if stage_input.companions:
             # Each companion is a sequence of its own whose hidden rows follow the prompt's:
@@ -330,6 +325,19 @@ class AREngine:
             reported = PromptIds(prompt_len - len(forced), ids[: -len(forced)])
             return PreparedAR(request_id, req, reported, hooked, forced=forced)
         return PreparedAR(request_id, req, PromptIds(prompt_len, ids), hooked, companions)
+
+    def _step_stream(self, inp: StageInput) -> RowStream | None:
+        """A request's per-step rows: those given with it (`step_rows`), then what its upstream
+        streams in (`step_embeds`) or, once closed, `step_fill` (zeros when not given)."""
+        if not (inp.step_embeds or inp.step_fill is not None or inp.step_rows is not None):
+            return None
+        fill = torch.zeros(self.inputs_embeds_size) if inp.step_fill is None else inp.step_fill
+        stream = RowStream(fill=self._check_embeds("step embeddings", fill[None])[0])
+        if inp.step_rows is not None:
+            stream.append(self._check_embeds("step_rows", inp.step_rows))
+        if not inp.step_embeds:  # nothing streams in: every step past the given rows takes the fill
+            stream.close()
+        return stream
 
     def _rows_from(self, req: Any, stage_input: StageInput, prompt_len: int) -> int:
         """The first position whose rows a reader of this request reads (0: all of them), and
@@ -549,7 +557,7 @@ def _given_reply(inp: StageInput, sampling: SamplingParamsMsg) -> tuple[StageInp
     one step that can only sample that last id (the turn's end), and the ids reported as output."""
     if inp.prompt_token_ids is None or inp.prompt_embeds is not None or inp.prompt_text is not None:
         raise EngineInputError("forced_reply: only after a token prompt")
-    if inp.companions or inp.step_embeds or inp.multi_modal or inp.positions is not None:
+    if inp.companions or inp.step_embeds or inp.step_rows is not None or inp.multi_modal or inp.positions is not None:
         raise EngineInputError("forced_reply: not with companions, step embeddings, media or positions")
     *given, end = inp.forced_reply
     inp = msgspec.structs.replace(inp, prompt_token_ids=[*inp.prompt_token_ids, *given], forced_reply=[])

@@ -35,9 +35,12 @@ class StageInput(msgspec.Struct):
     positions: tuple[torch.Tensor, int] | None = None  # M-RoPE prompt positions [3, p] and later offset
     # Stages fed per-step embeddings: decode steps take extra rows (`Extension.step_rows`);
     # `step_fill` is the row of every step after the stream's last one (None: zeros); given
-    # without `step_embeds`, every decode step takes it (no rows stream in).
+    # without `step_embeds`, every decode step takes it (no rows stream in). `step_rows`: the
+    # first decode steps' rows, known when the request starts (an entry stage builds them, as
+    # Qwen3-TTS's text fed a token per frame); without `step_embeds` no more follow them.
     step_embeds: bool = False
     step_fill: torch.Tensor | None = None
+    step_rows: torch.Tensor | None = None  # [k, width]: decode steps 0..k-1
     stop_token_ids: list[int] = []  # added to the request's sampling parameters
     # Prompts of the same request run beside this one, each as its own sequence (AR: prefill
     # only; their hidden rows follow this prompt's rows in the request's one row stream; e.g.

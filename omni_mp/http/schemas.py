@@ -151,7 +151,7 @@ class SpeechRequest(_Req):
     ref_audio: str | None = None  # base64 or a data: URL (bounded by max_media_bytes before decoding)
     ref_text: Annotated[str, Meta(max_length=4096)] | None = None
     x_vector_only_mode: bool | None = None
-    non_streaming_mode: bool | None = None  # the whole text in the prompt: true (or absent) only
+    non_streaming_mode: bool | None = None  # true: the whole text in the prompt; false: a token per frame
 
 
 class ImageGenerationRequest(_Req):

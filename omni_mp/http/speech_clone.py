@@ -1,6 +1,6 @@
 """A speech model's (Qwen3-TTS) extra fields of POST /v1/audio/speech, named as vllm-omni names them
-so that its clients work: `task_type`, `language`, `max_new_tokens`, and for Base (cloning)
-`ref_audio`, `ref_text`, `x_vector_only_mode` (docs/http.md).
+so that its clients work: `task_type`, `language`, `max_new_tokens`, `non_streaming_mode`, and for
+Base (cloning) `ref_audio`, `ref_text`, `x_vector_only_mode` (docs/http.md).
 
 What is checked here, before any audio is decoded: the task type against the checkpoint's
 variant, cloning fields only on a Base checkpoint, `max_new_tokens` within the talker stage's
@@ -41,19 +41,12 @@ def tts_params(req: SpeechRequest, task: str | None, stored: StoredVoice | None 
     given = [f for f in CLONE_FIELDS if getattr(req, f) is not None]
     if given and task != "Base":
         raise bad_request(f"{given}: voice cloning needs a Base checkpoint; this model is {task}", given[0])
-    if req.non_streaming_mode is False:
-        raise bad_request(
-            "non_streaming_mode false (the text fed one token per frame) is not served: the whole text leads the "
-            "prompt (true, or leave it out)",
-            "non_streaming_mode",
-            "unsupported_value",
-        )
     if req.ref_audio is None and (req.ref_text is not None or req.x_vector_only_mode is not None):
         raise bad_request("ref_text and x_vector_only_mode go with a reference clip: give ref_audio", "ref_audio")
     params: dict[str, Any] = {}
     if req.instructions and req.instructions.strip():
         params["instructions"] = req.instructions.strip()
-    for key in ("language", "task_type", "ref_text", "x_vector_only_mode"):
+    for key in ("language", "task_type", "ref_text", "x_vector_only_mode", "non_streaming_mode"):
         if getattr(req, key) is not None:
             params[key] = getattr(req, key)
     if stored is not None:

@@ -1,7 +1,9 @@
 """CUDA graphs of the tiny Qwen3-TTS pipeline (omni_mp/stage_configs/tiny_qwen3_tts.yaml: our vLLM
 talker with its code predictor inside its step, then the streaming 12 Hz codec decoder), fp32,
 greedy, every stage on GPU 0: with vLLM's default (torch.compile + CUDA graphs, the code
-predictor's own graphs) against `enforce_eager: true`, one pipeline each, the same 4 requests
+predictor's own graphs) and the decoder's CUDA graphs (its front and transformer as one graph
+per row bucket, its convolutions) against `enforce_eager: true` and the decoder eager, one
+pipeline each, the same 4 requests
 sent at once (three preset voices, instructions, a language). Per request: the talker's codes
 (group 0, one a step) equal, and the waveform within a relative L2 of AUDIO_RTOL (it depends on
 all 16 codes of every frame, so a differing code 1..15 shows there); and with graphs, each
@@ -46,13 +48,27 @@ async def _serve(mode: str, alone_too: bool) -> dict[str, list[tuple[list[int], 
     from omni_mp.client.omni_client import AsyncOmniClient
     from omni_mp.control.embedded import embedded_pipeline
 
-    with embedded_pipeline(
-        tiny_config("tiny_qwen3_tts", mode, 1), progress=lambda m: print(f"  {m}", flush=True)
-    ) as coord:
+    with embedded_pipeline(_config(mode), progress=lambda m: print(f"  {m}", flush=True)) as coord:
         async with AsyncOmniClient(coord.client_endpoint) as client:
             together = await asyncio.gather(*(client.generate(r["text"], **_kwargs(r)) for r in REQUESTS))
             alone = [await client.generate(r["text"], **_kwargs(r)) for r in REQUESTS] if alone_too else []
     return {"together": [_outputs(d) for d in together], "alone": [_outputs(d) for d in alone]}
+
+
+def _config(mode: str) -> Any:
+    """The tiny pipeline in `mode`; eager: the decoder's CUDA graphs off too."""
+    import msgspec
+
+    cfg = tiny_config("tiny_qwen3_tts", mode, 1)
+    if mode != "eager":
+        return cfg
+    stages = [
+        msgspec.structs.replace(s, diffusion=msgspec.structs.replace(s.diffusion, cuda_graphs=False))
+        if s.kind == "diffusion"
+        else s
+        for s in cfg.stages
+    ]
+    return msgspec.structs.replace(cfg, stages=stages)
 
 
 def _compare(a: list[tuple[list[int], Any]], b: list[tuple[list[int], Any]], what: str) -> tuple[list[dict], list[str]]:

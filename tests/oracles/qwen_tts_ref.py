@@ -3,10 +3,11 @@ omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "
 (each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"clone_icl"|"clone_wav"|"decode"|"cp_logits", ...};
 "clone_wav": the waveform `generate_voice_clone` returns for a clip given as a base64 data: URL of an audio file
 (`ref_audio_data`), as a user gets it (in-context: the clip's codes decoded before the new ones and
-the clip's share cut), `x_vector_only_mode` as given; "cp_logits": a custom_voice request plus
-`frames` [N][16], frame-0 codes drawn elsewhere: the reference code predictor's logits of each
-step given each frame's earlier codes, `cp_logits_i` [N, 15, codebook], teacher-forced on the
-talker's hidden state after the prompt as its generate hands it to the code predictor).
+the clip's share cut), `x_vector_only_mode` as given, `non_streaming_mode` if given, else its default;
+"cp_logits": a custom_voice request plus `frames` [N][16], frame-0 codes drawn elsewhere: the
+reference code predictor's logits of each step given each frame's earlier codes, `cp_logits_i`
+[N, 15, codebook], teacher-forced on the talker's hidden state after the prompt as its generate
+hands it to the code predictor).
 OUT.npz: per request i, `codes_i` [frames, 16] int64 and `wav_i` float32 (24 kHz); the talker's
 inputs as generate() builds them (`inputs_embeds_i` [rows, hidden], `trailing_text_hidden_i`
 [steps, hidden], `tts_pad_embed_i` [1, hidden]); token ids, a clone's x-vector and reference
@@ -165,7 +166,7 @@ def _clone_wav(tts, req: dict) -> np.ndarray:
         ref_audio=clip,
         ref_text=req.get("ref_text"),
         x_vector_only_mode=bool(req.get("x_vector_only_mode", False)),
-        non_streaming_mode=True,
+        **({"non_streaming_mode": req["non_streaming_mode"]} if "non_streaming_mode" in req else {}),
         max_new_tokens=req["max_new_tokens"],
         **(GREEDY | {"repetition_penalty": req.get("repetition_penalty", 1.0)}),
     )

@@ -132,7 +132,8 @@ class DiffusionEngine:
             except DiffusionInputError as err:
                 raise EngineInputError(str(err)) from None
             return PreparedDiffusion(request_id, [], params, inputs)
-        if stage_input.prompt_embeds is not None or stage_input.step_embeds or stage_input.positions is not None:
+        inp = stage_input
+        if inp.prompt_embeds is not None or inp.step_embeds or inp.step_rows is not None or inp.positions is not None:
             raise EngineInputError("a diffusion stage takes codec ids, not embeddings")
         if stage_input.prompt_text is not None or stage_input.multi_modal:
             raise EngineInputError("a diffusion stage takes codec ids, not text or media")

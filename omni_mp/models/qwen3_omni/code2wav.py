@@ -78,6 +78,9 @@ class _Stream:
     """What a request keeps between its chunks."""
 
     frames: int = 0  # frames the transformer and the convolutions have run
+    # the frame the transformer's positions count from (a decoder that restarts a request's state
+    # mid-request, e.g. Qwen3-TTS's chunked decode, starts a new stream there)
+    origin: int = 0
     # [layers, 2 (keys, values), heads, <= window - 1, head_dim]: rotated, of its last frames
     kv: torch.Tensor | None = None
     convs: torch.Tensor | None = None  # [state_size] the convolutions' kept inputs (StreamingConvs.run)
@@ -202,7 +205,7 @@ class Code2WavModel:
             zeros = torch.zeros(r, dtype=torch.long, device=dev)
             codes = torch.zeros(r, self.groups, frames, dtype=torch.long, device=dev)
             kv = torch.zeros(r, len(self.layers), 2, self.heads, self.keep, self.head_dim, device=dev, dtype=self.dtype)
-            ready += bool(self._attend_fn.ready(codes, zeros, zeros, zeros, kv))
+            ready += bool(self._attend_fn.ready(codes, zeros, zeros, zeros, kv, *self._front_inputs([], r)))
             for n, first in sorted(shapes, reverse=True):
                 hidden = torch.zeros(r, width, n, device=dev, dtype=self.dtype)
                 kept = None if first else torch.zeros(r, self.convs.state_size, device=dev, dtype=self.dtype)
@@ -271,15 +274,29 @@ class Code2WavModel:
                 kv[i, :, :, :, : cached[i]] = st.kv
         pad = [0] * (n_rows - len(rows))
         first, n_cached, n_new = (
-            torch.tensor(v + pad, device=dev) for v in ([st.frames for _, st in rows], cached, new)
+            torch.tensor(v + pad, device=dev) for v in ([st.frames - st.origin for _, st in rows], cached, new)
         )
-        h, new_kv = (self._attend_fn if graphed else self._attend)(codes, first, n_cached, n_new, kv)
+        front = self._front_inputs([st for _, st in rows], n_rows)
+        h, new_kv, *front_out = (self._attend_fn if graphed else self._attend)(
+            codes, first, n_cached, n_new, kv, *front
+        )
         for i, (_, st) in enumerate(rows):
             m = new[i]
             kept = torch.cat([kv[i, :, :, :, : cached[i]], new_kv[i, :, :, :, :m]], dim=3)
             st.kv = kept[:, :, :, -self.keep :].clone()  # only the last `keep` frames stay alive
+            self._keep_front_state(st, i, m, front, front_out)
             out[at[i]] = h[i, :m]
         return out
+
+    def _front_inputs(self, streams: list[_Stream], rows: int) -> tuple[torch.Tensor, ...]:
+        """Extra per-row inputs of `_attend` that a subclass's front keeps per stream, for `rows`
+        rows (`streams` first, zeros after): none here."""
+        return ()
+
+    def _keep_front_state(
+        self, st: _Stream, row: int, new: int, inputs: tuple[torch.Tensor, ...], outputs: list[torch.Tensor]
+    ) -> None:
+        """Keep what a subclass's front needs of this call for the stream's next one: nothing here."""
 
     def _attend(
         self, codes: torch.Tensor, first: torch.Tensor, cached: torch.Tensor, new: torch.Tensor, kv: torch.Tensor

@@ -9,7 +9,8 @@ reference puts before the transformer (docs/qwen3_tts.md):
 
 The causal pre_conv reaches 2 frames back: each request keeps its last 2 quantized frames (zeros
 before its first, as the reference's left padding), so a chunk's frames see what the one-shot
-pass sees. Eager only for now (Qwen3-Omni's CUDA graphs capture its own front).
+pass sees. On a GPU the front runs inside the transformer's CUDA graph (Code2WavModel's
+`use_graphs`: rows padded to a bucket, frames to the longest streamed chunk).
 
 The other difference in the convolutions: Qwen3-TTS's transposed convolutions trim k - s samples
 on the right only (Qwen3-Omni's on both sides), so the decoder is causal with no look-ahead: T
@@ -20,6 +21,7 @@ frames give exactly 1920 T samples, each final when made (no right context neede
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,12 @@ from omni_mp.models.checkpoint import load_prefixed
 from omni_mp.models.qwen3_omni.code2wav import Code2WavModel, Code2WavWindow, _PastKV, _Stream
 
 PRE_CONV_REACH = 2  # frames before a frame that the kernel-3 causal pre_conv reads
+# The reference decodes a request's codes CHUNK_FRAMES at a time, each chunk after the
+# LEFT_CONTEXT_FRAMES before it (qwen-tts `chunked_decode`'s defaults [V]): a chunk's audio comes
+# from a decoder state begun afresh 25 frames before it, its context's audio dropped. Streamed,
+# a request restarts its stream there too, so its audio equals the reference's past 300 frames.
+CHUNK_FRAMES = 300
+LEFT_CONTEXT_FRAMES = 25
 
 
 class CodecFront(nn.Module):
@@ -97,12 +105,19 @@ class TtsStream(_Stream):
     context: torch.Tensor | None = None  # [2, codebook_dim]: the request's last quantized frames
 
 
+@dataclass(frozen=True, slots=True)
+class _ChunkContext(Code2WavWindow):
+    """A chunk's left context: decoded on a fresh stream that starts at it, its audio dropped."""
+
+
 class TtsCodecDecoder(Code2WavModel):
     """The decoder on one device, fp32 (Code2WavModel's streaming, the front above)."""
 
     def __init__(self, hf_convs: Any, front: CodecFront, device: torch.device) -> None:
         super().__init__(hf_convs, device)
         self.front = front.to(device).eval()
+        # request -> codes [groups, <= LEFT_CONTEXT_FRAMES] of its frames just before its next window
+        self.tails: dict[str, torch.Tensor] = {}
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> TtsCodecDecoder:
@@ -141,48 +156,39 @@ class TtsCodecDecoder(Code2WavModel):
         front = CodecFront({k: v.float() for k, v in state.items() if k not in mine}, int(d["num_quantizers"]))
         return cls(hf, front, device)
 
-    def use_graphs(self, graphs: Any, row_buckets: Any) -> None:
-        raise NotImplementedError("the Qwen3-TTS codec decoder runs eagerly (no CUDA graphs yet)")
+    # ---- the front before the transformer (graphed with it: `use_graphs`) ----------------------
+    def _front_inputs(self, streams: list[_Stream], rows: int) -> tuple[torch.Tensor, ...]:
+        """Each row's context: its stream's last 2 quantized frames (zeros before its first, as
+        the reference's left padding; zeros for padded rows)."""
+        ctx = torch.zeros(rows, PRE_CONV_REACH, self.front.out_first.shape[0], device=self.device)
+        for r, st in enumerate(streams):
+            if getattr(st, "context", None) is not None:
+                ctx[r] = st.context  # type: ignore[attr-defined]
+        return (ctx,)
 
-    # ---- the transformer, incrementally, after the front ---------------------------------------
-    def _transformer(self, windows: list[Code2WavWindow], streams: list[_Stream]) -> list[torch.Tensor | None]:
-        """Code2WavModel's, with each row's new frames through the front first (its pre_conv after
-        the request's last 2 quantized frames)."""
-        out: list[torch.Tensor | None] = [None] * len(windows)
-        at = [i for i, (w, st) in enumerate(zip(windows, streams, strict=True)) if w.end > st.frames]
-        if not at:
-            return out
-        dev, groups, front = self.device, self.groups, self.front
-        new = [windows[i].end - streams[i].frames for i in at]
-        cached = [0 if streams[i].kv is None else streams[i].kv.shape[3] for i in at]
-        n, c = max(new), max(cached)
-        codes = torch.zeros(len(at), groups, n, dtype=torch.long, device=dev)
-        for r, i in enumerate(at):
-            codes[r, :, : new[r]] = windows[i].codes[:, streams[i].frames - windows[i].start :]
+    def _keep_front_state(
+        self, st: _Stream, row: int, new: int, inputs: tuple[torch.Tensor, ...], outputs: list[torch.Tensor]
+    ) -> None:
+        (ctx,), (q,) = inputs, outputs
+        st.context = torch.cat([ctx[row], q[row, :new]])[-PRE_CONV_REACH:].clone()  # type: ignore[attr-defined]
+
+    def _attend(  # type: ignore[override]
+        self,
+        codes: torch.Tensor,
+        first: torch.Tensor,
+        cached: torch.Tensor,
+        new: torch.Tensor,
+        kv: torch.Tensor,
+        ctx: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Code2WavModel._attend with this decoder's front first, tensors only (capture-safe):
+        codes [rows, groups, n] and each row's context [rows, 2, codebook_dim] -> the transformer,
+        its norm and output_proj: ([rows, n, latent], new keys and values, the new quantized
+        frames [rows, n, codebook_dim] for the rows' next contexts). Padded frames come after a
+        row's real ones, which the causal pre_conv and the mask keep apart."""
+        tr, front = self.hf.pre_transformer, self.front
         q = front.quantized(codes)
-        dim = q.shape[-1]
-        ctx = torch.stack([_context(streams[i], dim, dev) for i in at])
         x = front.conv(q, ctx)
-        kv = torch.zeros(len(at), len(self.layers), 2, self.heads, c, self.head_dim, device=dev, dtype=self.dtype)
-        for r, i in enumerate(at):
-            if streams[i].kv is not None:
-                kv[r, :, :, :, : cached[r]] = streams[i].kv
-        first, n_cached, n_new = (torch.tensor(v, device=dev) for v in ([streams[i].frames for i in at], cached, new))
-        h, new_kv = self._attend_rows(x, first, n_cached, n_new, kv)
-        for r, i in enumerate(at):
-            st, m = streams[i], new[r]
-            kept = torch.cat([kv[r, :, :, :, : cached[r]], new_kv[r, :, :, :, :m]], dim=3)
-            st.kv = kept[:, :, :, -self.keep :].clone()
-            st.context = torch.cat([_context(st, dim, dev), q[r, :m]])[-PRE_CONV_REACH:].clone()  # type: ignore[attr-defined]
-            out[i] = h[r, :m]
-        return out
-
-    def _attend_rows(
-        self, x: torch.Tensor, first: torch.Tensor, cached: torch.Tensor, new: torch.Tensor, kv: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Code2WavModel._attend from the front's rows x [rows, n, hidden]: the transformer, its norm
-        and output_proj -> ([rows, n, latent], new keys and values)."""
-        tr = self.hf.pre_transformer
         q_pos = first[:, None] + torch.arange(x.shape[1], device=x.device)
         past = _PastKV(kv)
         mask = self._mask(first, q_pos, cached, new, kv.shape[4])
@@ -190,18 +196,55 @@ class TtsCodecDecoder(Code2WavModel):
         h = x
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_embeddings=pe, past_key_values=past)
-        return self.front.output_proj(tr.norm(h)), torch.stack(past.new, dim=1)
+        return front.output_proj(tr.norm(h)), torch.stack(past.new, dim=1), q
+
+    # ---- the reference's chunks ------------------------------------------------------------------
+    def release(self, request_id: str) -> None:
+        super().release(request_id)
+        self.tails.pop(request_id, None)
+
+    @torch.no_grad()
+    def decode_windows(self, windows: Sequence[Code2WavWindow]) -> list[torch.Tensor]:
+        """Code2WavModel's, each window split where the reference's chunks start (CHUNK_FRAMES),
+        each chunk after its left context on a fresh stream (whose audio is dropped)."""
+        parts = [self._chunked(w) for w in windows]
+        outs = iter(super().decode_windows([p for ps in parts for p in ps]))
+        audio = []
+        for ps in parts:
+            kept = [
+                wav for p, wav in zip(ps, [next(outs) for _ in ps], strict=True) if not isinstance(p, _ChunkContext)
+            ]
+            audio.append(kept[0] if len(kept) == 1 else torch.cat(kept))
+        return audio
+
+    def _chunked(self, w: Code2WavWindow) -> list[Code2WavWindow]:
+        """`w` as the reference's chunks cut it: its part in each chunk, a chunk's start preceded
+        by the chunk's left context (from the codes kept of earlier windows and `w`'s own)."""
+        tail = self.tails.get(w.request_id)
+        history = w.codes if tail is None else torch.cat([tail, w.codes], dim=1)
+        first = w.end - history.shape[1]  # the frame of history[:, 0]
+        out: list[Code2WavWindow] = []
+        pos = w.start
+        while pos < w.end:
+            chunk = pos // CHUNK_FRAMES
+            end = min(w.end, (chunk + 1) * CHUNK_FRAMES)
+            if chunk and pos == chunk * CHUNK_FRAMES:
+                ctx = pos - LEFT_CONTEXT_FRAMES
+                out.append(_ChunkContext(w.request_id, history[:, ctx - first : pos - first], ctx, pos))
+            out.append(Code2WavWindow(w.request_id, history[:, pos - first : end - first], pos, end))
+            pos = end
+        self.tails[w.request_id] = history[:, -LEFT_CONTEXT_FRAMES:].clone()
+        return out
 
     def _round(self, windows: list[Code2WavWindow]) -> list[torch.Tensor]:
-        for w in windows:  # streams with room for the front's context
-            self.streams.setdefault(w.request_id, TtsStream())
+        for w in windows:  # streams with room for the front's context; a chunk's fresh one
+            if isinstance(w, _ChunkContext):
+                start = w.start * self.frame_samples
+                self.streams[w.request_id] = TtsStream(frames=w.start, origin=w.start, samples_start=start)
+            else:
+                self.streams.setdefault(w.request_id, TtsStream())
         return super()._round(windows)
 
 
 def _modules(m: Any) -> Any:
     return m.modules() if isinstance(m, nn.Module) else (x for b in m for x in b.modules())
-
-
-def _context(st: _Stream, dim: int, device: torch.device) -> torch.Tensor:
-    ctx = getattr(st, "context", None)
-    return torch.zeros(PRE_CONV_REACH, dim, device=device) if ctx is None else ctx

@@ -5,8 +5,10 @@ prompt"): T(id) = text_projection(text_embedding(id)), C(id) = codec_embedding(i
 - prompt rows: [T(instruction tokens)] + T(`<|im_start|>assistant\\n`) + the codec track (think
   or nothink tags, the language, the speaker) each + T(tts_pad), T(tts_bos) + C(codec_pad), then
   the text: all of it against C(codec_pad) + T(tts_eos), then T(tts_pad) + C(codec_bos)
-  (`text_streaming=False`, the reference wrappers' default), or only its first token + C(codec_bos)
-  (`text_streaming=True`: the rest is fed one token per frame, then T(tts_eos)).
+  (`text_streaming=False`: the reference's non_streaming_mode=True), or only its first token +
+  C(codec_bos) (`text_streaming=True`: the rest is fed one token per frame, then T(tts_eos)).
+  In context (cloning), the clip's text and the text against C(codec_bos) and the clip's frames:
+  appended (whole text) or zipped row by row (text streaming; the text's excess fed per frame).
 - step rows: what each decode step adds beside the frame's codec embeddings; after them T(tts_pad).
 
 CustomVoice (preset voices, instructions), VoiceDesign (instructions, no voice) and Base (cloning:
@@ -50,7 +52,7 @@ class TtsRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # in the preset voice's place; a float32 [hidden] tensor.
     speaker_embedding: Any = None
     # Base, in-context cloning: the reference clip's text and its codes [frames, 16] (int64), with
-    # `speaker_embedding` its x-vector; the whole-text mode only.
+    # `speaker_embedding` its x-vector.
     ref_text: str | None = None
     ref_codes: Any = None
 
@@ -143,19 +145,24 @@ class TtsPromptBuilder:
             rows = rows + table[codes[:, g]]
         return rows
 
-    def _in_context(self, req: TtsRequest, text: list[int], bos: torch.Tensor) -> list[torch.Tensor]:
-        """The reference's in-context rows (whole-text mode): T(reference text + text) + T(tts_eos)
-        against C(codec_pad), then C(codec_bos) and each reference frame's row against T(tts_pad)."""
-        if req.text_streaming:
-            raise TtsPromptError("in-context cloning takes the whole text (text_streaming off)")
+    def _in_context(self, req: TtsRequest, text: list[int], bos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference's in-context rows and step rows. Texts T(reference text + text) + T(tts_eos),
+        codecs C(codec_bos) and each reference frame's row. Whole text: the texts against C(codec_pad),
+        then the codecs against T(tts_pad). Text streaming: texts and codecs summed row by row, the
+        shorter padded with T(tts_pad) when it is the texts, else the texts' excess fed per step."""
         if not req.ref_text:
             raise TtsPromptError("in-context cloning needs the reference clip's text")
         ref = self.tokens(f"<|im_start|>assistant\n{req.ref_text}<|im_end|>\n")[ASSISTANT_HEAD:-2]
-        pad_row = self.codec_rows([self.talker_config["codec_pad_id"]])[0]
-        texts = torch.cat([self.text_rows(ref + text), self.eos[None]]) + pad_row
-        codes = torch.as_tensor(req.ref_codes, dtype=torch.long)
-        frames = torch.cat([bos[None], self.frame_rows(codes)]) + self.pad
-        return [texts, frames]
+        texts = torch.cat([self.text_rows(ref + text), self.eos[None]])
+        codecs = torch.cat([bos[None], self.frame_rows(torch.as_tensor(req.ref_codes, dtype=torch.long))])
+        if not req.text_streaming:
+            pad_row = self.codec_rows([self.talker_config["codec_pad_id"]])[0]
+            return torch.cat([texts + pad_row, codecs + self.pad]), self.pad[None]
+        n = codecs.shape[0]
+        if texts.shape[0] > n:
+            return texts[:n] + codecs, texts[n:]
+        padded = torch.cat([texts, self.pad.expand(n - texts.shape[0], -1)])
+        return padded + codecs, self.pad[None]
 
     def rows(self, req: TtsRequest) -> TtsRows:
         ids = self.tokens(assistant_text(req.text))
@@ -177,8 +184,8 @@ class TtsPromptBuilder:
         parts.append((self.bos + self.codec_rows([t["codec_pad_id"]])[0])[None])
         bos = self.codec_rows([t["codec_bos_id"]])[0]
         if req.ref_codes is not None:  # in-context: the reference's text and codes lead the text
-            parts += self._in_context(req, text, bos)
-            return TtsRows(prompt=torch.cat(parts), steps=self.pad[None], pad=self.pad)
+            icl, steps = self._in_context(req, text, bos)
+            return TtsRows(prompt=torch.cat([*parts, icl]), steps=steps, pad=self.pad)
         if req.text_streaming:
             parts.append(self.text_rows(text[:1]) + bos)
             steps = torch.cat([self.text_rows(text[1:]), self.eos[None]]) if len(text) > 1 else self.eos[None]
@@ -196,8 +203,12 @@ LANGUAGE_PARAM = "language"
 TASK_TYPE_PARAM = "task_type"  # vllm-omni's: CustomVoice | VoiceDesign | Base, checked against the checkpoint
 REF_TEXT_PARAM = "ref_text"  # the reference clip's text: in-context cloning (Base)
 XVECTOR_ONLY_PARAM = "x_vector_only_mode"  # true: the clip's x-vector only, its text ignored
+# vllm-omni's and the reference's: true, the whole text in the prompt; false, a token per frame.
+# Absent: the reference wrapper's default (generate_voice_clone: false; the others: true).
+NON_STREAMING_PARAM = "non_streaming_mode"
 _STR_PARAMS = (INSTRUCTIONS_PARAM, LANGUAGE_PARAM, TASK_TYPE_PARAM, REF_TEXT_PARAM)
-_PARAMS = (*_STR_PARAMS, XVECTOR_ONLY_PARAM)
+_BOOL_PARAMS = (XVECTOR_ONLY_PARAM, NON_STREAMING_PARAM)
+_PARAMS = (*_STR_PARAMS, *_BOOL_PARAMS)
 TASK_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 CLIP_CODES_KEY = "qwen3_tts_clip_codes"  # the talker's first chunk -> the decoder: [frames, 16] int64
 
@@ -226,8 +237,9 @@ def _check_params(params: Mapping[str, Any]) -> None:
     for key in _STR_PARAMS:
         if key in params and not isinstance(params[key], str):
             raise TtsPromptError(f"params[{key!r}] must be a string, got {type(params[key]).__name__}")
-    if XVECTOR_ONLY_PARAM in params and not isinstance(params[XVECTOR_ONLY_PARAM], bool):
-        raise TtsPromptError(f"params[{XVECTOR_ONLY_PARAM!r}] must be true or false")
+    for key in _BOOL_PARAMS:
+        if key in params and not isinstance(params[key], bool):
+            raise TtsPromptError(f"params[{key!r}] must be true or false")
 
 
 def _clone_mode(variant: str, params: Mapping[str, Any], clip: Any) -> bool | None:
@@ -255,12 +267,19 @@ def _clone_mode(variant: str, params: Mapping[str, Any], clip: Any) -> bool | No
     return bool(ref_text) and not xvec_only
 
 
+def text_streaming(variant: str, params: Mapping[str, Any]) -> bool:
+    """Whether the text is fed a token per frame: `non_streaming_mode` false, or absent on Base (the
+    reference's `generate_voice_clone` default and vllm-omni's; the other wrappers' is true)."""
+    non_streaming = params.get(NON_STREAMING_PARAM)
+    return variant == "base" if non_streaming is None else not non_streaming
+
+
 class TtsPromptFormat:
     """The talker stage's prompt format: the request's text is what to say, its speaker the preset
-    voice (none given: the first preset by name), `params` its instructions and language, and for
-    Base a reference clip (the request's one audio) with its text; the stage's input is the
-    talker's prompt rows (`embeds_prompt`: built here, not tokenized by the engine), every decode
-    step then adding T(tts_pad) (the reference wrappers' whole-text mode)."""
+    voice (none given: the first preset by name), `params` its instructions, language and text mode,
+    and for Base a reference clip (the request's one audio) with its text; the stage's input is the
+    talker's prompt rows (`embeds_prompt`: built here, not tokenized by the engine) and the rows its
+    decode steps add (`step_rows`: the text's rest in the text-streaming mode), then T(tts_pad)."""
 
     audio_rate = 24000
     reply_end = None
@@ -301,7 +320,8 @@ class TtsPromptFormat:
         params = params or {}
         _check_params(params)
         b = _builder(model_dir)
-        in_context = _clone_mode(_variant(model_dir), params, clip)
+        variant = _variant(model_dir)
+        in_context = _clone_mode(variant, params, clip)
         if voice is None and b.voices:
             voice = min(b.voices)  # the reference has no default preset: the first by name
         clone = None if in_context is None else _cloner(model_dir).prompt(clip[0], clip[1], in_context)  # type: ignore[index]
@@ -310,6 +330,7 @@ class TtsPromptFormat:
             voice=None if clone is not None else voice,
             language=params.get(LANGUAGE_PARAM, "auto"),
             instructions=params.get(INSTRUCTIONS_PARAM, ""),
+            text_streaming=text_streaming(variant, params),
             speaker_embedding=None if clone is None else clone.speaker_embedding,
             ref_text=params.get(REF_TEXT_PARAM) if in_context else None,
             ref_codes=None if clone is None else clone.ref_codes,
@@ -320,7 +341,8 @@ class TtsPromptFormat:
         return StageInput(
             prompt_token_ids=[int(t["codec_pad_id"])] * rows.prompt.shape[0],
             prompt_embeds=rows.prompt,
-            step_fill=rows.pad,  # whole-text mode: every step adds T(tts_pad) (steps == [pad])
+            step_rows=rows.steps,  # the text's rest a token per step (whole text: [T(tts_pad)])
+            step_fill=rows.pad,  # then T(tts_pad)
             stop_token_ids=[eos],
             suppress_token_ids=[i for i in range(vocab - CODEC_SPECIAL_RANGE, vocab) if i != eos],
             # in context: the decoder decodes the clip's codes first (the reference's waveform)
