@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "tests" / "oracles" / "qwen_tts_ref.py"
@@ -70,6 +71,23 @@ def run_reference(model_dir: Path, requests: list[dict[str, Any]], timeout: floa
             "instruct_ids",
             "speaker_embedding",
             "ref_codes",
+            "cp_logits",
         )
         extras = [{k: z[f"{k}_{i}"] for k in keys if f"{k}_{i}" in z.files} for i in range(n)]
     return OracleRun(codes, wavs, extras, report)
+
+
+def warped_scores(logits: torch.Tensor, subtalker: dict[str, Any]) -> torch.Tensor:
+    """The reference's code predictor scores for its `subtalker_*` settings: transformers' warpers
+    as its generate adds them (temperature unless 1, top-k unless 0, top-p below 1, in that order),
+    float64; -inf outside the kept set. [.., V] -> [.., V]."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    flat = logits.reshape(-1, logits.shape[-1]).double()
+    if subtalker["subtalker_temperature"] != 1.0:
+        flat = TemperatureLogitsWarper(subtalker["subtalker_temperature"])(None, flat)
+    if subtalker["subtalker_top_k"]:
+        flat = TopKLogitsWarper(subtalker["subtalker_top_k"])(None, flat)
+    if subtalker["subtalker_top_p"] < 1.0:
+        flat = TopPLogitsWarper(subtalker["subtalker_top_p"])(None, flat)
+    return flat.view(logits.shape)

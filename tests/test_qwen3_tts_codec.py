@@ -106,7 +106,9 @@ def test_streamed_frame_by_frame_equals_the_reference(engine: DiffusionEngine, r
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_past_300_frames_the_audio_is_the_references_chunked_decode(engine: DiffusionEngine, reference, stream: bool) -> None:  # noqa: E501
+def test_past_300_frames_the_audio_is_the_references_chunked_decode(
+    engine: DiffusionEngine, reference, stream: bool
+) -> None:  # noqa: E501
     """The reference decodes 300 frames at a time, each chunk after 25 frames of left context
     on a fresh decoder (qwen-tts `chunked_decode`): one window or streamed 13 frames a step (windows
     across a chunk start), the audio equals it across both chunk starts (frames 300 and 600)."""

@@ -1,18 +1,23 @@
 """The tiny Qwen3-TTS checkpoints (omni_mp.models.qwen3_tts.tiny, built without the reference)
 against the qwen-tts 0.1.1 reference in its own venv: it loads every tensor we write and no
-other, and its greedy fp32 generation on them is deterministic, audible, and conditioned by
-the preset voice, the language and the instructions (so a later code-for-code comparison of
-our engine against it can fail on each of those)."""
+other (the narrow-predictor one's `small_to_mtp_projection` too), reads the code predictor's
+sampling settings from generation_config.json as our talker view does, and its greedy fp32
+generation on them is deterministic, audible, and conditioned by the preset voice, the language
+and the instructions (so a later code-for-code comparison of our engine against it can fail on
+each of those)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 import torch
 
 from omni_mp.models.qwen3_tts.prompt import TtsPromptBuilder, TtsPromptError, TtsRequest, assistant_text
+from omni_mp.models.qwen3_tts.talker_view import subtalker_sampling
 from omni_mp.models.qwen3_tts.tiny import TINY_SPECS, build_tiny
 from omni_mp.models.qwen3_tts.tiny_config import NUM_CODE_GROUPS
 from tests.qwen3_tts_oracle import OracleRun, require_reference, run_reference
@@ -47,15 +52,27 @@ def custom_voice() -> tuple[Path, OracleRun]:
     return model_dir, run_reference(model_dir, CUSTOM_REQUESTS)
 
 
-def test_reference_loads_every_tensor_of_custom_voice(custom_voice: tuple[Path, OracleRun]) -> None:
-    report = custom_voice[1].report
+def _assert_loads_and_reads_as_we_do(model_dir: Path, report: dict) -> None:
+    """Every tensor loaded, no other; the code predictor's sampling settings (generation_config.json
+    over the generate wrappers' defaults) ours as the reference's."""
     assert report["errors"] == {}
     for part in ("model", "speech_tokenizer"):
         assert report[part] == {"missing": [], "unexpected": []}, part
-    assert report["versions"]["transformers"] == "4.57.3"
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    assert msgspec.to_builtins(subtalker_sampling(generation)) == report["subtalker"]
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3-tts-voice-design", "tiny-qwen3-tts-base"])
+def test_reference_loads_every_tensor_of_custom_voice(custom_voice: tuple[Path, OracleRun]) -> None:
+    model_dir, run = custom_voice
+    _assert_loads_and_reads_as_we_do(model_dir, run.report)
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    assert not any(k.startswith("subtalker_") for k in generation)  # so both sides took their defaults
+    assert run.report["versions"]["transformers"] == "4.57.3"
+
+
+@pytest.mark.parametrize(
+    "name", ["tiny-qwen3-tts-voice-design", "tiny-qwen3-tts-base", "tiny-qwen3-tts-narrow-predictor"]
+)
 def test_reference_loads_every_tensor(name: str) -> None:
     require_reference()
     model_dir = build_tiny(TINY_SPECS[name])
@@ -73,12 +90,20 @@ def test_reference_loads_every_tensor(name: str) -> None:
         else []
     )
     run = run_reference(model_dir, requests)
-    assert run.report["errors"] == {}
-    for part in ("model", "speech_tokenizer"):
-        assert run.report[part] == {"missing": [], "unexpected": []}, part
+    _assert_loads_and_reads_as_we_do(model_dir, run.report)
     if requests:
         assert run.codes[0].shape == (3, NUM_CODE_GROUPS)
         _assert_rows_equal(model_dir, requests, run)
+
+
+@pytest.mark.parametrize(
+    ("generation", "named"),
+    [({"subtalker_top_k": "many"}, "subtalker_top_k"), ({"subtalker_top_p": 0.0}, "subtalker_top_p"),
+     ({"subtalker_temperature": 0}, "subtalker_temperature"), ({"subtalker_dosample": "yes"}, "subtalker_dosample")],
+)  # fmt: skip
+def test_bad_subtalker_settings_are_named(generation: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=f"generation_config.json: .*{named}"):
+        subtalker_sampling(generation)
 
 
 def test_reference_generation_is_deterministic_audible_and_conditioned(custom_voice: tuple[Path, OracleRun]) -> None:

@@ -1,7 +1,8 @@
 """The released-size Qwen3-TTS config of the GPU benchmark (omni_mp.models.qwen3_tts.released_config,
 benchmarks.common.checkpoints.qwen3_tts_released_dir) is one our loaders take, checked on shapes
 and configs only (no weights written: the checkpoint is built on the GPU host): the talker view's
-config reads as transformers' Qwen3Config at the sizes our talker accepts, the decoder's sizes
+config reads as transformers' Qwen3Config at the sizes our talker accepts (the code predictor
+1024 wide behind `small_to_mtp_projection`, whose tensors the builder writes), the decoder's sizes
 build transformers' code2wav modules (on the meta device) with 1920 samples a frame, the codec ids
 sit where the prompt format and its suppression expect them, and the served config parses."""
 
@@ -31,8 +32,13 @@ def test_talker_view_reads_as_a_qwen3_config_our_talker_accepts() -> None:
     cfg = Qwen3Config(**{k: v for k, v in view.items() if k != "code_predictor_config"})
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.head_dim) == (2048, 28, 3072, 128)
     cp = view["code_predictor_config"]
-    assert cp["hidden_size"] == cfg.hidden_size  # what OmniMpQwen3OmniTalker requires (module docstring)
-    params = sum(math.prod(s) for _, s in _talker_shapes(released_top_config()["talker_config"]))
+    assert cp["hidden_size"] == 1024 < cfg.hidden_size  # behind small_to_mtp_projection
+    shapes = dict(_talker_shapes(released_top_config()["talker_config"]))
+    assert shapes["talker.code_predictor.small_to_mtp_projection.weight"] == (1024, 2048)
+    assert shapes["talker.code_predictor.small_to_mtp_projection.bias"] == (1024,)
+    assert shapes["talker.code_predictor.model.codec_embedding.0.weight"] == (2048, 2048)  # the talker's width
+    assert shapes["talker.code_predictor.lm_head.0.weight"] == (2048, 1024)
+    params = sum(math.prod(s) for s in shapes.values())
     assert 1.7e9 <= params <= 2.1e9, params
 
 

@@ -100,8 +100,10 @@ def qwen3_omni_processor_dir(work_dir: Path, smoke: bool = False) -> Path:
 def qwen3_tts_released_dir(work_dir: Path) -> Path:
     """Qwen3-TTS-12Hz-1.7B-CustomVoice's layout at its released sizes with random weights
     (omni_mp.models.qwen3_tts.released_config says which sizes are verified) under `work_dir`,
-    written once: config.json, model.safetensors (every `talker.*` tensor, bf16; the entry stage
-    reads the text embedding and projection, the talker stage the rest), generation_config.json,
+    written once (again when that config changes): config.json, model.safetensors (every
+    `talker.*` tensor, bf16, the code predictor's `small_to_mtp_projection` 2048 -> 1024 included;
+    the entry stage reads the text embedding and projection, the talker stage the rest),
+    generation_config.json,
     a tokenizer with the released special ids (omni_bench_dir's byte-level BPE of Qwen3-Omni's
     151643 regular tokens and special tokens at 151643..), and speech_tokenizer/ (its config and
     the decoder's fp32 `decoder.*` tensors, audible; no Mimi encoder: CustomVoice clones nothing;
@@ -116,16 +118,18 @@ def qwen3_tts_released_dir(work_dir: Path) -> Path:
     from omni_mp.models.qwen3_tts.tiny import _save, decoder_weights
 
     out = work_dir / "qwen3_tts-1.7b-released"
+    config = released_top_config()
     if (out / "config.json").is_file():
-        _feature_extractor(out / "speech_tokenizer")
-        return out
+        if json.loads((out / "config.json").read_text()) == config:
+            _feature_extractor(out / "speech_tokenizer")
+            return out
+        shutil.rmtree(out)  # written for other sizes (e.g. before the narrow code predictor)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "speech_tokenizer").mkdir(parents=True)
     _write_qwen3_processor(tmp)
     for extra in ("preprocessor_config.json", "processor_config.json", "chat_template.jinja"):
         (tmp / extra).unlink(missing_ok=True)  # Qwen3-Omni's processor: not this model's
-    config = released_top_config()
     _save(_random_talker(config), tmp / "model.safetensors")
     (tmp / "generation_config.json").write_text(json.dumps({"max_new_tokens": 2048, "repetition_penalty": 1.05}))
     tok = tmp / "speech_tokenizer"

@@ -1,13 +1,19 @@
 """Runs INSIDE the qwen-tts reference venv (scripts/oracle_envs/qwen_tts.sh), never imported by
 omni_mp: `python qwen_tts_ref.py IN.json OUT.npz`. IN.json: {"model_dir": ..., "requests": [...]}
-(each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"clone_icl"|"clone_wav"|"decode", ...};
+(each {"kind": "custom_voice"|"voice_design"|"clone_xvector"|"clone_icl"|"clone_wav"|"decode"|"cp_logits", ...};
 "clone_wav": the waveform `generate_voice_clone` returns for a clip given as a base64 data: URL of an audio file
 (`ref_audio_data`), as a user gets it (in-context: the clip's codes decoded before the new ones and
-the clip's share cut), `x_vector_only_mode` as given, `non_streaming_mode` if given, else its default).
+the clip's share cut), `x_vector_only_mode` as given, `non_streaming_mode` if given, else its default;
+"cp_logits": a custom_voice request plus `frames` [N][16], frame-0 codes drawn elsewhere: the
+reference code predictor's logits of each step given each frame's earlier codes, `cp_logits_i`
+[N, 15, codebook], teacher-forced on the talker's hidden state after the prompt as its generate
+hands it to the code predictor).
 OUT.npz: per request i, `codes_i` [frames, 16] int64 and `wav_i` float32 (24 kHz); the talker's
 inputs as generate() builds them (`inputs_embeds_i` [rows, hidden], `trailing_text_hidden_i`
 [steps, hidden], `tts_pad_embed_i` [1, hidden]); token ids, a clone's x-vector and reference
-codes; plus `report` (JSON: the load's missing and unexpected tensors, per-request errors).
+codes; plus `report` (JSON: the load's missing and unexpected tensors, per-request errors, and
+`subtalker`: the code predictor's sampling settings the generate wrappers use for this
+checkpoint, generation_config.json over their defaults).
 Plain JSON/npz across the boundary, no pickle.
 
 fp32, greedy talker and code predictor, repetition penalty 1.0 unless a request names one,
@@ -39,6 +45,8 @@ def _load(model_dir: str):
             stored = set(fh.keys())
         own = set(k for k in module.state_dict() if not k.startswith("speech_tokenizer."))
         info[name] = {"missing": sorted(own - stored), "unexpected": sorted(stored - own)}
+    merged = tts._merge_generate_kwargs()  # what generate_custom_voice & co. pass when not told
+    info["subtalker"] = {k: merged[k] for k in merged if k.startswith("subtalker_")}
     return tts.model.eval(), tts, info
 
 
@@ -82,6 +90,38 @@ def _codes(model, tts, req: dict, record: dict) -> np.ndarray:
     if instruct_ids[0] is not None:
         record["instruct_ids"] = instruct_ids[0][0].cpu().numpy().astype(np.int64)
     return codes[0].cpu().numpy().astype(np.int64)
+
+
+def _cp_logits(model, tts, req: dict, record: dict) -> np.ndarray:
+    """The reference code predictor's logits for every step of each given frame 0, fed that
+    frame's earlier codes: [N, 15, codebook]. Its inputs as the talker's generate builds them
+    (the hidden state after the prompt, recorded from its first code predictor call; the code
+    embeddings at the talker's width, projected inside its forward)."""
+    cp = model.talker.code_predictor
+    seen: dict = {}
+    inner = cp.generate
+
+    def record_first(*args, **kwargs):
+        seen.setdefault("h", kwargs["inputs_embeds"][:, :1].clone())
+        return inner(*args, **kwargs)
+
+    cp.generate = record_first  # an instance attribute of this oracle process only
+    try:
+        _codes(model, tts, {**req, "max_new_tokens": 2}, record)
+    finally:
+        del cp.generate
+    frames = torch.as_tensor(req["frames"], dtype=torch.long)
+    steps = frames.shape[1] - 1
+    out = np.zeros((frames.shape[0], steps, cp.config.vocab_size), np.float32)
+    for n, frame in enumerate(frames):
+        rows = [seen["h"], model.talker.get_input_embeddings()(frame[None, None, 0])]
+        for g in range(steps):
+            if g:
+                rows.append(cp.get_input_embeddings()[g - 1](frame[None, None, g]))
+            # a prefill of g + 2 rows: the reference's forward reads lm_head[g] at the last one
+            logits = cp(inputs_embeds=torch.cat(rows, dim=1), use_cache=False).logits
+            out[n, g] = logits[0, -1].float().numpy()
+    return out
 
 
 def _clone_prompt(tts, req: dict, record: dict) -> dict | None:
@@ -145,6 +185,9 @@ def main() -> None:
                 record: dict = {}
                 if req["kind"] == "clone_wav":
                     out[f"wav_{i}"] = _clone_wav(tts, req)
+                    continue
+                if req["kind"] == "cp_logits":
+                    out[f"cp_logits_{i}"] = _cp_logits(model, tts, {**req, "kind": "custom_voice"}, record)
                     continue
                 codes = (
                     np.asarray(req["codes"], dtype=np.int64)

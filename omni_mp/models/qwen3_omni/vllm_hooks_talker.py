@@ -33,8 +33,13 @@ How the step is split between vLLM and this model:
   different context (its frames stay well-formed; size the KV cache to avoid preemption).
 - Code predictor decoding follows the request's talker sampling, as generate mirrors
   `talker_do_sample` onto it: greedy when the talker's temperature is 0, else sampled with
-  generate's code predictor settings (top-k 50, top-p 0.8, temperature 1), from the device's
-  default generator (per-request seeds apply to group 0 only). Group 0 is vLLM's.
+  the code predictor's `CodeSampling` (generate's: top-k 50, top-p 0.8, temperature 1), from
+  the device's default generator (per-request seeds apply to group 0 only). Group 0 is vLLM's.
+
+Hook points for Qwen3-TTS's talker (omni_mp.models.qwen3_tts.vllm_hooks_talker), each a no-op
+here: `OmniMpQwen3OmniTalker.decoder_cls` and `.code_predictor_cls`, `CodePredictor.input_projection`
+(a predictor narrower than the talker: identity here, where the widths must agree) and
+`CodePredictor.sampling`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any, Literal
 
+import msgspec
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -68,16 +74,34 @@ from omni_mp.models.qwen3_omni.talker_view import TALKER_ARCH, talker_view_dir
 
 CP_STEPS = NUM_CODE_GROUPS - 1  # code predictor AR steps per frame
 CP_POSITIONS = NUM_CODE_GROUPS  # [h, c0, c1..c14]: c15 is never fed back
-CP_TOP_K, CP_TOP_P = 50, 0.8  # generate's code predictor sampling (temperature 1)
 
 
-def sample_top_k_top_p(logits: torch.Tensor) -> torch.Tensor:
-    """[R, V] -> [R] codes drawn with top-k CP_TOP_K then top-p CP_TOP_P (the smallest set
-    of most likely codes whose probability reaches CP_TOP_P), fixed shapes, no host sync."""
-    vals, idx = logits.float().topk(min(CP_TOP_K, logits.shape[-1]), dim=-1)  # descending
+class CodeSampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How a sampled request's code predictor draws codes 1..15, transformers' warpers in their
+    order: logits / temperature, top-k, then top-p; settings of one model (constants in the
+    captured graphs)."""
+
+    do_sample: bool = True  # False: greedy even for requests whose talker samples
+    top_k: int = 50  # 0: no top-k
+    top_p: float = 0.8  # 1.0: no top-p
+    temperature: float = 1.0
+
+
+OMNI_CODE_SAMPLING = CodeSampling()  # Qwen3-Omni generate's code predictor sampling
+
+
+def sample_top_k_top_p(logits: torch.Tensor, sampling: CodeSampling = OMNI_CODE_SAMPLING) -> torch.Tensor:
+    """[R, V] -> [R] codes drawn with `sampling`'s temperature, top-k then top-p (the smallest
+    set of most likely codes whose probability reaches top_p), fixed shapes, no host sync."""
+    scores = logits.float()
+    if sampling.temperature != 1.0:
+        scores = scores / sampling.temperature
+    k = logits.shape[-1] if sampling.top_k <= 0 else min(sampling.top_k, logits.shape[-1])
+    vals, idx = scores.topk(k, dim=-1)  # descending
     probs = vals.softmax(dim=-1)
-    keep = probs.cumsum(dim=-1) - probs < CP_TOP_P  # the top code always stays
-    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    if sampling.top_p < 1.0:  # transformers adds no top-p warper at 1.0
+        keep = probs.cumsum(dim=-1) - probs < sampling.top_p  # the top code always stays
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
     # probs / Exp(1) noise, argmax: a draw from probs (renormalizing does not move the argmax).
     choice = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1, keepdim=True)
     return idx.gather(-1, choice)[:, 0]
@@ -250,28 +274,37 @@ class CodePredictorLayer(nn.Module):
 
 
 class CodePredictorModel(nn.Module):
-    def __init__(self, cfg: Any, prefix: str) -> None:
+    """The predictor's layers and norm at its width; its code embeddings at the talker's
+    (`embedding_dim`: they are summed into the talker's next input)."""
+
+    def __init__(self, cfg: Any, prefix: str, embedding_dim: int) -> None:
         super().__init__()
         hidden = int(_get(cfg, "hidden_size"))
         vocab = int(_get(cfg, "vocab_size"))
         n_layers = int(_get(cfg, "num_hidden_layers"))
         self.layers = nn.ModuleList([CodePredictorLayer(cfg, f"{prefix}.layers.{i}") for i in range(n_layers)])
         self.norm = RMSNorm(hidden, eps=float(_get(cfg, "rms_norm_eps", 1e-6)))
-        self.codec_embedding = nn.ModuleList([nn.Embedding(vocab, hidden) for _ in range(CP_STEPS)])
+        self.codec_embedding = nn.ModuleList([nn.Embedding(vocab, embedding_dim) for _ in range(CP_STEPS)])
 
 
 class CodePredictor(nn.Module):
     """transformers' `Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration`, run as
-    15 greedy AR steps over a fixed-shape batch (module names follow it, but for the stacked q/k/v
-    and gate/up projections)."""
+    15 AR steps over a fixed-shape batch (module names follow it, but for the stacked q/k/v
+    and gate/up projections). Its inputs come at the talker's width (`talker_hidden`; default
+    its own) through `small_to_mtp_projection` (`input_projection`: identity here)."""
 
-    def __init__(self, cfg: Any, prefix: str) -> None:
+    sampling: CodeSampling = OMNI_CODE_SAMPLING  # a sampled request's draw (Qwen3-TTS: its own)
+
+    def __init__(self, cfg: Any, prefix: str, talker_hidden: int | None = None) -> None:
         super().__init__()
         hidden = int(_get(cfg, "hidden_size"))
         vocab = int(_get(cfg, "vocab_size"))
         if int(_get(cfg, "num_code_groups", NUM_CODE_GROUPS)) != NUM_CODE_GROUPS:
             raise ValueError(f"code predictor: num_code_groups must be {NUM_CODE_GROUPS}")
-        self.model = CodePredictorModel(cfg, f"{prefix}.model")
+        self.hidden_size = hidden
+        talker_hidden = hidden if talker_hidden is None else talker_hidden
+        self.small_to_mtp_projection = self.input_projection(talker_hidden, hidden)
+        self.model = CodePredictorModel(cfg, f"{prefix}.model", talker_hidden)
         self.lm_head = nn.ModuleList([nn.Linear(hidden, vocab, bias=False) for _ in range(CP_STEPS)])
         layer = self.model.layers[0]
         self.rope = get_rope(
@@ -281,19 +314,34 @@ class CodePredictor(nn.Module):
         )
         self.kernel_mode: KernelMode = "fused"  # EagerKernels' mode on CUDA (the others for A/B runs)
 
+    def input_projection(self, talker_hidden: int, hidden: int) -> nn.Module:
+        """The map of every predictor input (talker width) to the predictor's width: Qwen3-Omni's
+        widths agree, so none."""
+        if talker_hidden != hidden:
+            raise ValueError("talker: the code predictor's hidden_size must equal the talker's")
+        return nn.Identity()
+
+    def pick(self, logits: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        """[R, V] logits -> [R] codes: drawn with `sampling` where `sample`, else the argmax."""
+        if not self.sampling.do_sample:  # the model's setting: the same for every step
+            return logits.argmax(dim=-1)
+        return torch.where(sample, sample_top_k_top_p(logits, self.sampling), logits.argmax(dim=-1))
+
     def forward(
         self, h_prev: torch.Tensor, e0: torch.Tensor, sample: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """h_prev, e0 [R, hidden], sample [R] bool (rows drawn rather than greedy) ->
-        (codes 1..15 [R, 15] int64, sum of their embeddings [R, hidden])."""
-        r, hidden = h_prev.shape
+        """h_prev, e0 [R, talker hidden], sample [R] bool (rows drawn rather than greedy) ->
+        (codes 1..15 [R, 15] int64, sum of their embeddings [R, talker hidden])."""
+        r, width = h_prev.shape
+        hidden = self.hidden_size
         layers = self.model.layers
         shape = (r, 2, layers[0].kv_heads, CP_POSITIONS, layers[0].head_dim)
         kv_caches = [h_prev.new_empty(shape) for _ in layers]
         # [position, row]: every row of a call sits at the same positions.
         table = torch.arange(CP_POSITIONS, device=h_prev.device)[:, None].expand(CP_POSITIONS, r).contiguous()
         kernels = EagerKernels(self.kernel_mode if h_prev.is_cuda else "native")
-        x = torch.stack([h_prev, e0], dim=1).view(2 * r, hidden)  # positions 0, 1 of each row
+        # positions 0, 1 of each row, at the predictor's width
+        x = self.small_to_mtp_projection(torch.stack([h_prev, e0], dim=1).view(2 * r, width))
         positions = table[:2].t().reshape(2 * r)
         codes: list[torch.Tensor] = []
         total = torch.zeros_like(h_prev)
@@ -310,12 +358,12 @@ class CodePredictor(nn.Module):
                     )
                 last, _ = self.model.norm(h, residual)
                 logits = self.lm_head[g](last)
-                code = torch.where(sample, sample_top_k_top_p(logits), logits.argmax(dim=-1))
+                code = self.pick(logits, sample)
                 codes.append(code)
                 emb = self.model.codec_embedding[g](code)
-                total = total + emb
+                total = total + emb  # the talker's next input sums the embeddings unprojected
                 if g + 1 < CP_STEPS:
-                    x, positions = emb, table[g + 2]
+                    x, positions = self.small_to_mtp_projection(emb), table[g + 2]
         return torch.stack(codes, dim=1), total
 
 
@@ -381,8 +429,10 @@ class TalkerDecoder(Qwen3MoeModel):
 class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
     """vLLM's view of `Qwen3OmniMoeTalkerForConditionalGeneration` (module names follow it)."""
 
-    # The decoder under the code predictor (Qwen3-TTS's talker: a dense Qwen3 decoder instead).
+    # The decoder under the code predictor (Qwen3-TTS's talker: a dense Qwen3 decoder instead),
+    # and the code predictor (Qwen3-TTS's: its input projection and sampling).
     decoder_cls: type[nn.Module] = TalkerDecoder
+    code_predictor_cls: type[CodePredictor] = CodePredictor
 
     hf_to_vllm_mapper = WeightsMapper(
         orig_to_new_prefix={
@@ -405,12 +455,10 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         if int(getattr(config, "num_code_groups", NUM_CODE_GROUPS)) != NUM_CODE_GROUPS:
             raise ValueError(f"talker: num_code_groups must be {NUM_CODE_GROUPS}")
         cp_cfg = config.code_predictor_config
-        if int(_get(cp_cfg, "hidden_size")) != self.hidden_size:
-            raise ValueError("talker: the code predictor's hidden_size must equal the talker's")
         self.model = self.decoder_cls(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.codec_head = ParallelLMHead(config.vocab_size, self.hidden_size, prefix=maybe_prefix(prefix, "codec_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
-        self.code_predictor = CodePredictor(cp_cfg, maybe_prefix(prefix, "code_predictor"))
+        self.code_predictor = self.code_predictor_cls(cp_cfg, maybe_prefix(prefix, "code_predictor"), self.hidden_size)
         # Per-request state and the static index buffers (module docstring).
         sched = vllm_config.scheduler_config
         self.max_slots = int(sched.max_num_seqs)

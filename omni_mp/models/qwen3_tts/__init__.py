@@ -2,7 +2,8 @@
 its code predictor, then a 12 Hz codec decoder. Facts and what differs from Qwen3-Omni:
 docs/qwen3_tts.md.
 
-- `tiny_config` / `tiny`: tiny checkpoints in the reference's on-disk format (tests).
+- `tiny_config` / `tiny`: tiny checkpoints in the reference's on-disk format (tests), one with
+  the released 1.7B's shape (a code predictor narrower than the talker).
 - `prompt`: the talker's prompt and step rows for a request (preset voice, language,
   instructions), equal to the reference's.
 - `speaker`: Base's speaker encoder (x-vector cloning), equal to the reference's.
@@ -14,7 +15,8 @@ docs/qwen3_tts.md.
   clip's codes first as the decoder's context.
 
 - `vllm_hooks_talker`: our vLLM model of the talker with its code predictor inside its step
-  (`model_part: qwen3_tts_talker`), loaded from a `talker_view` of the checkpoint.
+  (`model_part: qwen3_tts_talker`; `small_to_mtp_projection`, the reference's code predictor
+  sampling), loaded from a `talker_view` of the checkpoint.
 
 - `prompt.PROMPT_FORMAT` (`prompt_format: qwen3_tts`): the entry talker stage's prompt rows from
   a request's text, speaker (preset voice) and params (instructions, language).
@@ -67,5 +69,6 @@ FAMILY = Family(
         "tiny-qwen3-tts-custom-voice": _tiny,
         "tiny-qwen3-tts-voice-design": _tiny,
         "tiny-qwen3-tts-base": _tiny,
+        "tiny-qwen3-tts-narrow-predictor": _tiny,  # the 1.7B's shape: predictor narrower than the talker
     },
 )

@@ -13,11 +13,8 @@ defaults are what both sizes ship [S]. What only changes the ids a request carri
 ids, language and speaker ids) is placed in the top 1024 codec ids as the reference requires [V]
 at positions that are guesses [S]: the benchmark's timing does not depend on them.
 
-One deliberate difference: the released 1.7B's code predictor is 1024 wide behind
-`small_to_mtp_projection` (talker 2048 -> 1024) [S], which our talker refuses at load (docs:
-"Not yet"). `PREDICTOR_HIDDEN` is the talker's width until that projection is served, so the
-checkpoint loads; the predictor then does about 4x the released one's matmul work per frame
-(5 layers at 2048 instead of 1024), which makes our numbers pessimistic, not optimistic.
+The code predictor is 1024 wide behind `small_to_mtp_projection` (Linear talker 2048 -> 1024
+with bias [V: built whenever the widths differ], its width [S]), as our talker serves it.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ from omni_mp.models.qwen3_omni.tiny import RELEASED_TOKEN_IDS
 from omni_mp.models.qwen3_tts.tiny_config import CODEC_SPECIAL_RANGE, NUM_CODE_GROUPS, TinyTtsSpec, decoder_config
 
 TALKER_HIDDEN = 2048  # [S] (vllm-omni: speaker embeddings "2048-dim for 1.7B")
-RELEASED_PREDICTOR_HIDDEN = 1024  # [S] (qwen-tts default [V]); needs small_to_mtp_projection
-PREDICTOR_HIDDEN = TALKER_HIDDEN  # what we build (module docstring)
+PREDICTOR_HIDDEN = 1024  # [S] (qwen-tts default [V]); under the talker's: small_to_mtp_projection [V]
 CODEBOOK = 2048  # [V] code predictor and decoder codebook_size defaults
 CODEC_VOCAB = CODEBOOK + CODEC_SPECIAL_RANGE  # 3072 [V default, S]
 TEXT_VOCAB = 151936  # [S]
@@ -82,7 +78,7 @@ def released_talker_config() -> dict[str, Any]:
         "spk_is_dialect": {name: DIALECTS.get(name, False) for name in SPEAKERS},
         "code_predictor_config": {
             "vocab_size": CODEBOOK,
-            **_decoder_layer_sizes(PREDICTOR_HIDDEN, 3072, 5, 16, 8),  # [V] defaults but the width
+            **_decoder_layer_sizes(PREDICTOR_HIDDEN, 3072, 5, 16, 8),  # [V] defaults
             "max_position_embeddings": 65536,
             "rope_theta": 1000000.0,  # [S]
             "num_code_groups": NUM_CODE_GROUPS,

@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from omni_mp.models.cache import build_cached
+from omni_mp.models.qwen3_tts.talker_view import SubtalkerSampling
 from omni_mp.models.qwen3_tts.tiny_config import (
     TinyTtsSpec,
     decoder_config,
@@ -27,10 +30,17 @@ from omni_mp.models.qwen3_tts.tiny_config import (
     top_config,
 )
 
+# The released 1.7B's shape: a code predictor narrower than the talker, and sampling settings of
+# its own in generation_config.json (none of them the reference's defaults or Qwen3-Omni's) over
+# sharper logits (init std 0.3), so that a test of sampled codes tells which settings were applied.
+NARROW_SUBTALKER = SubtalkerSampling(subtalker_top_k=12, subtalker_top_p=0.95, subtalker_temperature=0.5)
 TINY_SPECS: dict[str, TinyTtsSpec] = {
     "tiny-qwen3-tts-custom-voice": TinyTtsSpec(variant="custom_voice"),
     "tiny-qwen3-tts-voice-design": TinyTtsSpec(variant="voice_design", seed=1),
     "tiny-qwen3-tts-base": TinyTtsSpec(variant="base", seed=2),
+    "tiny-qwen3-tts-narrow-predictor": TinyTtsSpec(
+        variant="custom_voice", seed=3, predictor_hidden=32, lm_init_std=0.3, subtalker=NARROW_SUBTALKER
+    ),
 }
 TINY_BUILD = 2  # bump when the build changes without a spec change (2: Mimi codebooks drawn)
 
@@ -224,6 +234,16 @@ def _portable_tokenizer_config(out: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
 
 
+def _draw_projection_bias(state: dict[str, Any], seed: int) -> None:
+    """`small_to_mtp_projection`'s bias drawn (the other biases are 0), so that a loader that
+    dropped it would change the codes."""
+    import torch
+
+    key = "talker.code_predictor.small_to_mtp_projection.bias"
+    if key in state:
+        state[key] = torch.randn(state[key].shape, generator=torch.Generator().manual_seed(seed + 5)) * 0.5
+
+
 def _build(spec: TinyTtsSpec, out: Path) -> None:
     from omni_mp.models.qwen3_omni.tiny import _token_ids, _train_tokenizer
 
@@ -245,13 +265,17 @@ def _build(spec: TinyTtsSpec, out: Path) -> None:
     )
     shapes: Iterator[tuple[str, Shape]] = _talker_shapes(top["talker_config"])
     state = _draw(shapes, spec.seed, spec.lm_init_std)
+    _draw_projection_bias(state, spec.seed)
     if spec.variant == "base":
         speaker = _draw(_speaker_shapes(top["speaker_encoder_config"]), spec.seed + 3, 1.0)
         state |= {k: (v * v[0].numel() ** -0.5 if v.ndim >= 2 else v) for k, v in speaker.items()}
     _save(state, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(top, indent=2))
     # greedy defaults are the caller's; these are the reference's generate() fallbacks
-    (out / "generation_config.json").write_text(json.dumps({"max_new_tokens": 2048, "repetition_penalty": 1.05}))
+    generation: dict[str, Any] = {"max_new_tokens": 2048, "repetition_penalty": 1.05}
+    if spec.subtalker is not None:
+        generation |= msgspec.to_builtins(spec.subtalker)
+    (out / "generation_config.json").write_text(json.dumps(generation))
     _write_speech_tokenizer(spec, out / "speech_tokenizer")
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from omni_mp.models.qwen3_tts.talker_view import SubtalkerSampling
+
 NUM_CODE_GROUPS = 16
 CODEC_SPECIAL_RANGE = 1024  # talker vocab = codebook + this (generate suppresses it but eos)
 # Codec specials as offsets above the codebook (the talker's own codec ids).
@@ -33,7 +35,10 @@ SPEAKER_DIALECTS: dict[str, str | bool] = {"vivian": False, "ryan": False, "dyla
 
 
 class TinyTtsSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A tiny Qwen3-TTS checkpoint. head_dim 32 (vLLM's CPU attention takes 32/64/128)."""
+    """A tiny Qwen3-TTS checkpoint. head_dim 32 (vLLM's CPU attention takes 32/64/128).
+    `predictor_hidden` below `talker_hidden`: the released 1.7B's shape (a drawn
+    `small_to_mtp_projection`, its bias too); `subtalker`: the code predictor's sampling keys
+    written to generation_config.json (None: none, the reference's defaults apply)."""
 
     variant: str = "custom_voice"  # custom_voice | voice_design | base (tts_model_type)
     seed: int = 0
@@ -46,6 +51,7 @@ class TinyTtsSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     predictor_layers: int = 1
     codebook: int = 128
     lm_init_std: float = 0.1  # decisive greedy margins for token-exact comparisons
+    subtalker: SubtalkerSampling | None = None
 
 
 def _mrope(head_dim: int) -> dict[str, Any]:
