@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 duration=${1:-15}
 t0=$(date +%s)
-deadline=$((t0 + 530))
+deadline=$((t0 + ${2:-530}))  # the whole call's seconds (second argument)
 left() { echo $((deadline - $(date +%s))); }
 phase() { echo "[tts_peer $(date +%T) +$(($(date +%s) - t0))s] $*"; }
 res=/tmp/omni_mp_results; mkdir -p "$res"
