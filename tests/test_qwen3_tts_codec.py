@@ -122,6 +122,24 @@ def test_past_300_frames_the_audio_is_the_references_chunked_decode(
     assert not engine.model.tails or "long" not in engine.model.tails  # released with the request
 
 
+def test_a_window_with_no_new_frames_gives_no_audio_and_the_stream_goes_on(engine: DiffusionEngine, reference) -> None:  # noqa: E501
+    """A window of no frames (a request closed after its last window, as a talker that stops
+    does on a GPU): no audio, no error; the request's audio is as before. (On an H200 such a
+    window once killed the stage: torch.cat of no parts.)"""
+    from omni_mp.models.qwen3_omni.code2wav import Code2WavWindow
+
+    codes, want = reference["c"]
+    model = engine.model
+    frames = torch.from_numpy(codes).T.contiguous()  # [groups, frames]
+    first = model.decode_windows([Code2WavWindow("empty", frames[:, :5], 0, 5)])[0]
+    none = model.decode_windows([Code2WavWindow("empty", frames[:, 5:5], 5, 5)])[0]
+    rest = model.decode_windows([Code2WavWindow("empty", frames[:, 5:], 5, frames.shape[1])])[0]
+    model.release("empty")
+    assert none.numel() == 0
+    got = torch.cat([first, none, rest])
+    torch.testing.assert_close(got, torch.from_numpy(want), atol=STREAM_ATOL, rtol=0)
+
+
 def test_first_audio_comes_from_the_first_frame(engine: DiffusionEngine, reference) -> None:
     codes, want = reference["spoken"]
     ids = ids_of(codes)

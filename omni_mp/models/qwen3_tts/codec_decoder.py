@@ -220,6 +220,8 @@ class TtsCodecDecoder(Code2WavModel):
     def _chunked(self, w: Code2WavWindow) -> list[Code2WavWindow]:
         """`w` as the reference's chunks cut it: its part in each chunk, a chunk's start preceded
         by the chunk's left context (from the codes kept of earlier windows and `w`'s own)."""
+        if w.end <= w.start:
+            return [w]  # no frames (e.g. a request closed after its last window): nothing to cut
         tail = self.tails.get(w.request_id)
         history = w.codes if tail is None else torch.cat([tail, w.codes], dim=1)
         first = w.end - history.shape[1]  # the frame of history[:, 0]
