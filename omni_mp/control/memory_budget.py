@@ -3,11 +3,11 @@
 1. Per device: the budgets of the stages pinned to it must fit in its free memory, read
    without creating a CUDA context in the coordinator (NVML, else `nvidia-smi`). With no
    NVIDIA driver (a CPU-only host) or stages on Ray nodes, this check is skipped and logged.
-2. Per stage: the budget must hold the weights (from the checkpoint's safetensors headers, or
-   for `load_format: dummy` / no weights, the parameter count of the HF model built on the
-   `meta` device), plus a minimum KV cache (one `max_model_len` request, what vLLM itself
-   requires) and an activation estimate (AR) or `max_batch` trajectories' activations
-   (diffusion), plus the stage's fixed `reserve_gib`.
+2. Per stage: the budget must hold the weights (from the safetensors headers of the part's dir,
+   the checkpoint's or a sub-model's in it: the family's `part_dir`; for `load_format: dummy` /
+   no weights, the parameter count of the HF model built on the `meta` device), plus a minimum
+   KV cache (one `max_model_len` request, what vLLM itself requires) and an activation estimate
+   (AR) or `max_batch` trajectories' activations (diffusion), plus the stage's fixed `reserve_gib`.
 3. AR stages get `kv_cache_memory_bytes` = budget - weights - activations - reserve. vLLM
    0.25.0 then skips its own profiling-based sizing, but its start-up check still wants
    `gpu_memory_utilization` x total free when the worker starts; that is set to the stage's
@@ -249,15 +249,26 @@ def estimate_needs(stage: StageConfig, model_dir: Path) -> StageNeeds:
     skip = set() if sizing is None else sizing.skipped(stage, part)
     hf_dtype = config.get("dtype") or config.get("torch_dtype")
     width = _dtype_bytes(stage, hf_dtype)
+    part_dir = model_dir if sizing is None else sizing.part_dir(model_dir, part)
     params = None
     if stage.engine_args.get("load_format", "auto") != "dummy":
-        params = safetensors_params(model_dir, part, skip)
-        source = f"safetensors headers ({part})"
+        params = safetensors_params(part_dir, part, skip)
+        where = "" if part_dir == model_dir else f" in {part_dir.relative_to(model_dir)}/"
+        source = f"safetensors headers ({part}{where})"
     if params is None:
-        params = meta_params(model_dir, part, skip)
+        try:
+            params = meta_params(model_dir, part, skip)
+        except ValueError as err:  # e.g. a model_type transformers has no class for (Qwen3-TTS)
+            raise MemoryBudgetError(
+                f"stage {stage.id}: cannot size {part!r} of model_type {config.get('model_type')!r} "
+                f"without its safetensors (load_format: dummy, or no weight files in {part_dir}): "
+                f"transformers cannot build it from its config ({str(err).split('. ')[0]})"
+            ) from err
         source = f"parameter count of the config ({part}, meta device)"
     weights = params * width
     if sizing is not None and stage.kind == "diffusion":
+        if part_dir != model_dir:
+            config = json.loads((part_dir / "config.json").read_text())
         return StageNeeds(weights, source, 0, sizing.diffusion_activations(stage, config))
     text = config.get("text_config", config) if sizing is None else sizing.text_config(config, part)
     heads = text["num_attention_heads"]

@@ -140,6 +140,11 @@ class CheckpointSizing(Protocol):
         """Weight-name prefixes inside `part` the engine does not build for this stage."""
         ...
 
+    def part_dir(self, model_dir: Path, part: str) -> Path:
+        """The dir whose config.json and safetensors hold `part`: `model_dir`, or a sub-model's
+        dir inside it (e.g. Qwen3-TTS's `speech_tokenizer/`)."""
+        ...
+
     def meta_model(self, config: Any, part: str) -> tuple[type, Any]:
         """`part`'s Hugging Face class and config (its parameter count without weights)."""
         ...
@@ -149,7 +154,8 @@ class CheckpointSizing(Protocol):
         ...
 
     def diffusion_activations(self, stage: Any, config: dict[str, Any]) -> int:
-        """Activation bytes of a diffusion stage on this checkpoint."""
+        """Activation bytes of a diffusion stage on this checkpoint (`config`: the config.json
+        of its part's `part_dir`)."""
         ...
 
 

@@ -4,6 +4,7 @@ class (for a parameter count without weights), its text config, and token2wav's 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omni_mp.models.family import unbuilt_omni_towers
@@ -23,6 +24,9 @@ class Qwen25OmniSizing:
     def skipped(self, stage: StageConfig, part: str) -> set[str]:
         """Thinker towers vLLM does not build: those whose modalities all have limit 0."""
         return unbuilt_omni_towers(stage) if part == "thinker" else set()
+
+    def part_dir(self, model_dir: Path, part: str) -> Path:
+        return model_dir  # every part in the checkpoint's own files
 
     def meta_model(self, config: Any, part: str) -> tuple[type, Any]:
         from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m

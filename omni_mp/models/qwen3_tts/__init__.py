@@ -18,6 +18,7 @@ docs/qwen3_tts.md.
   (`model_part: qwen3_tts_talker`; `small_to_mtp_projection`, the reference's code predictor
   sampling), loaded from a `talker_view` of the checkpoint.
 
+- `sizing`: what the GPU memory planner needs to know of its checkpoints.
 - `prompt.PROMPT_FORMAT` (`prompt_format: qwen3_tts`): the entry talker stage's prompt rows from
   a request's text, speaker (preset voice) and params (instructions, language).
 Not yet: the text-streaming prompt mode on a served stage (docs/qwen3_tts.md).
@@ -53,6 +54,12 @@ def _talker() -> Any:
     return talker_engine_model
 
 
+def _sizing() -> Any:
+    from omni_mp.models.qwen3_tts.sizing import SIZING
+
+    return SIZING
+
+
 def _tiny() -> Any:
     from omni_mp.models.qwen3_tts.tiny import build_named
 
@@ -65,6 +72,7 @@ FAMILY = Family(
     prompt_formats={"qwen3_tts": _prompt_format},
     model_parts={"qwen3_tts_talker": _talker},
     diffusion_models={"qwen3_tts_codec": _codec_decoder},
+    checkpoint_types={"qwen3_tts": _sizing},
     builtin_models={
         "tiny-qwen3-tts-custom-voice": _tiny,
         "tiny-qwen3-tts-voice-design": _tiny,
