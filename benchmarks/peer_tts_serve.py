@@ -31,8 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.common.peer_site import child_env, copy_overlays, installed_version
 from benchmarks.common.report import make_say
-from benchmarks.peer_vllm_omni import child_env, copy_overlays, installed_version
 
 say = make_say("peer_tts_serve")
 BASE_YAML = "qwen3_tts.yaml"  # vllm-omni's shipped deploy config, in its package's deploy/

@@ -89,10 +89,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import hashlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -110,6 +108,7 @@ from benchmarks.common.checkpoints import (
     qwen2_5_omni_dir,
     qwen3_omni_processor_dir,
 )
+from benchmarks.common.peer_site import child_env, copy_overlays, installed_version
 from benchmarks.common.phases import REPO, module_cmd
 from benchmarks.common.report import make_say
 from benchmarks.common.rounds import SAMPLE_RATE, chat_prompts, closed_loop, token_prompts
@@ -199,20 +198,6 @@ def render_overlay(
     return run_dir / fam.configs[config], shas
 
 
-def copy_overlays(base_yaml: str, overlays: list[str], peer_site: Path, run_dir: Path) -> dict[str, str]:
-    """The installed package's deploy/`base_yaml` and our `overlays` (benchmarks/peer/) copied into
-    run_dir, where vllm-omni resolves an overlay's base_config; returns each file's sha256."""
-    base = peer_site / "vllm_omni" / "deploy" / base_yaml
-    if not base.is_file():
-        raise FileNotFoundError(f"{base} missing: is vllm-omni installed in --peer-site {peer_site}?")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shas = {}
-    for src in [base, *(HERE / "peer" / name for name in overlays)]:
-        shutil.copyfile(src, run_dir / src.name)
-        shas[src.name] = hashlib.sha256(src.read_bytes()).hexdigest()
-    return shas
-
-
 def model_dir(args: argparse.Namespace) -> Path:
     """The omni_mp benchmark's model dir of the family, with what vllm-omni also loads (its
     tokenizer and the thinker's processor)."""
@@ -226,20 +211,6 @@ def prompts(args: argparse.Namespace, model: Path, n: int, seed: int) -> list[li
     if args.family == "qwen2_5_omni":
         return token_prompts(n, args.prompt_len, seed)
     return chat_prompts(json.loads((model / "config.json").read_text()), n, args.prompt_len, seed)
-
-
-def installed_version(peer_site: Path) -> str:
-    found = sorted(peer_site.glob("vllm_omni-*.dist-info"))
-    return found[-1].name.removeprefix("vllm_omni-").removesuffix(".dist-info") if found else "not installed"
-
-
-def child_env(peer_site: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("VLLM_PLUGINS", None)  # vllm-omni needs its own vLLM plugin (model registration)
-    env["PYTHONPATH"] = os.pathsep.join([str(peer_site), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    return env
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

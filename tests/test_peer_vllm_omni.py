@@ -345,7 +345,7 @@ def test_qwen3_tts_overlay_resolves_as_shipped_with_eos_suppressed(tmp_path: Pat
     """vllm-omni's loader on the Qwen3-TTS overlay: the shipped stages (one GPU, 64 sequences, async
     chunks), the talker dummy-loaded with its EOS biased out, its sampling as shipped."""
     from benchmarks import peer_tts_serve as serve
-    from benchmarks.peer_vllm_omni import copy_overlays
+    from benchmarks.common.peer_site import copy_overlays
 
     shas = copy_overlays(serve.BASE_YAML, [serve.OVERLAY], PEER_SITE, tmp_path)
     assert set(shas) == {serve.BASE_YAML, serve.OVERLAY}
