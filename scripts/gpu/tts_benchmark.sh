@@ -52,11 +52,7 @@ port=$(python3 -c "from benchmarks.common.served import free_port; print(free_po
 python3 -m omni_mp.launch --config "$config" --http "127.0.0.1:$port" >"$res/tts_launcher.log" 2>&1 &
 launcher=$!
 up=""
-while (( $(left) > 100 )); do
-  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then up=1; break; fi
-  kill -0 "$launcher" 2>/dev/null || break
-  sleep 1
-done
+wait_healthy "$port" "$launcher" $((deadline - 100)) 1 && up=1
 grep -E "ready in|error|Error" "$res/tts_launcher.log" | grep -v "INFO" | tail -8
 [[ -n $up ]] || { phase "server not up"; tail -40 "$res/tts_launcher.log"; exit 1; }
 phase "server up"

@@ -50,11 +50,7 @@ port=$(python3 -c "from benchmarks.common.served import free_port; print(free_po
 setsid python3 -m benchmarks.peer_tts_serve --model "$model" --port "$port" >"$res/tts_peer_server.log" 2>&1 &
 server=$!
 up=""
-while (( $(left) > 150 )); do
-  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then up=1; break; fi
-  kill -0 "$server" 2>/dev/null || break
-  sleep 2
-done
+wait_healthy "$port" "$server" $((deadline - 150)) 2 && up=1
 grep -E "^\[peer_tts_serve\]|Error|error|Traceback" "$res/tts_peer_server.log" | grep -v " INFO " | head -12
 [[ -n $up ]] || { phase "server not up"; tail -60 "$res/tts_peer_server.log"; exit 1; }
 phase "server up"
