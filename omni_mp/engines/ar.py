@@ -111,9 +111,9 @@ class AREngine:
             # Step embeddings are added into the persistent inputs_embeds buffer (vllm_hooks),
             # which the model reads only when prompt embeddings are enabled.
             args["enable_prompt_embeds"] = True
-        # The gate holds back decode steps whose extra row has not arrived; it subclasses the
-        # scheduler vLLM resolves, async (CUDA's default: the host prepares step N+1 while the GPU
-        # runs step N) or not.
+        # The scheduler vLLM resolves, async (CUDA's default: the host prepares step N+1 while the
+        # GPU runs step N) or not, subclassed: the gate holds back decode steps whose extra row has
+        # not arrived; a capturing stage's prefix-cache hits stop at a request's first read row.
         configure = install_scheduler(self.io) if hooked else None
         # Suppressed ids through our logits processor, not a per-request allowed_token_ids list
         # of the rest of the vocabulary (~10 ms of host time per request: vllm_hooks_sampling).
