@@ -77,3 +77,23 @@ def test_an_eager_stage_plans_from_one_token() -> None:
     shape = MoeShape(w13=(e, 2 * n, k), w2=(e, k, n), top_k=top_k, dtype_name=None, block_shape=None)
     sizes = plan_sizes(h200_table(e, n), shape, 1, 2048)
     assert sizes[0] == 1 and triton_key(1)[0] == "constexpr"
+
+
+def test_every_sampler_batch_reuses_a_warmed_variant() -> None:
+    """The sampler's Triton kernel (vLLM 0.25.0: from TRITON_SAMPLER_MIN_ROWS rows on CUDA) is
+    specialized on BATCH_SIZE by Triton's own rule: every batch a step can have must share its
+    specialization with a warmed one, and warming stays a few batches, not one per size. The
+    stalls the H200 run recorded (first steps of 8 and of 48 requests) are both covered."""
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    from omni_mp.engines.vllm_hooks_warmup import TRITON_SAMPLER_MIN_ROWS, sampler_batches
+
+    source = Path(topk_topp_sampler.__file__).read_text()
+    assert f"logits.shape[0] >= {TRITON_SAMPLER_MIN_ROWS}" in source  # the pinned switch to Triton
+    for hi in (8, 16, 64, 256):
+        warmed = sampler_batches(TRITON_SAMPLER_MIN_ROWS, hi)
+        assert warmed and all(TRITON_SAMPLER_MIN_ROWS <= b <= hi for b in warmed)
+        assert len({triton_key(b) for b in warmed}) == len(warmed) <= 4
+        keys = {triton_key(b) for b in warmed}
+        assert all(triton_key(b) in keys for b in range(TRITON_SAMPLER_MIN_ROWS, hi + 1))
+    assert triton_key(8) != triton_key(48)  # two variants: the recorded stalls were two compiles

@@ -32,7 +32,7 @@ from omni_mp.engines.vllm_hooks import (
     install_scheduler,
 )
 from omni_mp.engines.vllm_hooks_sampling import SuppressTokens, suppress_args
-from omni_mp.engines.vllm_hooks_warmup import MoeWarmup, warm_up_moe_kernels
+from omni_mp.engines.vllm_hooks_warmup import MoeWarmup, warm_up_moe_kernels, warm_up_sampler_kernels
 from omni_mp.wire.messages import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg
 
 log = logging.getLogger("omni_mp.stage")
@@ -137,25 +137,9 @@ class AREngine:
         if hooked and vllm_config.parallel_config.world_size != 1:
             self.driver.shutdown()
             raise ValueError("hidden-state output and step embeddings need a single-worker stage (no TP/PP)")
-        warm = features.warm_moe_kernels
-        if warm is None:
-            warm = vllm_config.device_config.device.type == "cuda"
         self.moe_warmup: MoeWarmup | None = None
         self.warmup_note: str | None = None  # what the start-up warm-up did, for the stage's Ready line
-        if warm:
-            try:
-                self.moe_warmup = warm_up_moe_kernels(core)
-            except Exception as err:  # noqa: BLE001 - a speed-up only: the stage serves without it
-                log.exception("fused-MoE warm-up failed; serving without it (first prefills may compile kernels)")
-                reason = f"{type(err).__name__}: {err}"[:300]
-                self.warmup_note = f"fused-MoE warm-up failed ({reason}); serving without it"
-        if self.moe_warmup is not None and self.moe_warmup.sizes:
-            w = self.moe_warmup
-            log.info(
-                "fused-MoE kernels warmed at %d token counts %s (%d layer shapes) in %.1f s",
-                len(w.sizes), w.sizes, w.layers, w.seconds,
-            )  # fmt: skip
-            self.warmup_note = f"fused-MoE kernels warmed at {len(w.sizes)} token counts in {w.seconds:.1f}s"
+        self._warm_up(core, features)
         self.vllm_config = vllm_config
         self._inputs = RequestInputs(core)
         # The engine thread decodes with its own copy: a fast tokenizer must not be used by
@@ -171,6 +155,38 @@ class AREngine:
         self._groups: dict[str, _Group] = {}  # requests with companion sequences
         self._forced: dict[str, _Forced] = {}  # started requests with a given reply not yet reported
         self._member_of: dict[str, str] = {}  # a group member's vLLM id -> its request id
+
+    def _warm_up(self, core: Any, features: EngineFeatures) -> None:
+        """Compile before serving the Triton kernel variants requests would otherwise compile
+        inside their steps (vllm_hooks_warmup): the fused MoE's (`warm_moe_kernels`) and, on
+        a GPU, the sampler's. Speed-ups only: a failure is logged and the stage serves."""
+        notes: list[str] = []
+        cuda = core.vllm_config.device_config.device.type == "cuda"
+        warm_moe = cuda if features.warm_moe_kernels is None else features.warm_moe_kernels
+        if warm_moe:
+            try:
+                self.moe_warmup = warm_up_moe_kernels(core)
+            except Exception as err:  # noqa: BLE001 - a speed-up only: the stage serves without it
+                log.exception("fused-MoE warm-up failed; serving without it (first prefills may compile kernels)")
+                notes.append(f"fused-MoE warm-up failed ({f'{type(err).__name__}: {err}'[:300]}); serving without it")
+        if self.moe_warmup is not None and self.moe_warmup.sizes:
+            w = self.moe_warmup
+            log.info(
+                "fused-MoE kernels warmed at %d token counts %s (%d layer shapes) in %.1f s",
+                len(w.sizes), w.sizes, w.layers, w.seconds,
+            )  # fmt: skip
+            notes.append(f"fused-MoE kernels warmed at {len(w.sizes)} token counts in {w.seconds:.1f}s")
+        if cuda:
+            try:
+                sw = warm_up_sampler_kernels(core)
+            except Exception as err:  # noqa: BLE001 - a speed-up only
+                log.exception("sampler warm-up failed; serving without it (first batches may compile kernels)")
+                notes.append(f"sampler warm-up failed ({f'{type(err).__name__}: {err}'[:300]}); serving without it")
+            else:
+                if sw.batches:
+                    log.info("sampler kernels warmed at batch sizes %s in %.1f s", sw.batches, sw.seconds)
+                    notes.append(f"sampler kernels warmed at batch sizes {sw.batches} in {sw.seconds:.1f}s")
+        self.warmup_note = "; ".join(notes) or None
 
     @property
     def tokenizer(self) -> Any | None:

@@ -1,5 +1,6 @@
-"""Warm-up of vLLM 0.25.0's fused-MoE Triton kernels before an AR stage serves (pinned to
-0.25.0: the kernel choice below mirrors `fused_moe.py` and `moe_align_block_size.py`).
+"""Warm-up of vLLM 0.25.0's fused-MoE and sampler Triton kernels before an AR stage serves
+(pinned to 0.25.0: the kernel choice below mirrors `fused_moe.py`, `moe_align_block_size.py`
+and `topk_topp_sampler.py`).
 
 Why: vLLM picks the fused-MoE kernel's tile config from the step's token count M (a tuned
 table per GPU, nearest key, or `get_default_config`'s thresholds), and Triton compiles one
@@ -17,12 +18,25 @@ So: group every M from the largest captured graph size + 1 (1 when eager) to
 `_dummy_run`, as its warm-up does for compile sizes) at the smallest M of each group. A group
 key splits at least as finely as Triton does, so no variant is missed; a key finer than needed
 only costs one more dummy forward (~tens of ms with the kernels compiled).
+
+The sampler's top-k / top-p Triton kernel (`apply_top_k_top_p_triton`, which vLLM 0.25.0's
+`apply_top_k_top_p` runs on CUDA from 8 rows on) is compiled per variant too: per filter
+(top-k alone, top-p alone, both: constexprs) and per specialization of BATCH_SIZE. vLLM's own
+warm-up (`_dummy_sampler_run`) runs both filters at `max_num_seqs` rows only. Measured on an
+H200 (Qwen3-TTS 1.7B served, requests sampling with top-k 50 and no top-p): the talker's first
+steps of 8 and of 48 requests took 1577 and 1426 ms against 9 ms p50, a stall every request
+in flight heard. `warm_up_sampler_worker` runs every variant once at start-up.
+
+Both run after vLLM's own warm-up, when its JIT monitor (`vllm.utils.jit_monitor`) already
+counts every Triton compile as a serving stall (a warning; an error under `jit_monitor_mode:
+error`, which tests/gpu/test_sampler_warmup.py serves with): its hook is off while they run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import msgspec
@@ -44,6 +58,22 @@ class MoeWarmup(msgspec.Struct, frozen=True):
     sizes: list[int]
     seconds: float
     layers: int  # fused-MoE layer shapes found (distinct)
+
+
+@contextlib.contextmanager
+def start_up_compiles() -> Iterator[None]:
+    """Triton compiles here are start-up, not serving: vLLM's JIT monitor hook is off meanwhile."""
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton: nothing compiles, nothing to hide
+        yield
+        return
+    hook = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = None
+    try:
+        yield
+    finally:
+        knobs.runtime.jit_post_compile_hook = hook
 
 
 def triton_int_key(v: int) -> Hashable:
@@ -130,13 +160,66 @@ def warm_up_worker(worker: Any) -> MoeWarmup:
     hi = int(vllm_config.scheduler_config.max_num_batched_tokens)
     sizes = sorted({m for s in shapes for m in plan_sizes(vllm_config_of(s), s, lo, hi)})
     t0 = time.perf_counter()
-    for m in sizes:
-        runner._dummy_run(m, skip_eplb=True, remove_lora=False)
+    with start_up_compiles():
+        for m in sizes:
+            runner._dummy_run(m, skip_eplb=True, remove_lora=False)
     if hasattr(worker, "device") and getattr(worker.device, "type", "") == "cuda":
         import torch
 
         torch.cuda.synchronize()
     return MoeWarmup(sizes=sizes, seconds=time.perf_counter() - t0, layers=len(shapes))
+
+
+# vLLM 0.25.0 `apply_top_k_top_p`: on CUDA, batches of this many rows or more run the Triton kernel
+TRITON_SAMPLER_MIN_ROWS = 8
+
+
+class SamplerWarmup(msgspec.Struct, frozen=True):
+    """What one worker did for the sampler: the batch sizes it ran each filter at, and how long."""
+
+    batches: list[int]
+    seconds: float
+
+
+def sampler_batches(lo: int, hi: int) -> list[int]:
+    """The smallest batch size in [lo, hi] of each Triton specialization of BATCH_SIZE."""
+    seen: dict[Hashable, int] = {}
+    for b in range(max(lo, 1), hi + 1):
+        seen.setdefault(triton_int_key(b), b)
+    return sorted(seen.values())
+
+
+def warm_up_sampler_worker(worker: Any) -> SamplerWarmup:
+    """In the worker (collective_rpc): each filter of `apply_top_k_top_p` on logits as the
+    sampler gets them (the model's own `compute_logits` of zero hidden states, in float32 as
+    `Sampler.forward` makes them) at each batch size of `sampler_batches`."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    runner = worker.model_runner
+    cfg = runner.vllm_config
+    if cfg.device_config.device.type != "cuda":
+        return SamplerWarmup(batches=[], seconds=0.0)
+    batches = sampler_batches(TRITON_SAMPLER_MIN_ROWS, int(cfg.scheduler_config.max_num_seqs))
+    model, dev = runner.get_model(), runner.device
+    width, dtype = cfg.model_config.get_hidden_size(), cfg.model_config.dtype
+    hidden = torch.zeros(max(batches, default=1), width, dtype=dtype, device=dev)
+    t0 = time.perf_counter()
+    with torch.inference_mode(), start_up_compiles():
+        for b in batches:
+            logits = model.compute_logits(hidden[:b])
+            vocab = logits.shape[-1]
+            k = torch.full((b,), min(50, vocab - 1), dtype=torch.int32, device=dev)
+            p = torch.full((b,), 0.9, dtype=torch.float32, device=dev)
+            for top_k, top_p in ((k, None), (None, p), (k, p)):
+                apply_top_k_top_p(logits.to(torch.float32), top_k, top_p)
+        torch.cuda.synchronize()
+    return SamplerWarmup(batches=batches, seconds=time.perf_counter() - t0)
+
+
+def warm_up_sampler_kernels(core: Any) -> SamplerWarmup:
+    """Run `warm_up_sampler_worker` on the engine's (first) worker; every worker does the same."""
+    return core.model_executor.collective_rpc(warm_up_sampler_worker)[0]
 
 
 def warm_up_moe_kernels(core: Any) -> MoeWarmup:
