@@ -93,10 +93,33 @@ def in_child(code: list[str], peer_site: Path, timeout_s: float) -> subprocess.C
     return subprocess.run([sys.executable, *code], env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
+# Packages whose modules the server imports lazily (vLLM's build_app attaches its routers after
+# the engines started: a missing `prometheus_fastapi_instrumentator` surfaced 5.5 min into a GPU
+# call). Every module under these is imported up front; the gRPC server is not on the HTTP path.
+PREFLIGHT_WALK = ("vllm.entrypoints", "vllm_omni.entrypoints")
+PREFLIGHT_CODE = """
+import importlib, pkgutil, sys
+for m in sys.argv[2:]:
+    importlib.import_module(m)
+missing = {}
+for pkg in sys.argv[1].split(","):
+    for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + "."):
+        if "grpc" in info.name:
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ModuleNotFoundError as err:
+            missing.setdefault(err.name, info.name)
+if missing:
+    sys.exit("missing: " + ", ".join(f"{k} (for {v})" for k, v in sorted(missing.items())))
+print("preflight ok")
+"""
+
+
 def preflight(peer_site: Path) -> None:
-    """Every module of PREFLIGHT imports with vllm-omni on the path; else the first missing one named."""
-    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('preflight ok')\n"
-    run = in_child(["-c", code, *PREFLIGHT], peer_site, 300)
+    """Every module of PREFLIGHT, and every module under PREFLIGHT_WALK, imports with vllm-omni on
+    the path; else every missing package named (to add to benchmarks/peer/wheels.txt)."""
+    run = in_child(["-c", PREFLIGHT_CODE, ",".join(PREFLIGHT_WALK), *PREFLIGHT], peer_site, 300)
     if run.returncode != 0:
         raise SystemExit(f"vllm-omni's server does not import: {run.stderr.strip().splitlines()[-1:]}")
 
