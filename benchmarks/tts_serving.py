@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import random
 import sys
 import time
@@ -49,6 +50,7 @@ from benchmarks.common.phases import device_name
 from benchmarks.common.report import fmt, make_say
 from benchmarks.common.served import measure_served, released_qwen3_tts
 from benchmarks.common.stats import percentile
+from benchmarks.common.timelines import read_timelines, stage_step_summary
 from benchmarks.common.warmup import Warmups, warmup_line
 from omni_mp.stage_configs import CONFIG_DIR
 
@@ -229,7 +231,6 @@ def held(levels: list[dict[str, Any]], target_ms: float) -> float | None:
 def compare(paths: list[Path]) -> list[str]:
     """Markdown lines: two result files (omni_mp's, then its peer's) side by side per rate, and
     their held rates (issue 50's bar: omni_mp's at least 2x the peer's)."""
-    import json
 
     docs = [json.loads(p.read_text()) for p in paths]
     names = [d.get("system") or p.stem for d, p in zip(docs, paths, strict=True)]
@@ -272,6 +273,7 @@ async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
                                                          args.drain)  # fmt: skip
             warmups.measured(rate, t1)
             s = summarize(rate, results, window, unfinished)
+            s["wall"] = [t1, time.time()]  # its arrivals and drain (time.time()): stage timelines' clock
             levels.append(s)
             print(row(s), flush=True)
             if s["error_examples"]:
@@ -283,6 +285,28 @@ async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 say(f"{unfinished} requests unfinished {args.drain:g} s after the window: higher rates skipped")
                 break
     return {"levels": levels, "held_rate": held(levels, args.target_ms), "warmup": warmups.to_json()}
+
+
+def add_stage_summary(out: Path | None, profile_dir: Path) -> list[str]:
+    """Each rate's stage steps (benchmarks.common.timelines: steps, step time, how busy each
+    stage's engine thread was) into `out`'s JSON as "stages"; the table printed."""
+    if out is None or not out.is_file():
+        raise SystemExit("--timelines needs --out, the run's JSON")
+    doc = json.loads(out.read_text())
+    windows = {lv["rate"]: tuple(lv["wall"]) for lv in doc["levels"] if "wall" in lv}
+    if not windows:
+        raise SystemExit(f"{out}: no level records its wall-clock window (an older run)")
+    stages = stage_step_summary(read_timelines(profile_dir, min(w[0] for w in windows.values())), windows)
+    doc["stages"] = stages
+    out.write_text(json.dumps(doc, indent=1))
+    lines = ["| rate/s | stage | steps | step ms p50 | mean | busy | requests a step |", "|---" * 7 + "|"]
+    for rate, level in stages.items():
+        for sid, st in level.items():
+            lines.append(
+                f"| {rate} | {sid} | {st['steps']} | {st['step_ms_p50']:.2f} | {st['step_ms_mean']:.2f} "
+                f"| {st['busy']:.0%} | {st['reqs_per_step_mean']:.1f} |"
+            )
+    return lines
 
 
 def main() -> int:
@@ -302,6 +326,11 @@ def main() -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--system", default="omni_mp", help="the measured server's name, in --out")
     p.add_argument("--compare", type=Path, nargs=2, metavar="JSON", help="print two --out files side by side, exit")
+    p.add_argument(
+        "--timelines", type=Path, metavar="DIR",
+        help="add to --out (a finished run's file) each rate's stage step summary from the stage "
+        "timelines in DIR (the server's OMNI_MP_PROFILE_DIR, written when it stopped), print it, exit",
+    )  # fmt: skip
     released = "write the released-size checkpoint and its served config under DIR, print the config's path, exit"
     p.add_argument("--write-released", type=Path, metavar="DIR", help=released)
     args = p.parse_args()
@@ -310,6 +339,9 @@ def main() -> int:
         return 0
     if args.compare:
         print("\n".join(compare(args.compare)), flush=True)
+        return 0
+    if args.timelines:
+        print("\n".join(add_stage_summary(args.out, args.timelines)), flush=True)
         return 0
     say = make_say("tts_serving")
     device = device_name()
@@ -328,8 +360,6 @@ def main() -> int:
         "frames_per_word": FRAMES_PER_WORD, "duration_s": args.duration, "target_ms": args.target_ms, **result,
     }  # fmt: skip
     if args.out:
-        import json
-
         args.out.write_text(json.dumps(doc, indent=1))
     return 0
 
