@@ -135,7 +135,8 @@ def _engine(name: str) -> Iterator[Any]:
     )
     features = EngineFeatures(hidden_states=True, prompt_embeds=True, step_embeds=True)
     t0 = time.monotonic()
-    with in_process_engine(em.model, {**em.engine_args, "max_num_seqs": 8}, features) as eng:
+    # 64 sequences: a prompt fits in max_num_seqs rows (what test_a_prompt_step_runs_no_code_predictor checks)
+    with in_process_engine(em.model, {**em.engine_args, "max_num_seqs": 64}, features) as eng:
         print(f"\n[tts talker] engine init {time.monotonic() - t0:.1f}s")
         yield eng
 
@@ -265,3 +266,28 @@ def test_the_text_modes_give_other_codes(cases: dict[str, Case]) -> None:
              ("in-context", "in-context-text-streamed"), ("in-context", "in-context-text-streamed-long")]  # fmt: skip
     for whole, streamed in pairs:
         assert not torch.equal(cases[whole].want, cases[streamed].want), (whole, streamed)
+
+
+def _cp_rows_last(worker: Any) -> int:
+    return int(worker.model_runner.get_model().cp_rows_last)
+
+
+def test_a_prompt_step_runs_no_code_predictor(custom_engine: Any, cases: dict[str, Case]) -> None:
+    """A forward run in Python (every forward of this eager engine; on a GPU, each that no FULL
+    graph replays) runs the code predictor on the rows that complete a frame only: none in the
+    prompt step, though the prompt fits in max_num_seqs rows (where it had run every row, as
+    padding), one in each decode step of one request. The codes still equal the reference's."""
+    name = next(iter(CUSTOM))
+    t = Talk(custom_engine, "cp-rows", cases[name])
+    assert t.prompt_len <= 64
+    rows: list[int] = []
+    while not t.finished:
+        outputs, _ = custom_engine.step()
+        rows.append(custom_engine.driver.core.model_executor.collective_rpc(_cp_rows_last)[0])
+        for out in outputs:
+            t.take(out)
+        assert len(rows) < 400
+    custom_engine.step()
+    assert engine_is_empty(custom_engine)
+    t.check()
+    assert rows[0] == 0 and set(rows[1:]) == {1}, rows

@@ -484,6 +484,7 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         self._num_cp: int | None = None  # rows of this step's code predictor batch (None: a dummy run)
         self.cp_graphs: CodePredictorGraphs | None = None  # omni_capture_graphs (CUDA graphs on)
         self.python_forwards = 0  # forwards run in Python (a replayed CUDA graph runs none): checks
+        self.cp_rows_last = 0  # rows the code predictor ran in the last forward run in Python: checks
 
     # ---- per-step layout (host side, before the forward) -----------------------------------
     def omni_prepare_step(self, batch: StepBatch) -> None:
@@ -522,20 +523,26 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
             dst[b - 1] = slot
             self._last_pos[rid] = start + (b - a) - 1
         m = len(cp_tok)  # <= requests <= max_slots
-        # Batches a FULL graph may replay (n <= max_num_seqs) run the code predictor on n rows,
-        # the shape captured; larger ones (prefill chunks, always eager outside the compiled
-        # decoder) on their m rows.
-        rows = n if n <= self.max_slots else m
-        pad = rows - m
+        # A batch a FULL graph may replay (vLLM's uniform decode: one token a request, n <=
+        # max_num_seqs) runs the code predictor on n rows, the shape captured. Any other runs
+        # this forward in Python (the code predictor outside the compiled decoder) on its m
+        # rows: a prompt step completes no frame and runs none. (It had run n padded rows: on
+        # an H200 a one-request 59-token prompt step, those included, took 13.6 ms against 8
+        # for a decode step.)
+        # The buffers hold n rows whenever a graph of n rows could replay (padding: no frame,
+        # the scratch slot), whichever way this forward runs.
+        laid = n if n <= self.max_slots else m
+        uniform = all(qsl[i + 1] - qsl[i] == 1 for i in range(len(batch.req_ids)))
+        pad = laid - m
         dev = self.cp_tok.device
         self._put(self.cp_tok, cp_tok + [0] * pad, dev)
         self._put(self.cp_slot, cp_slot + [self.scratch] * pad, dev)
         self._put(self.cp_valid, cp_valid + [0.0] * pad, dev)
         self._put(self.cp_sample, cp_sample + [False] * pad, dev)
         self._put(self.dst_slot, dst, dev)
-        if rows:
-            self.cp_code0[:rows].copy_(batch.input_ids.index_select(0, self.cp_tok[:rows]))
-        self._num_cp = rows
+        if laid:
+            self.cp_code0[:laid].copy_(batch.input_ids.index_select(0, self.cp_tok[:laid]))
+        self._num_cp = laid if uniform else m
 
     def _evict(self, scheduled: list[str]) -> int:
         """A slot for a new request when every slot is held: the runner keeps the states of
@@ -577,11 +584,12 @@ class OmniMpQwen3OmniTalker(nn.Module, SupportsMRoPE):
         self.python_forwards += 1
         x = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         n = x.shape[0]
-        if n <= self.max_slots:
-            rows = n  # what omni_prepare_step laid out, and the shape a captured graph holds
-        else:  # a dummy run (no prepare: scratch slots) or an eager prefill-sized batch
-            rows = self.max_slots if self._num_cp is None else self._num_cp
+        if self._num_cp is not None:
+            rows = self._num_cp  # what omni_prepare_step laid out for this forward
+        else:  # a capture or dummy run (no prepare: scratch slots): the shape a graph holds
+            rows = min(n, self.max_slots)
         self._num_cp = None
+        self.cp_rows_last = rows
         tok, valid = self.cp_tok[:rows], self.cp_valid[:rows]
         codes = torch.full((n, NUM_CODE_GROUPS), float(NO_CODE), dtype=ROW_DTYPE, device=x.device)
         if rows:
