@@ -305,7 +305,7 @@ def _checked(args: argparse.Namespace) -> tuple[PipelineConfig, list[str], dict[
     (ConfigError, OSError or ValueError naming what is wrong)."""
     from omni_mp.config.validate import check_models, load_config, validate  # (after `keys`: no torch
 
-    # The quick checks first: a mistyped model or file is reported before vLLM is imported.
+    # The quick checks first: a mistyped model or file is reported before engine_args are checked.
     args.config = stage_configs.resolve_config(args.config)
     cfg = load_config(args.config, check_engine_args=False)
     check_models(cfg)

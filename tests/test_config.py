@@ -95,6 +95,21 @@ def test_invalid_configs_name_the_key(path: list[Any], value: Any, message: str)
     assert message in str(err.value)
 
 
+def test_engine_arg_names_read_from_source_are_vllms_fields() -> None:
+    """What validation checks `engine_args` keys against (read from vLLM's source, not imported)
+    is exactly the dataclass's field list."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from omni_mp.engines.vllm_hooks_engine_args import _declared_fields, engine_arg_names
+
+    assert engine_arg_names() == {f.name for f in dataclasses.fields(EngineArgs)}
+    # a ClassVar is no field; a class with a base may inherit fields it does not declare
+    source = "class EngineArgs:\n    a: int = 1\n    b: ClassVar[int] = 2\n    def c(self) -> int: ..."
+    assert _declared_fields(source) == {"a"} and _declared_fields("class EngineArgs(Base):\n    a: int") is None
+
+
 def test_builtin_load_formats_need_no_opt_in() -> None:
     data = base()
     data["stages"][0]["engine_args"]["load_format"] = "dummy"

@@ -185,9 +185,12 @@ def test_no_import_cycle_in_source() -> None:
 
 # Imports every module named in argv in a child forked from an interpreter that has imported
 # heavy third-party packages but nothing of omni_mp: each child starts with no omni_mp module.
+# (vLLM's engine, runner and models among them: each child importing a vllm_hooks module or an
+# engine would otherwise import vLLM anew, 10-15 s of a core apiece.)
 _FORK_IMPORTS = """
 import importlib, json, os, sys
-import msgspec, numpy, torch, yaml, zmq
+import msgspec, numpy, torch, transformers, yaml, zmq
+import vllm.engine.arg_utils, vllm.model_executor.models.qwen2, vllm.v1.engine.core
 assert not any(m.startswith("omni_mp") for m in sys.modules)
 failed = {}
 for name in sys.argv[1:]:

@@ -20,20 +20,27 @@ from benchmarks.common.warmup import order_problems
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _bench(tmp_path: Path, *extra: str, concurrency: str = "1") -> subprocess.CompletedProcess[str]:
+def _bench(tmp_path: Path, models: Path, *extra: str, concurrency: str = "1") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "benchmarks.omni_gpu", "--smoke", "--phases", "stream", "--concurrency", concurrency]
-    cmd += [*extra, "--out", str(tmp_path), "--work-dir", str(tmp_path / "models")]
+    cmd += [*extra, "--out", str(tmp_path), "--work-dir", str(models)]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
-def levels_1_and_3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The benchmark's --work-dir: the checkpoints its first run builds, the next one reuses."""
+    return tmp_path_factory.mktemp("omni_gpu-models")
+
+
+@pytest.fixture(scope="module")
+def levels_1_and_3(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Path:
     """One stream phase at levels 1 and 3 (the tests below read its --out): requests of 8
     thinker tokens and 36 codes, streamed in two chunks (12 codes, then the rest)."""
     tmp_path = tmp_path_factory.mktemp("omni_gpu")
     run = _bench(
         tmp_path,
+        models,
         *("--token2wav-first-chunk", "12", "--talker-priority", "below_normal"),
         *("--torch-profile", "1:30:12"),  # the talker's steps 30..41: in level 1's warm-up round or the next
         concurrency="1,3",
@@ -114,10 +121,10 @@ def test_every_level_is_warmed_up_before_it_is_measured(levels_1_and_3: Path) ->
     assert json.loads((out / "omni_gpu.json").read_text())["results"]["stream"]["warmup"] == warmup
 
 
-def test_a_failed_phase_is_reported_with_its_stage_error(tmp_path: Path) -> None:
+def test_a_failed_phase_is_reported_with_its_stage_error(tmp_path: Path, models: Path) -> None:
     """A first chunk token2wav cannot take (not a multiple of its 12-code attention block): the
     stage exits at start-up, and the report names the reason, not only an exit code."""
-    run = _bench(tmp_path, "--token2wav-first-chunk", "7")
+    run = _bench(tmp_path, models, "--token2wav-first-chunk", "7")
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]  # failed, and the report still written
     error = json.loads((tmp_path / "stream.json").read_text())["error"]
     assert error.startswith("exit code 1: StartupError: stage 2 exited"), error

@@ -29,11 +29,9 @@ def _msgspec_path(err: msgspec.ValidationError) -> str:
 
 @functools.cache
 def _engine_arg_names() -> frozenset[str]:
-    import dataclasses
+    from omni_mp.engines.vllm_hooks_engine_args import engine_arg_names  # (read without importing vLLM)
 
-    from vllm.engine.arg_utils import EngineArgs
-
-    return frozenset(f.name for f in dataclasses.fields(EngineArgs))
+    return engine_arg_names()
 
 
 # vLLM's own weight loaders (a plugin-registered load_format could run any code); `dummy`
