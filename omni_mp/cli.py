@@ -185,7 +185,7 @@ def _write_audio(res: Finished, out_dir: Path | None, stem: str) -> tuple[Finish
                 files[str(out.stage_id)] = name = f"{stem}.stage{out.stage_id}.wav"
                 write_wav(out_dir / name, out.audio, out.sample_rate)
                 where = f" -> {out_dir / name}"
-            print(f"{stem}: stage {out.stage_id}: {out.audio.numel() / out.sample_rate:.2f} s of audio{where}")
+            print(f"{stem}: stage {out.stage_id}: {out.audio.shape[-1] / out.sample_rate:.2f} s of audio{where}")
             out = msgspec.structs.replace(out, audio=None)
         outputs.append(out)
     return msgspec.structs.replace(res, outputs=outputs), files
@@ -219,7 +219,7 @@ def _summary(res: Finished) -> str:
     """One line per request: per stage its tokens (codes) and timings from submission, the
     audio's length and time to first audio, and the text."""
     ms = lambda t: f"{1000 * (t - res.t_submit):.0f}ms"  # noqa: E731
-    audio = {o.stage_id: o.audio.numel() / o.sample_rate for o in res.outputs if o.audio is not None and o.sample_rate}
+    audio = {o.stage_id: o.audio.shape[-1] / o.sample_rate for o in res.outputs if o.audio is not None and o.sample_rate}
     image = {o.stage_id: f"{o.image.shape[1]}x{o.image.shape[0]} image" for o in res.outputs if o.image is not None}
     parts = []
     for d in res.stage_timings:
