@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
+import sys
 from pathlib import Path
 
 
@@ -33,10 +33,10 @@ def _declared_fields(source: str) -> frozenset[str] | None:
 
 def engine_arg_names() -> frozenset[str]:
     """Every field name of `vllm.engine.arg_utils.EngineArgs`."""
-    spec = importlib.util.find_spec("vllm")  # finds the package without running it
-    for root in (spec.submodule_search_locations or []) if spec else []:
+    # the first vllm package on the path, as `import vllm` would find it, without running it
+    for root in sys.path:
         try:
-            names = _declared_fields((Path(root) / "engine" / "arg_utils.py").read_text())
+            names = _declared_fields((Path(root or ".") / "vllm" / "engine" / "arg_utils.py").read_text())
         except (OSError, SyntaxError, UnicodeDecodeError):
             continue
         if names:
