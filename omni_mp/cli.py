@@ -219,7 +219,9 @@ def _summary(res: Finished) -> str:
     """One line per request: per stage its tokens (codes) and timings from submission, the
     audio's length and time to first audio, and the text."""
     ms = lambda t: f"{1000 * (t - res.t_submit):.0f}ms"  # noqa: E731
-    audio = {o.stage_id: o.audio.shape[-1] / o.sample_rate for o in res.outputs if o.audio is not None and o.sample_rate}
+    audio = {
+        o.stage_id: o.audio.shape[-1] / o.sample_rate for o in res.outputs if o.audio is not None and o.sample_rate
+    }
     image = {o.stage_id: f"{o.image.shape[1]}x{o.image.shape[0]} image" for o in res.outputs if o.image is not None}
     parts = []
     for d in res.stage_timings:
