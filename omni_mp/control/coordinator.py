@@ -175,6 +175,11 @@ class Coordinator:
         for h in self.stages.values():
             h.spawn()
             self.progress(f"{h.name}: starting {h.stage.kind} engine ({h.stage.model}), pid {h.pid}")
+        # Tensors in messages are decoded as torch tensors (omni_mp.wire.codec): torch is
+        # imported now, while the stages start, not by the first request that carries media
+        # (seconds on its path, the coordinator's loop stalled meanwhile).
+        import torch  # noqa: F401
+
         try:
             self._wait_wired(t0 + self.cfg.timeouts.stage_startup_s)
         except BaseException:
