@@ -11,6 +11,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every vLLM CPU engine compiles its sampler with inductor at start-up (`compiled_random_sample`,
+# run by the warm-up's dummy sampling), and inductor first probes each SIMD ISA the CPU flags
+# name: ten builds, each loaded by a fresh `python -c "import torch"`, 30-45 s of every AR
+# stage's start on 2 cores (a tiny_single pipeline: ready in 62 s, 22 s without the probe).
+# The processes this session starts (launchers, stages, benchmarks) skip it: inductor writes
+# their kernels as scalar C++, the same computation without SIMD (that sampler kernel draws
+# unseeded random samples; greedy and all-seeded batches do not run it). This process reads the
+# setting first, so what it compiles itself (the token2wav tests' graphs) keeps torch's ISA.
+import torch._inductor.config  # noqa: E402, F401
+
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 # A local Ray cluster stays on loopback (omni_mp.control.ray_local); Ray reads this when it is
 # first imported, and vLLM may import it before the Ray tests run.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
