@@ -18,7 +18,9 @@ CHECKS = ("activations", "vocoder")
 
 
 def test_triton_activation_is_transformers() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    # one thread each: the two processes share the cores (OpenMP threads spin-waiting on a core
+    # the other process needs made the pair slower than one after the other)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     repo = Path(__file__).resolve().parent.parent
 
     def run(check: str) -> subprocess.CompletedProcess[str]:
