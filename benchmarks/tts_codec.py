@@ -1,7 +1,9 @@
 """Qwen3-TTS's codec decoder (omni_mp.models.qwen3_tts.codec_decoder) alone, as its stage runs it
 (CUDA graphs over row buckets, the shipped streaming chunks), at the released sizes: the time of
 one decoder call against how many requests it holds and how many frames each brings, in exact
-fp32 and with TF32 tensor cores (`diffusion.float32_matmul`), and the kernels of one call.
+fp32 and with TF32 tensor cores (`diffusion.float32_matmul`), with SnakeBeta as transformers'
+kernels or as one Triton kernel (`diffusion.model_options.fused_snake`, the CUDA default), and the
+kernels of one call. Every combination runs in the same process, one after the other.
 
 The served pipeline's step timeline (OMNI_MP_PROFILE_DIR) showed the decoder stage's step
 growing with its requests (one H200, fp32: 9 ms at 1, 46 ms at 10): this says what one call
@@ -9,6 +11,7 @@ costs, so the stage's chunking and precision can be chosen from numbers.
 
     python -m benchmarks.tts_codec --dir /tmp/qwen3_tts_gpu        (one GPU; the checkpoint is
         written there once: benchmarks.common.checkpoints.qwen3_tts_released_dir)
+    python -m benchmarks.tts_codec --dir /tmp/qwen3_tts_gpu --precisions high --snake eager,triton
     python -m benchmarks.tts_codec --dir /tmp/q3tts --batches 1,2 --precisions highest  (CPU)
 """
 
@@ -36,11 +39,11 @@ GROUPS = 16
 SHIPPED = StreamingConfig(first_chunk=16, chunk=32, max_chunk=192, left_context=0, right_context=0, crossfade_ms=0.0)
 
 
-def decoder(model_dir: Path, device: torch.device, precision: str, max_batch: int) -> TtsCodecDecoder:
+def decoder(model_dir: Path, device: torch.device, precision: str, max_batch: int, snake: str) -> TtsCodecDecoder:
     """The decoder with the stage's precision settings and graphs (engines.diffusion.vllm_hooks)."""
     torch.set_float32_matmul_precision(precision)
     torch.backends.cudnn.allow_tf32 = precision == "high"
-    model = TtsCodecDecoder.from_checkpoint(model_dir, device)
+    model = TtsCodecDecoder.from_checkpoint(model_dir, device, fused_snake=snake == "triton")
     if device.type == "cuda":
         model.use_graphs(GraphSet(DiffusionStageConfig().max_graphs), DEFAULT_BATCH_SIZES)
         model.warm_up_graphs(SHIPPED, buckets_upto(max_batch, DEFAULT_BATCH_SIZES))
@@ -94,6 +97,9 @@ def main() -> int:
     p.add_argument("--dir", type=Path, required=True, help="work dir of the released-size checkpoint")
     p.add_argument("--batches", type=int_list, default=[1, 4, 10, 20, 32])
     p.add_argument("--precisions", default="highest,high", help="float32 matmul precisions (`high`: TF32)")
+    p.add_argument(
+        "--snake", default=None, help="SnakeBeta as transformers' kernels / one Triton kernel (CUDA: both, CPU: eager)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="runs of each batch; the median call kept")
     p.add_argument("--profile-batch", type=int, default=10, help="0: no kernel table")
     args = p.parse_args()
@@ -102,9 +108,11 @@ def main() -> int:
     chunks = [SHIPPED.chunk_at(k) // GROUPS for k in range(6)]
     print(f"# {device_name()}; Qwen3-TTS 12 Hz decoder at the released sizes (random weights), fp32 weights")
     print(f"# calls: every request brings the same chunk; chunks {chunks} frames (80 ms of audio a frame)")
-    for precision in args.precisions.split(","):
-        model = decoder(model_dir, device, precision, max(args.batches))
-        print(f"\n## float32_matmul {precision}: ms per call (median of {args.rounds}), by frames per request")
+    snakes = (args.snake or ("eager,triton" if device.type == "cuda" else "eager")).split(",")
+    for precision, snake in [(p, s) for p in args.precisions.split(",") for s in snakes]:
+        model = decoder(model_dir, device, precision, max(args.batches), snake)
+        print(f"\n## float32_matmul {precision}, SnakeBeta {snake}: ms per call (median of {args.rounds}), "
+              "by frames per request")  # fmt: skip
         print("| requests | " + " | ".join(f"{n} fr" for n in chunks) + " | ms per request-frame (12 fr) |")
         print("|---|" + "---|" * (len(chunks) + 1))
         for b in args.batches:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call for Qwen3-TTS (issue 50 item 4), after the wheels are carried (README.md):
-#   1. the GPU checks tests/gpu/test_qwen3_tts_graphs.py (tiny pipeline: CUDA graphs vs eager) and
-#      test_sampler_warmup.py (no kernel compiled while sampled batches are served),
+#   1. the GPU checks tests/gpu/test_qwen3_tts_graphs.py (tiny pipeline: CUDA graphs vs eager),
+#      test_sampler_warmup.py (no kernel compiled while sampled batches are served) and
+#      test_snake_kernel.py (the decoder's SnakeBeta kernel vs transformers, and its speed),
 #      while the released-size random-weight checkpoint is built beside it (CPU + a little GPU);
 #   2. the shipped stage_configs/qwen3_tts.yaml served on it (a copy: model path, EOS suppressed);
 #   3. benchmarks/tts_serving.py --serving at 5, 10, 20, 40 requests/s, the stages' step
@@ -41,7 +42,7 @@ phase "build the released checkpoint (background) + GPU check"
 builder=$!
 if [[ $check != nocheck ]]; then
   timeout $(( $(left) < 260 ? $(left) : 260 )) python3 -m pytest -m gpu -ra -q tests/gpu/test_qwen3_tts_graphs.py \
-    tests/gpu/test_sampler_warmup.py \
+    tests/gpu/test_sampler_warmup.py tests/gpu/test_snake_kernel.py \
     -p no:cacheprovider 2>&1 | tee "$res/tts_check.log" | grep -v "INFO\|WARNING" | tail -40
   phase "GPU check exit ${PIPESTATUS[0]}"
 fi

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from omni_mp.engines.diffusion.graphs import bucket
@@ -51,6 +52,20 @@ from omni_mp.models.checkpoint import load_prefixed
 from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
 
 SAMPLE_RATE = 24000  # 1920 samples per 12.5 Hz frame
+
+
+class Code2WavOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The `diffusion.model_options:` of a code2wav-shaped decoder stage (`qwen3_omni_code2wav`,
+    `qwen3_tts_codec`)."""
+
+    # Each SnakeBeta of the convolutions as one Triton kernel (snake_triton.py) rather than
+    # transformers' nine; the same arithmetic. None: on for a CUDA device (Triton), off elsewhere.
+    fused_snake: bool | None = None
+
+    def fused_snake_on(self, device: torch.device) -> bool:
+        if self.fused_snake and device.type != "cuda":
+            raise ValueError(f"code2wav: fused_snake runs Triton kernels, which need a CUDA device, not {device}")
+        return device.type == "cuda" if self.fused_snake is None else self.fused_snake
 
 
 def streamed_shapes(streaming: StreamingConfig, groups: int) -> tuple[int, list[tuple[int, bool]]]:
@@ -110,8 +125,15 @@ class Code2WavModel:
 
     frames_per_input = 1  # the engine's "frames" are codes here (no state to sample)
 
-    def __init__(self, hf_code2wav: Any, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        hf_code2wav: Any,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        options: Code2WavOptions | None = None,
+    ) -> None:
         self.device = device
+        self.options = options or Code2WavOptions()
         self.dtype = dtype
         self.hf = hf_code2wav.to(device=device, dtype=dtype).eval()
         cfg = self.hf.config
@@ -132,7 +154,7 @@ class Code2WavModel:
         self.layers = list(tr.layers[: cfg.num_hidden_layers])
         attn = self.layers[0].self_attn
         self.heads, self.head_dim = cfg.num_key_value_heads, attn.head_dim
-        self.convs = StreamingConvs(self.hf)
+        self.convs = StreamingConvs(self.hf, fused_snake=self.options.fused_snake_on(device))
         if self.convs.samples_per_frame != self.frame_samples:
             raise ValueError(
                 f"code2wav: {self.convs.samples_per_frame} samples per frame, expected {self.frame_samples}"
@@ -147,7 +169,8 @@ class Code2WavModel:
         self._conv_shapes: frozenset[tuple[int, bool]] | None = None  # (new frames, first call)
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> Code2WavModel:
+    def from_checkpoint(cls, model_dir: str | Path, device: torch.device, **options: Any) -> Code2WavModel:
+        opts = msgspec.convert(options, Code2WavOptions)
         from transformers import AutoConfig
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
@@ -162,7 +185,7 @@ class Code2WavModel:
         missing, unexpected = hf.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"{model_dir}: code2wav weights do not match: missing {missing}, unexpected {unexpected}")
-        return cls(hf, device)
+        return cls(hf, device, options=opts)
 
     # ---- WindowDecoder --------------------------------------------------------------------------
     def check(self, params: DiffusionParams, ids: Sequence[int]) -> None:

@@ -16,7 +16,8 @@ mixes an input step with the next. So
   T frames give 1920 T - 555 samples (the released rates 8, 5, 4, 3), and each later chunk of T
   frames 1920 T more: always a prefix of the one-shot output, never a sample to redo;
 - SnakeBeta, the ConvNeXt blocks' norm and pointwise layers and the 1x1 convolutions are
-  pointwise in time.
+  pointwise in time. On CUDA each SnakeBeta runs as one Triton kernel (`fused_snake`:
+  snake_triton.py) rather than transformers' nine.
 
 Before this, a chunk re-ran the whole half over 11 frames of left context (its receptive
 field): 24 frames of work for a steady 12-frame chunk. Measured in benchmarks/code2wav.py.
@@ -45,6 +46,7 @@ class _Step:
     keep: int = 0
     channels: int = 0
     offset: int = 0
+    snakes: tuple[Any, ...] = ()  # what runs its SnakeBetas (pointwise: the step; residual: act1, act2)
 
     def kept(self, state: torch.Tensor) -> torch.Tensor:
         """Its part of a batch of flat state rows [rows, size]: a [rows, channels, keep] view."""
@@ -74,9 +76,10 @@ class StreamingConvs:
     inputs to keep. A request's kept inputs are one flat row (`state_size` values, 134k at the
     released size), so a batch gathers them with one stack and splits them with one unbind."""
 
-    def __init__(self, hf: Any) -> None:
+    def __init__(self, hf: Any, fused_snake: bool = False) -> None:
         self.steps: list[_Step] = []
         self.state_size = 0
+        self.fused_snake = fused_snake  # SnakeBeta as its Triton kernel (CUDA only: snake_triton.py)
         for blocks in hf.upsample:
             for block in blocks:
                 self._add(block)
@@ -95,9 +98,10 @@ class StreamingConvs:
     def _add(self, m: Any) -> None:
         name = type(m).__name__
 
-        def add(kind: str, keep: int = 0, conv: Any = None) -> None:
+        def add(kind: str, keep: int = 0, conv: Any = None, acts: tuple[Any, ...] = ()) -> None:
             channels = conv.in_channels if keep else 0
-            self.steps.append(_Step(kind, m, keep, channels, self.state_size))
+            snakes = tuple(self._snake(a) for a in acts)
+            self.steps.append(_Step(kind, m, keep, channels, self.state_size, snakes))
             self.state_size += channels * keep
 
         if name == "Qwen3OmniMoeCausalConvNet":
@@ -109,14 +113,24 @@ class StreamingConvs:
         elif name == "Qwen3OmniMoeCode2WavDecoderResidualUnit":
             if _causal_keep(m.conv2) != 0:
                 raise ValueError("code2wav streaming: a residual unit's second convolution is not 1x1")
-            add("residual", _causal_keep(m.conv1), m.conv1.conv)
+            add("residual", _causal_keep(m.conv1), m.conv1.conv, acts=(m.act1, m.act2))
         elif name == "Qwen3OmniMoeCode2WavDecoderBlock":
             for block in m.block:
                 self._add(block)
         elif name in ("Qwen3OmniMoeSnakeBeta", "SnakeBeta"):
-            add("pointwise")
+            add("pointwise", acts=(m,))
         else:
             raise ValueError(f"code2wav streaming: no streaming form for {name}")
+
+    def _snake(self, m: Any) -> Any:
+        """What runs SnakeBeta `m`: the module itself, or its Triton kernel (`fused_snake`)."""
+        if type(m).__name__ not in ("Qwen3OmniMoeSnakeBeta", "SnakeBeta"):
+            raise ValueError(f"code2wav streaming: an activation is {type(m).__name__}, not SnakeBeta")
+        if not self.fused_snake:
+            return m
+        from omni_mp.models.qwen3_omni.snake_triton import TritonSnakeBeta
+
+        return TritonSnakeBeta(m)
 
     def run(self, hidden: torch.Tensor, kept: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: [rows, channels, new frames] transformer outputs. kept: the rows' flat state
@@ -128,7 +142,7 @@ class StreamingConvs:
             m = step.module
             prev = None if kept is None or not step.keep else step.kept(kept)
             if step.kind == "pointwise":
-                x = m(x)
+                x = step.snakes[0](x)
             elif step.kind == "causal":
                 x = self._causal(m, x, prev, step, state)
             elif step.kind == "transposed":
@@ -138,8 +152,8 @@ class StreamingConvs:
                 h = m.pwconv2(m.act(m.pwconv1(m.norm(h))))
                 x = x + (m.gamma * h).permute(0, 2, 1)
             else:  # residual unit
-                h = self._causal(m.conv1, m.act1(x), prev, step, state)
-                x = x + m.conv2.conv(m.act2(h))
+                h = self._causal(m.conv1, step.snakes[0](x), prev, step, state)
+                x = x + m.conv2.conv(step.snakes[1](h))
         return x[:, 0], state
 
     @staticmethod

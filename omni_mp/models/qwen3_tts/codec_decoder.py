@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omni_mp.models.checkpoint import load_prefixed
-from omni_mp.models.qwen3_omni.code2wav import Code2WavModel, Code2WavWindow, _PastKV, _Stream
+from omni_mp.models.qwen3_omni.code2wav import Code2WavModel, Code2WavOptions, Code2WavWindow, _PastKV, _Stream
 
 PRE_CONV_REACH = 2  # frames before a frame that the kernel-3 causal pre_conv reads
 # The reference decodes a request's codes CHUNK_FRAMES at a time, each chunk after the
@@ -113,14 +114,17 @@ class _ChunkContext(Code2WavWindow):
 class TtsCodecDecoder(Code2WavModel):
     """The decoder on one device, fp32 (Code2WavModel's streaming, the front above)."""
 
-    def __init__(self, hf_convs: Any, front: CodecFront, device: torch.device) -> None:
-        super().__init__(hf_convs, device)
+    def __init__(
+        self, hf_convs: Any, front: CodecFront, device: torch.device, options: Code2WavOptions | None = None
+    ) -> None:
+        super().__init__(hf_convs, device, options=options)
         self.front = front.to(device).eval()
         # request -> codes [groups, <= LEFT_CONTEXT_FRAMES] of its frames just before its next window
         self.tails: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, device: torch.device) -> TtsCodecDecoder:
+    def from_checkpoint(cls, model_dir: str | Path, device: torch.device, **options: Any) -> TtsCodecDecoder:
+        opts = msgspec.convert(options, Code2WavOptions)
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             Qwen3OmniMoeCode2Wav,
             Qwen3OmniMoeCode2WavTransformerModel,
@@ -154,7 +158,7 @@ class TtsCodecDecoder(Code2WavModel):
                 if type(m).__name__ == "Qwen3OmniMoeCausalTransConvNet":
                     m.left_pad = 0  # Qwen3-TTS trims the right only: causal, no look-ahead
         front = CodecFront({k: v.float() for k, v in state.items() if k not in mine}, int(d["num_quantizers"]))
-        return cls(hf, front, device)
+        return cls(hf, front, device, options=opts)
 
     # ---- the front before the transformer (graphed with it: `use_graphs`) ----------------------
     def _front_inputs(self, streams: list[_Stream], rows: int) -> tuple[torch.Tensor, ...]:
