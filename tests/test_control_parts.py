@@ -66,6 +66,21 @@ def test_gpu_stages_share_the_host_cores_and_cpu_stages_get_their_own() -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["OMP_NUM_THREADS"] == "1"
 
 
+def test_eager_cpu_ar_stages_skip_inductors_isa_probe() -> None:
+    """An eager CPU AR stage starts without inductor's SIMD probe (its one compiled kernel, vLLM's
+    sampler, is then scalar); a compiled CPU engine and a GPU stage keep it, and a value the
+    user set is kept."""
+    stages = chain_cfg_stages()
+    stages[0] = {**stages[0], "engine_args": {"enforce_eager": True}}
+    stages[1] = {**stages[1], "engine_args": {"enforce_eager": False}}
+    cpu = parse_config({"name": "c", "stages": stages}, check_engine_args=False)
+    envs = [stage_env(cpu, s, base={}) for s in cpu.stages]
+    assert [e.get("TORCHINDUCTOR_VEC_ISA_OK") for e in envs] == ["0", None, None]
+    assert stage_env(cpu, cpu.stages[0], base={"TORCHINDUCTOR_VEC_ISA_OK": "1"})["TORCHINDUCTOR_VEC_ISA_OK"] == "1"
+    gpu = parse_config({"name": "g", "stages": [{**s, "devices": [0]} for s in stages]}, check_engine_args=False)
+    assert "TORCHINDUCTOR_VEC_ISA_OK" not in stage_env(gpu, gpu.stages[0], base={})
+
+
 # ---- wiring -------------------------------------------------------------------------------------
 class SleepingStage(StageHandle):
     """A stage whose process is `sleep`: wiring reads only what a run reported (Ready, Connected)."""

@@ -72,6 +72,14 @@ def stage_env(
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
         env["OMNI_MP_CPU_CORES"] = cores
         env["OMP_NUM_THREADS"] = str(len(parse_core_list(cores)))
+        if stage.kind == "ar" and stage.engine_args.get("enforce_eager"):
+            # An eager vLLM 0.25.0 CPU engine compiles one thing with inductor: its sampler's
+            # `compiled_random_sample`, at the start-up warm-up. Inductor first probes every SIMD
+            # ISA the CPU flags name (each a build loaded by a fresh `python -c "import torch"`):
+            # most of such a stage's start on 2 cores (`scripts/demo.sh`, three stages: 49 s ->
+            # 27 s without the probe). Without it that one kernel is scalar C++, the same sums.
+            # A compiled (non-eager) engine keeps the probe: its model runs inductor's code.
+            env.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
     return env
 
 
