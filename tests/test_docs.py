@@ -26,6 +26,7 @@ CONFIG_DOC = DOCS / "configuration.md"
 MODEL_OPTIONS = (
     ("omni_mp/models/qwen2_5_omni/token2wav.py", "Token2WavOptions"),
     ("omni_mp/models/qwen_image/dit.py", "QwenImageOptions"),
+    ("omni_mp/models/qwen3_omni/code2wav.py", "Code2WavOptions"),
 )
 
 
