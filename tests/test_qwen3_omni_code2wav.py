@@ -171,6 +171,15 @@ def test_controls_without_state_or_context_miss_the_bound(engine: DiffusionEngin
     assert got.shape == want.shape and (got - want).abs().max() > 20 * STREAM_ATOL
 
 
+def convs_one_shot(hf, hidden: torch.Tensor) -> torch.Tensor:
+    """transformers' upsampler and decoder (a `Qwen3OmniMoeCode2Wav`'s) over all of `hidden`
+    [rows, channels, frames] at once: [rows, samples]."""
+    x = hidden
+    for module in [*(b for blocks in hf.upsample for b in blocks), *hf.decoder]:
+        x = module(x)
+    return x[:, 0]
+
+
 @pytest.mark.parametrize("chunks", [[30], [1, 2, 4, 8, 15], [1] * 30, [7, 23]], ids=lambda c: "-".join(map(str, c[:6])))
 def test_streamed_convolutions_equal_the_one_shot_stack_in_float64(oracle, chunks: list[int]) -> None:
     """The convolutional half alone, fed transformer outputs chunk by chunk, against
@@ -186,10 +195,7 @@ def test_streamed_convolutions_equal_the_one_shot_stack_in_float64(oracle, chunk
     assert (convs.samples_per_frame, convs.first_trim) == (FRAME, 555)
     hidden = torch.randn(3, hf.config.hidden_size, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        x = hidden
-        for module in [*(b for blocks in hf.upsample for b in blocks), *hf.decoder]:
-            x = module(x)
-        want = x[:, 0]
+        want = convs_one_shot(hf, hidden)
         got, kept, start = [], None, 0
         for n in chunks:
             wav, kept = convs.run(hidden[..., start : start + n], kept)

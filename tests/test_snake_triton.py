@@ -109,6 +109,7 @@ def _check_convs(name: str) -> None:
     from omni_mp.models.qwen3_omni.code2wav_convs import StreamingConvs
     from omni_mp.models.qwen3_tts.codec_decoder import TtsCodecDecoder
     from omni_mp.models.registry import builtin_model
+    from tests.test_qwen3_omni_code2wav import convs_one_shot
 
     cls = TtsCodecDecoder if "tts" in name else Code2WavModel
     hf = cls.from_checkpoint(builtin_model(name), torch.device("cpu")).hf
@@ -117,10 +118,7 @@ def _check_convs(name: str) -> None:
     assert sum(len(st.snakes) for st in convs.steps) > 10  # every block's and residual unit's
     hidden = torch.randn(2, hf.config.hidden_size, 6, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
-        x = hidden
-        for module in [*(b for blocks in hf.upsample for b in blocks), *hf.decoder]:
-            x = module(x)
-        want = x[:, 0]
+        want = convs_one_shot(hf, hidden)
         got, kept, start = [], None, 0
         for n in (1, 2, 3):
             wav, kept = convs.run(hidden[..., start : start + n], kept)
