@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+_SNAKE_BETAS = ("Qwen3OmniMoeSnakeBeta", "SnakeBeta")  # transformers' class and its deprecated alias
+
 
 @dataclass(frozen=True, slots=True)
 class _Step:
@@ -117,14 +119,14 @@ class StreamingConvs:
         elif name == "Qwen3OmniMoeCode2WavDecoderBlock":
             for block in m.block:
                 self._add(block)
-        elif name in ("Qwen3OmniMoeSnakeBeta", "SnakeBeta"):
+        elif name in _SNAKE_BETAS:
             add("pointwise", acts=(m,))
         else:
             raise ValueError(f"code2wav streaming: no streaming form for {name}")
 
     def _snake(self, m: Any) -> Any:
         """What runs SnakeBeta `m`: the module itself, or its Triton kernel (`fused_snake`)."""
-        if type(m).__name__ not in ("Qwen3OmniMoeSnakeBeta", "SnakeBeta"):
+        if type(m).__name__ not in _SNAKE_BETAS:
             raise ValueError(f"code2wav streaming: an activation is {type(m).__name__}, not SnakeBeta")
         if not self.fused_snake:
             return m
