@@ -15,6 +15,9 @@ opt-in, so the same request measures either server: scripts/gpu/tts_peer.sh serv
   byte) / audio seconds;
 - achieved rate (requests sent / window), errors (non-200, no audio, or unfinished after
   `--drain` seconds); then the highest rate held with p95 <= `--target-ms` and no errors;
+- where the first audio went (omni_mp's server only, from its `/metrics` before and after the
+  window: benchmarks.common.served_metrics): per stage, the mean time from admission to being
+  in its engine and to its first output, and the server's time to the first audio bytes;
 - audio length against the request's frames ((max_new_tokens - 1) x 1920 samples): the requests
   more than a frame short or at all long (EOS not suppressed, or a server's decoder dropping audio).
 
@@ -46,6 +49,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.common import served_metrics
 from benchmarks.common.phases import device_name
 from benchmarks.common.report import fmt, make_say
 from benchmarks.common.served import measure_served, released_qwen3_tts
@@ -269,13 +273,18 @@ async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 warm, _, _ = await run_rate(http, url, voice, rate, args.warmup, 1_000_000 + i, args.drain, True)
                 warmups.warmed(rate, t0, len(warm))
             t1 = time.time()
+            before = await served_metrics.scrape(http, url)
             results, window, unfinished = await run_rate(http, url, voice, rate, args.duration, args.seed + i,
                                                          args.drain)  # fmt: skip
             warmups.measured(rate, t1)
             s = summarize(rate, results, window, unfinished)
             s["wall"] = [t1, time.time()]  # its arrivals and drain (time.time()): stage timelines' clock
+            # omni_mp's own /metrics: where the first audio went (None for another server)
+            s["first_audio_parts_ms"] = served_metrics.breakdown(before, await served_metrics.scrape(http, url))
             levels.append(s)
             print(row(s), flush=True)
+            if parts := served_metrics.line(s["first_audio_parts_ms"]):
+                say(f"{rate:g}/s, {parts}")
             if s["error_examples"]:
                 say(f"errors at {rate:g}/s: {s['error_examples']}")
             if s["audio_short"] or s["audio_long"]:

@@ -460,15 +460,34 @@ def test_32_concurrent_requests_each_end_exactly_once(served: Served, zmq: OmniC
     assert _wait_idle(zmq, 10) < 10
 
 
+def _stage_sums(served: Served, family: str) -> dict[str, tuple[float, float]]:
+    """Per stage: (_sum, _count) of a per-stage histogram on /metrics."""
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    got: dict[str, list[float]] = {}
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.name in (f"{family}_sum", f"{family}_count"):
+                got.setdefault(s.labels["stage_id"], [0.0, 0.0])[s.name.endswith("_count")] = s.value
+    return {k: (v[0], v[1]) for k, v in got.items()}
+
+
 def test_metrics_parse_with_per_stage_labels(served: Served) -> None:
     hello = [{"role": "user", "content": "Hi"}]
+    start, first = "omni_mp_stage_time_to_start_seconds", "omni_mp_stage_time_to_first_token_seconds"
+    before = {name: _stage_sums(served, name) for name in (start, first)}
     served.openai.chat.completions.create(
         model="m", messages=hello, modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"}
     )  # fmt: skip
+    after = {name: _stage_sums(served, name) for name in (start, first)}
+    for stage in ("0", "1", "2"):  # this one request: each stage started it before its first token
+        was = {name: before[name].get(stage, (0.0, 0.0)) for name in after}
+        d = {name: [a - b for a, b in zip(after[name][stage], was[name], strict=True)] for name in after}
+        assert d[start][1] == d[first][1] == 1, (stage, d)
+        assert 0 <= d[start][0] <= d[first][0], (stage, d)
     assert _error(served, {"model": "m", "messages": hello, "foo": 1})[0] == 400
     text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("omni_mp_stage_ready", "omni_mp_stage_output_tokens", "omni_mp_stage_time_to_first_token_seconds"):
+    for name in ("omni_mp_stage_ready", "omni_mp_stage_output_tokens", first, start):
         ids = {s.labels["stage_id"] for s in families[name].samples}
         assert ids == {"0", "1", "2"}, (name, ids)
     ready = {s.labels["stage_id"]: s.value for s in families["omni_mp_stage_ready"].samples}

@@ -112,6 +112,11 @@ class Metrics:
             "omni_mp_stage_time_to_first_token_seconds", "per request: registered -> first token", _STAGE,
             buckets=_SECONDS, registry=r,
         )  # fmt: skip
+        self.stage_start = Histogram(
+            "omni_mp_stage_time_to_start_seconds",
+            "per request: registered -> handed to the engine (prepared; downstream: its first input too)", _STAGE,
+            buckets=_SECONDS, registry=r,
+        )  # fmt: skip
         self.stage_stats = StageStatsCollector(self.names)
         r.register(self.stage_stats)
         # Several server processes (omni_mp.http.workers): the counters and histograms live in
@@ -132,6 +137,7 @@ class Metrics:
         for d in timings:
             labels = self._labels(d.stage_id)
             self.stage_tokens.labels(**labels).inc(d.num_output_tokens)
+            self.stage_start.labels(**labels).observe(max(0.0, d.t_started - d.t_registered))
             if d.t_first_token is not None:
                 self.stage_first.labels(**labels).observe(max(0.0, d.t_first_token - d.t_registered))
                 span = d.t_finished - d.t_first_token

@@ -7,8 +7,9 @@
 #   2. the shipped stage_configs/qwen3_tts.yaml served on it (a copy: model path, EOS suppressed);
 #   3. benchmarks/tts_serving.py --serving at 5, 10, 20, 40 requests/s, the stages' step
 #      timelines recorded (OMNI_MP_PROFILE_DIR) and summarized per rate once the server stopped.
-#   bash scripts/gpu/tts_benchmark.sh [DURATION_S] [nocheck]   (default 15 s a rate; whole call < 540 s;
-#   nocheck: skip step 1's GPU check, e.g. when it passed in an earlier call on the same code)
+#   bash scripts/gpu/tts_benchmark.sh [DURATION_S] [nocheck] [RATES]   (default 15 s a rate; whole call
+#   < 540 s; nocheck: skip step 1's GPU check, e.g. when it passed in an earlier call on the same code;
+#   RATES: requests/s, comma-separated, default 5,10,20,40)
 # Every phase runs under `timeout` against one deadline, so a hang leaves the others' results.
 # Results (few files: the device tool returns 8): /tmp/omni_mp_results/tts_{check,build,launcher,serving}.log,
 # tts_serving.json (with each rate's stage steps), copied to $OUT.
@@ -16,6 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 duration=${1:-15}
 check=${2:-check}
+rates=${3:-5,10,20,40}
 t0=$(date +%s)
 deadline=$((t0 + 530))
 left() { echo $((deadline - $(date +%s))); }
@@ -66,7 +68,7 @@ phase "server up"
 budget=$(( $(left) - 10 ))
 phase "benchmark (${budget}s left)"
 timeout "$budget" python3 -m benchmarks.tts_serving --serving "http://127.0.0.1:$port" --config "$config" \
-  --duration "$duration" --warmup 3 --drain 15 --fixed-length --voice vivian --out "$res/tts_serving.json" \
+  --rates "$rates" --duration "$duration" --warmup 3 --drain 15 --fixed-length --voice vivian --out "$res/tts_serving.json" \
   2>&1 | tee "$res/tts_serving.log"
 phase "benchmark exit ${PIPESTATUS[0]}"
 kill -INT "$launcher" 2>/dev/null; timeout 40 tail --pid="$launcher" -f /dev/null; launcher=""
