@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omni_mp.client.omni_client import OmniClient, RequestError
 from omni_mp.config.validate import load_config
+from omni_mp.http.metrics import PREPARE_PARTS
 from omni_mp.models.qwen2_5_omni.prompt import SPEECH_SYSTEM_PROMPT, omni_prompt_text
 from omni_mp.models.registry import resolve_model
 from omni_mp.stage_configs import CONFIG_DIR
@@ -471,19 +472,40 @@ def _stage_sums(served: Served, family: str) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in got.items()}
 
 
+def _prepare_sums(served: Served) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per (stage, part): (_sum, _count) of omni_mp_stage_prepare_seconds."""
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    got: dict[tuple[str, str], list[float]] = {}
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.name in ("omni_mp_stage_prepare_seconds_sum", "omni_mp_stage_prepare_seconds_count"):
+                key = (s.labels["stage_id"], s.labels["part"])
+                got.setdefault(key, [0.0, 0.0])[s.name.endswith("_count")] = s.value
+    return {k: (v[0], v[1]) for k, v in got.items()}
+
+
 def test_metrics_parse_with_per_stage_labels(served: Served) -> None:
     hello = [{"role": "user", "content": "Hi"}]
     start, first = "omni_mp_stage_time_to_start_seconds", "omni_mp_stage_time_to_first_token_seconds"
     before = {name: _stage_sums(served, name) for name in (start, first)}
+    prep_before = _prepare_sums(served)
     served.openai.chat.completions.create(
         model="m", messages=hello, modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"}
     )  # fmt: skip
     after = {name: _stage_sums(served, name) for name in (start, first)}
+    prep = {k: (v[0] - prep_before.get(k, (0.0, 0.0))[0], v[1] - prep_before.get(k, (0.0, 0.0))[1])
+            for k, v in _prepare_sums(served).items()}  # fmt: skip
     for stage in ("0", "1", "2"):  # this one request: each stage started it before its first token
         was = {name: before[name].get(stage, (0.0, 0.0)) for name in after}
         d = {name: [a - b for a, b in zip(after[name][stage], was[name], strict=True)] for name in after}
         assert d[start][1] == d[first][1] == 1, (stage, d)
         assert 0 <= d[start][0] <= d[first][0], (stage, d)
+        parts = {part: v for (s, part), v in prep.items() if s == stage and v[1]}
+        if stage == "0":  # the entry stage prepares off its engine thread: its parts add up to its start
+            assert sorted(parts) == sorted(PREPARE_PARTS) and all(v[1] == 1 for v in parts.values()), parts
+            assert abs(sum(v[0] for v in parts.values()) - d[start][0]) < 1e-3, (parts, d)
+        else:
+            assert not parts, (stage, parts)
     assert _error(served, {"model": "m", "messages": hello, "foo": 1})[0] == 400
     text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
     families = {f.name: f for f in text_string_to_metric_families(text)}

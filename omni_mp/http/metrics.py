@@ -21,6 +21,7 @@ from omni_mp.wire.messages import StageDone, StageStatus, StatusReply
 
 _STAGE = ("stage_id", "stage_name")
 _REPLICA = (*_STAGE, "replica")  # what one stage process reports: per replica
+PREPARE_PARTS = ("queued", "input", "engine_request", "engine_thread")  # omni_mp_stage_prepare_seconds
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -112,6 +113,13 @@ class Metrics:
             "omni_mp_stage_time_to_first_token_seconds", "per request: registered -> first token", _STAGE,
             buckets=_SECONDS, registry=r,
         )  # fmt: skip
+        self.stage_prepare = Histogram(
+            "omni_mp_stage_prepare_seconds",
+            "per request, an entry stage's preparation off the engine thread by part: queued (registered -> a"
+            " preparer took it), input (the model's input built: prompt format, media), engine_request (the"
+            " engine's request built), engine_thread (prepared -> handed to the engine between steps)",
+            [*_STAGE, "part"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
         self.stage_start = Histogram(
             "omni_mp_stage_time_to_start_seconds",
             "per request: registered -> handed to the engine (prepared; downstream: its first input too)", _STAGE,
@@ -138,6 +146,10 @@ class Metrics:
             labels = self._labels(d.stage_id)
             self.stage_tokens.labels(**labels).inc(d.num_output_tokens)
             self.stage_start.labels(**labels).observe(max(0.0, d.t_started - d.t_registered))
+            if d.t_prepare_taken is not None and d.t_input_built is not None and d.t_prepared is not None:
+                marks = (d.t_registered, d.t_prepare_taken, d.t_input_built, d.t_prepared, d.t_started)
+                for part, a, b in zip(PREPARE_PARTS, marks, marks[1:], strict=False):
+                    self.stage_prepare.labels(**labels, part=part).observe(max(0.0, b - a))
             if d.t_first_token is not None:
                 self.stage_first.labels(**labels).observe(max(0.0, d.t_first_token - d.t_registered))
                 span = d.t_finished - d.t_first_token

@@ -241,6 +241,7 @@ class StageLoop:
             self._fail(result.request_id, result.code, result.error)
             return
         state.first_chunk_info = result.first_chunk_info
+        state.prepare_times = result.times
         try:
             self._start(state, result.request)
         except EngineInputError as err:
@@ -416,6 +417,7 @@ class StageLoop:
         self._rows_in, self._handle_s = 0, 0.0
 
     def _done(self, state: StageRequestState, finish_reason: str | None, now: float) -> StageDone:
+        taken, built, prepared = state.prepare_times or (None, None, None)
         return StageDone(
             request_id=state.request_id,
             stage_id=self.stage.id,
@@ -428,6 +430,9 @@ class StageLoop:
             t_finished=now,
             finish_reason=finish_reason,
             replica=self.replica,
+            t_prepare_taken=taken,
+            t_input_built=built,
+            t_prepared=prepared,
         )
 
     def _expire(self, now: float) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ class Prepared:
     code: str = ""
     error: str = ""
     first_chunk_info: dict[str, Any] | None = None  # StageInput.first_chunk_info
+    # time.time() when the preparer took it, built the model's input, built the engine's request
+    times: tuple[float, float, float] | None = None
 
 
 def entry_input(stage: StageConfig, engine: StageEngine, msg: StageRequest) -> StageInput:
@@ -143,10 +146,12 @@ class Preparer(threading.Thread):
 
     def _prepare(self, job: PrepareJob) -> Prepared:
         rid = job.msg.request_id
+        taken = time.time()
         try:
             stage_input = entry_input(self.stage, self.engine, job.msg)
             stage_input.rows_wanted = job.msg.rows_wanted
             stage_input.media_rows_only = job.msg.media_rows_only
+            built = time.time()
             prepared = self.engine.prepare(rid, job.sampling, stage_input, job.msg.speaker)
         except (EngineInputError, MediaError) as err:
             return Prepared(rid, job.token, code="invalid_input", error=str(err))
@@ -154,7 +159,8 @@ class Preparer(threading.Thread):
             log.exception("stage %d: preparing request %s failed", self.stage.id, rid)
             text = f"stage {self.stage.id} could not prepare the request's input: {type(err).__name__}: {err}"
             return Prepared(rid, job.token, code="invalid_input", error=text)
-        return Prepared(rid, job.token, request=prepared, first_chunk_info=stage_input.first_chunk_info)
+        return Prepared(rid, job.token, prepared, first_chunk_info=stage_input.first_chunk_info,
+                        times=(taken, built, time.time()))  # fmt: skip
 
     def run(self) -> None:
         try:

@@ -37,6 +37,7 @@ class StageRequestState:
     t_registered: float = field(default_factory=time.time)
     t_started: float | None = None
     t_first_token: float | None = None
+    prepare_times: tuple[float, float, float] | None = None  # Prepared.times (entry stages)
     hidden_to_client: bool = False  # a final stage streams this request's hidden rows to its client too
     # The (downstream stage, replica) links its outputs go to (StageRequest.downstream_replicas).
     targets: tuple[tuple[int, int], ...] = ()

@@ -586,6 +586,12 @@ class StageDone(MessageBase):
     finish_reason: str | None = None
     replica: ReplicaIndex = 0  # which replica of the stage ran it
     num_cached_tokens: int = 0  # prompt tokens read from the stage's prefix cache (of num_prompt_tokens)
+    # An entry stage's preparation off the engine thread (unix timestamps; None elsewhere): its
+    # preparer took the request, the model's input was built (prompt format, media), the engine's
+    # request was built. t_started follows once the engine thread is between steps.
+    t_prepare_taken: float | None = None
+    t_input_built: float | None = None
+    t_prepared: float | None = None
 
 
 class StageSampling(msgspec.Struct, forbid_unknown_fields=True):
