@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,8 @@ CODEC_EMBED = "talker.model.codec_embedding.weight"
 ASSISTANT_HEAD = 3  # `<|im_start|>assistant\n`: the text ids before the text itself
 TEXT_TAIL = 5  # `<|im_end|>\n<|im_start|>assistant\n`: the text ids after it
 CODEC_SPECIAL_RANGE = 1024  # the top codec ids the reference never samples (but eos)
+TEXT_ROWS_CACHE_BYTES = 64 << 20  # T(id) rows kept (float32): 8192 tokens at the released 2048
+TEXT_ROWS_BLOCK = 16  # T(id) rows projected together (TtsPromptBuilder.text_rows)
 
 
 class TtsPromptError(ValueError):
@@ -94,19 +98,51 @@ class TtsPromptBuilder:
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self._cp_tables: list[torch.Tensor] | None = None  # the code predictor's embeddings (cloning)
+        # T(id) by text token id, least recently used first; at most TEXT_ROWS_CACHE_BYTES
+        self._rows: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._rows_lock = threading.Lock()
+        self._rows_max = max(1, TEXT_ROWS_CACHE_BYTES // (4 * int(self.proj["linear_fc2.bias"].shape[0])))
         self.pad = self.text_rows([int(config["tts_pad_token_id"])])[0]
         self.bos = self.text_rows([int(config["tts_bos_token_id"])])[0]
         self.eos = self.text_rows([int(config["tts_eos_token_id"])])[0]
 
     def text_rows(self, ids: list[int]) -> torch.Tensor:
-        """T of each id, [len(ids), hidden]."""
-        x = self.text_embed[torch.tensor(ids, dtype=torch.long)]
+        """T of each id, [len(ids), hidden]: computed once, then from a bounded cache.
+
+        Why a cache: the projection is two [hidden x hidden] matmuls a token on the CPU; at the
+        released sizes it was 8.3 of a request's 10 ms of preparation on an H200 host (the
+        first-audio breakdown in docs/qwen3_tts.md), and a voice agent's texts reuse their
+        tokens (23 cached rows: 0.3 ms on one core here, against 8.3 ms computed).
+        Why fixed blocks: tokens not cached yet are projected TEXT_ROWS_BLOCK at a time (a short
+        block padded with its first id), so a row's sums run in one order whichever tokens
+        shared its matmul, and whatever requests came before (checked bitwise on 1 and 2 threads:
+        tests/test_qwen3_tts_prompt_rows.py); a batch of another size sums in another order
+        (about 1e-8 apart). One token alone would be 4.5x slower a row (a matrix-vector product)."""
+        with self._rows_lock:
+            missing = [i for i in dict.fromkeys(ids) if i not in self._rows]
+            for at in range(0, len(missing), TEXT_ROWS_BLOCK):
+                block = missing[at : at + TEXT_ROWS_BLOCK]
+                for i, row in zip(block, self._project(block), strict=True):
+                    self._rows[i] = row.clone()  # not a view: an evicted row frees its memory
+            for i in ids:
+                self._rows.move_to_end(i)
+            rows = [self._rows[i] for i in ids]
+            while len(self._rows) > self._rows_max:
+                self._rows.popitem(last=False)
+        return torch.stack(rows) if rows else self.text_embed.new_zeros(0, self.proj["linear_fc2.bias"].shape[0])
+
+    def _project(self, block: list[int]) -> torch.Tensor:
+        """T of a block of ids, padded to TEXT_ROWS_BLOCK rows with its first id."""
+        bad = [i for i in block if not 0 <= i < self.text_embed.shape[0]]
+        if bad:
+            raise TtsPromptError(f"text token ids {bad} are outside the text vocabulary")
+        x = self.text_embed[torch.tensor(block + block[:1] * (TEXT_ROWS_BLOCK - len(block)), dtype=torch.long)]
         p = self.proj
         return F.linear(
             F.silu(F.linear(x, p["linear_fc1.weight"], p["linear_fc1.bias"])),
             p["linear_fc2.weight"],
             p["linear_fc2.bias"],
-        )
+        )[: len(block)]
 
     def codec_rows(self, ids: list[int]) -> torch.Tensor:
         return self.codec[torch.tensor(ids, dtype=torch.long)]
