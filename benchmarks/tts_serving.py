@@ -62,6 +62,7 @@ SAMPLE_RATE = 24_000
 BYTES_PER_SAMPLE = 2  # pcm: 16-bit mono
 SAMPLES_PER_FRAME = 1920  # 12.5 frames a second
 FRAMES_PER_WORD = 5  # ~2.5 words a second of speech
+OMNI_MP = "omni_mp"  # --system's default: this project's server
 UNDERRUN_S = 0.001  # a pause shorter than this is not counted
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -333,7 +334,7 @@ def main() -> int:
     p.add_argument("--target-ms", type=float, default=100.0, help="p95 time to first audio a held rate keeps")
     p.add_argument("--fixed-length", action="store_true", help="say so in the output: the config suppresses EOS")
     p.add_argument("--out", type=Path)
-    p.add_argument("--system", default="omni_mp", help="the measured server's name, in --out")
+    p.add_argument("--system", default=OMNI_MP, help="the measured server's name, in --out")
     p.add_argument("--compare", type=Path, nargs=2, metavar="JSON", help="print two --out files side by side, exit")
     p.add_argument(
         "--timelines", type=Path, metavar="DIR",
@@ -365,7 +366,9 @@ def main() -> int:
     print(warmup_line(result["warmup"]), flush=True)
     doc = {
         "system": args.system, "device": device,
-        "config": str(args.config), "serving": args.serving, "fixed_length": args.fixed_length,
+        # the config omni_mp served; another system's server (--system) has its own
+        "config": str(args.config) if args.system == OMNI_MP else None, "serving": args.serving,
+        "fixed_length": args.fixed_length,
         "frames_per_word": FRAMES_PER_WORD, "duration_s": args.duration, "target_ms": args.target_ms, **result,
     }  # fmt: skip
     if args.out:

@@ -109,10 +109,11 @@ class TtsPromptBuilder:
     def text_rows(self, ids: list[int]) -> torch.Tensor:
         """T of each id, [len(ids), hidden]: computed once, then from a bounded cache.
 
-        Why a cache: the projection is two [hidden x hidden] matmuls a token on the CPU; at the
-        released sizes it was 8.3 of a request's 10 ms of preparation on an H200 host (the
+        Why a cache: the projection is two [hidden x hidden] matmuls a token on the CPU; on an
+        H200 host building the prompt took 8.3 of a request's 10 ms of preparation (the
         first-audio breakdown in docs/qwen3_tts.md), and a voice agent's texts reuse their
-        tokens (23 cached rows: 0.3 ms on one core here, against 8.3 ms computed).
+        tokens (benchmarks/tts_prompt_rows.py, one core: 10.7 ms a request in one matmul pair,
+        0.11 ms cached).
         Why fixed blocks: tokens not cached yet are projected TEXT_ROWS_BLOCK at a time (a short
         block padded with its first id), so a row's sums run in one order whichever tokens
         shared its matmul, and whatever requests came before (checked bitwise on 1 and 2 threads:
