@@ -159,8 +159,8 @@ class Preparer(threading.Thread):
             log.exception("stage %d: preparing request %s failed", self.stage.id, rid)
             text = f"stage {self.stage.id} could not prepare the request's input: {type(err).__name__}: {err}"
             return Prepared(rid, job.token, code="invalid_input", error=text)
-        return Prepared(rid, job.token, prepared, first_chunk_info=stage_input.first_chunk_info,
-                        times=(taken, built, time.time()))  # fmt: skip
+        times = (taken, built, time.time())
+        return Prepared(rid, job.token, request=prepared, first_chunk_info=stage_input.first_chunk_info, times=times)
 
     def run(self) -> None:
         try:
