@@ -153,13 +153,22 @@ def test_text_only_equals_the_zmq_client(served: Served, zmq: OmniClient) -> Non
     assert got.usage.completion_tokens == t0.num_output_tokens
 
 
+def _histogram(served: Served, family: str, *labels: str) -> dict[tuple[str, ...], tuple[float, float]]:
+    """(_sum, _count) of a histogram on /metrics, by the values of `labels`."""
+    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
+    got: dict[tuple[str, ...], list[float]] = {}
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.name in (f"{family}_sum", f"{family}_count"):
+                key = tuple(s.labels[k] for k in labels)
+                got.setdefault(key, [0.0, 0.0])[s.name.endswith("_count")] = s.value
+    return {k: (v[0], v[1]) for k, v in got.items()}
+
+
 def _stage_counts(served: Served) -> dict[str, float]:
     """Per stage: how many requests it finished (its time-to-first-token observations)."""
-    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
-    name = "omni_mp_stage_time_to_first_token_seconds_count"
-    return {
-        s.labels["stage_id"]: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
-    }
+    got = _histogram(served, "omni_mp_stage_time_to_first_token_seconds", "stage_id")
+    return {k[0]: count for k, (_, count) in got.items()}
 
 
 def test_text_only_runs_only_the_stages_a_text_answer_needs(served: Served, zmq: OmniClient) -> None:
@@ -461,49 +470,27 @@ def test_32_concurrent_requests_each_end_exactly_once(served: Served, zmq: OmniC
     assert _wait_idle(zmq, 10) < 10
 
 
-def _stage_sums(served: Served, family: str) -> dict[str, tuple[float, float]]:
-    """Per stage: (_sum, _count) of a per-stage histogram on /metrics."""
-    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
-    got: dict[str, list[float]] = {}
-    for f in text_string_to_metric_families(text):
-        for s in f.samples:
-            if s.name in (f"{family}_sum", f"{family}_count"):
-                got.setdefault(s.labels["stage_id"], [0.0, 0.0])[s.name.endswith("_count")] = s.value
-    return {k: (v[0], v[1]) for k, v in got.items()}
-
-
-def _prepare_sums(served: Served) -> dict[tuple[str, str], tuple[float, float]]:
-    """Per (stage, part): (_sum, _count) of omni_mp_stage_prepare_seconds."""
-    text = httpx.get(f"{served.url}/metrics", headers=_auth(), timeout=30).text
-    got: dict[tuple[str, str], list[float]] = {}
-    for f in text_string_to_metric_families(text):
-        for s in f.samples:
-            if s.name in ("omni_mp_stage_prepare_seconds_sum", "omni_mp_stage_prepare_seconds_count"):
-                key = (s.labels["stage_id"], s.labels["part"])
-                got.setdefault(key, [0.0, 0.0])[s.name.endswith("_count")] = s.value
-    return {k: (v[0], v[1]) for k, v in got.items()}
-
-
 def test_metrics_parse_with_per_stage_labels(served: Served) -> None:
     hello = [{"role": "user", "content": "Hi"}]
     start, first = "omni_mp_stage_time_to_start_seconds", "omni_mp_stage_time_to_first_token_seconds"
-    before = {name: _stage_sums(served, name) for name in (start, first)}
-    prep_before = _prepare_sums(served)
+    prepare = "omni_mp_stage_prepare_seconds"
+    by = {start: ("stage_id",), first: ("stage_id",), prepare: ("stage_id", "part")}
+    before = {name: _histogram(served, name, *labels) for name, labels in by.items()}
     served.openai.chat.completions.create(
         model="m", messages=hello, modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"}
     )  # fmt: skip
-    after = {name: _stage_sums(served, name) for name in (start, first)}
-    prep = {k: (v[0] - prep_before.get(k, (0.0, 0.0))[0], v[1] - prep_before.get(k, (0.0, 0.0))[1])
-            for k, v in _prepare_sums(served).items()}  # fmt: skip
+    d = {  # what this one request added: (sum, count) by labels
+        name: {k: (v[0] - before[name].get(k, (0.0, 0.0))[0], v[1] - before[name].get(k, (0.0, 0.0))[1])
+               for k, v in _histogram(served, name, *labels).items()}
+        for name, labels in by.items()
+    }  # fmt: skip
     for stage in ("0", "1", "2"):  # this one request: each stage started it before its first token
-        was = {name: before[name].get(stage, (0.0, 0.0)) for name in after}
-        d = {name: [a - b for a, b in zip(after[name][stage], was[name], strict=True)] for name in after}
-        assert d[start][1] == d[first][1] == 1, (stage, d)
-        assert 0 <= d[start][0] <= d[first][0], (stage, d)
-        parts = {part: v for (s, part), v in prep.items() if s == stage and v[1]}
+        assert d[start][(stage,)][1] == d[first][(stage,)][1] == 1, (stage, d)
+        assert 0 <= d[start][(stage,)][0] <= d[first][(stage,)][0], (stage, d)
+        parts = {part: v for (s, part), v in d[prepare].items() if s == stage and v[1]}
         if stage == "0":  # the entry stage prepares off its engine thread: its parts add up to its start
             assert sorted(parts) == sorted(PREPARE_PARTS) and all(v[1] == 1 for v in parts.values()), parts
-            assert abs(sum(v[0] for v in parts.values()) - d[start][0]) < 1e-3, (parts, d)
+            assert abs(sum(v[0] for v in parts.values()) - d[start][(stage,)][0]) < 1e-3, (parts, d)
         else:
             assert not parts, (stage, parts)
     assert _error(served, {"model": "m", "messages": hello, "foo": 1})[0] == 400
