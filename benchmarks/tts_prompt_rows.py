@@ -36,27 +36,37 @@ from omni_mp.models.qwen3_tts.tiny import build_named
 HIDDEN = 2048
 
 
+def write_text_tables(out: Path, text_vocab: int, hidden: int = HIDDEN) -> None:
+    """What TtsPromptBuilder loads besides a tokenizer, random: the text and codec embeddings,
+    the text projection, a config.json with the tts_pad/bos/eos ids (also the test's:
+    tests/test_qwen3_tts_prompt_rows.py)."""
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.02
+
+    save_file(
+        {
+            prompt.TEXT_EMBED: rand(text_vocab, hidden),
+            prompt.CODEC_EMBED: rand(64, hidden),
+            "talker.text_projection.linear_fc1.weight": rand(hidden, hidden),
+            "talker.text_projection.linear_fc1.bias": rand(hidden),
+            "talker.text_projection.linear_fc2.weight": rand(hidden, hidden),
+            "talker.text_projection.linear_fc2.bias": rand(hidden),
+        },
+        str(out / "model.safetensors"),
+    )
+    config = {"talker_config": {}, "tts_pad_token_id": 1, "tts_bos_token_id": 2, "tts_eos_token_id": 3}
+    (out / "config.json").write_text(json.dumps(config))
+
+
 def released_width_dir(out: Path) -> Path:
     """A dir with the tiny checkpoint's tokenizer and released-width random text tables."""
     tiny = build_named("tiny-qwen3-tts-custom-voice")
     for f in tiny.iterdir():
         if f.name.startswith(("tokenizer", "vocab", "merges", "special_tokens")):
             shutil.copy(f, out / f.name)
-    vocab = json.loads((tiny / "config.json").read_text())["talker_config"]["text_vocab_size"]
-    g = torch.Generator().manual_seed(0)
-    save_file(
-        {
-            prompt.TEXT_EMBED: torch.randn(vocab, HIDDEN, generator=g) * 0.02,
-            prompt.CODEC_EMBED: torch.randn(64, HIDDEN, generator=g) * 0.02,
-            "talker.text_projection.linear_fc1.weight": torch.randn(HIDDEN, HIDDEN, generator=g) * 0.02,
-            "talker.text_projection.linear_fc1.bias": torch.randn(HIDDEN, generator=g) * 0.02,
-            "talker.text_projection.linear_fc2.weight": torch.randn(HIDDEN, HIDDEN, generator=g) * 0.02,
-            "talker.text_projection.linear_fc2.bias": torch.randn(HIDDEN, generator=g) * 0.02,
-        },
-        str(out / "model.safetensors"),
-    )
-    config = {"talker_config": {}, "tts_pad_token_id": 1, "tts_bos_token_id": 2, "tts_eos_token_id": 3}
-    (out / "config.json").write_text(json.dumps(config))
+    write_text_tables(out, json.loads((tiny / "config.json").read_text())["talker_config"]["text_vocab_size"])
     return out
 
 

@@ -6,13 +6,12 @@ The prompt as a whole against the reference: tests/test_qwen3_tts_oracle.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
+from benchmarks.tts_prompt_rows import write_text_tables
 from omni_mp.models.qwen3_tts import prompt
 from omni_mp.models.qwen3_tts.prompt import TtsPromptBuilder, TtsPromptError
 
@@ -23,24 +22,7 @@ TEXT_VOCAB = 600
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tts_rows")
-    g = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.02
-
-    save_file(
-        {
-            prompt.TEXT_EMBED: rand(TEXT_VOCAB, HIDDEN),
-            prompt.CODEC_EMBED: rand(64, HIDDEN),
-            "talker.text_projection.linear_fc1.weight": rand(HIDDEN, HIDDEN),
-            "talker.text_projection.linear_fc1.bias": rand(HIDDEN),
-            "talker.text_projection.linear_fc2.weight": rand(HIDDEN, HIDDEN),
-            "talker.text_projection.linear_fc2.bias": rand(HIDDEN),
-        },
-        str(d / "model.safetensors"),
-    )
-    config = {"talker_config": {}, "tts_pad_token_id": 1, "tts_bos_token_id": 2, "tts_eos_token_id": 3}
-    (d / "config.json").write_text(json.dumps(config))
+    write_text_tables(d, TEXT_VOCAB, HIDDEN)
     return d
 
 
