@@ -74,8 +74,8 @@ def line(parts: dict[str, Any] | None) -> str | None:
     for name, v in parts.items():
         if isinstance(v, dict):
             prep = v.get("prepare")
-            parts = f" (preparation: {', '.join(f'{k} {_ms(x)}' for k, x in prep.items())})" if prep else ""
-            bits.append(f"{name}: in its engine {_ms(v['start'])}{parts}, first output {_ms(v['first'])}")
+            prep_text = f" (preparation: {', '.join(f'{k} {_ms(x)}' for k, x in prep.items())})" if prep else ""
+            bits.append(f"{name}: in its engine {_ms(v['start'])}{prep_text}, first output {_ms(v['first'])}")
         else:
             bits.append(f"HTTP request received -> first audio bytes {_ms(v)}")
     return "mean ms from admission (each stage's registration): " + "; ".join(bits)

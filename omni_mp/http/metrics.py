@@ -148,7 +148,7 @@ class Metrics:
             self.stage_start.labels(**labels).observe(max(0.0, d.t_started - d.t_registered))
             if d.t_prepare_taken is not None and d.t_input_built is not None and d.t_prepared is not None:
                 marks = (d.t_registered, d.t_prepare_taken, d.t_input_built, d.t_prepared, d.t_started)
-                for part, a, b in zip(PREPARE_PARTS, marks, marks[1:], strict=False):
+                for part, a, b in zip(PREPARE_PARTS, marks[:-1], marks[1:], strict=True):
                     self.stage_prepare.labels(**labels, part=part).observe(max(0.0, b - a))
             if d.t_first_token is not None:
                 self.stage_first.labels(**labels).observe(max(0.0, d.t_first_token - d.t_registered))

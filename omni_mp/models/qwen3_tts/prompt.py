@@ -101,7 +101,8 @@ class TtsPromptBuilder:
         # T(id) by text token id, least recently used first; at most TEXT_ROWS_CACHE_BYTES
         self._rows: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._rows_lock = threading.Lock()
-        self._rows_max = max(1, TEXT_ROWS_CACHE_BYTES // (4 * int(self.proj["linear_fc2.bias"].shape[0])))
+        self._width = int(self.proj["linear_fc2.bias"].shape[0])  # the talker's hidden size
+        self._rows_max = max(1, TEXT_ROWS_CACHE_BYTES // (4 * self._width))
         self.pad = self.text_rows([int(config["tts_pad_token_id"])])[0]
         self.bos = self.text_rows([int(config["tts_bos_token_id"])])[0]
         self.eos = self.text_rows([int(config["tts_eos_token_id"])])[0]
@@ -130,7 +131,7 @@ class TtsPromptBuilder:
             rows = [self._rows[i] for i in ids]
             while len(self._rows) > self._rows_max:
                 self._rows.popitem(last=False)
-        return torch.stack(rows) if rows else self.text_embed.new_zeros(0, self.proj["linear_fc2.bias"].shape[0])
+        return torch.stack(rows) if rows else self.text_embed.new_zeros(0, self._width)
 
     def _project(self, block: list[int]) -> torch.Tensor:
         """T of a block of ids, padded to TEXT_ROWS_BLOCK rows with its first id."""
