@@ -6,7 +6,7 @@ a request's T(id) = text_projection(text_embedding(id)) rows take, three ways in
   blocks of TEXT_ROWS_BLOCK; later requests find the tokens they share with earlier ones);
 - cached: the same requests again (every token seen).
 
-The requests are benchmarks.tts_serving's 20 sentences, tokenized by the tiny Qwen3-TTS
+The requests are benchmarks.common.tts_sentences' 20 sentences, tokenized by the tiny Qwen3-TTS
 checkpoint's tokenizer (built locally); torch's intra-op threads as the process has them
 (`--threads`). The H200 host's breakdown of a request's preparation: docs/qwen3_tts.md.
 
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from benchmarks.common.stats import percentile
-from benchmarks.tts_serving import SENTENCES
+from benchmarks.common.tts_sentences import SENTENCES
 from omni_mp.models.qwen3_tts import prompt
 from omni_mp.models.qwen3_tts.prompt import TtsPromptBuilder, assistant_text
 from omni_mp.models.qwen3_tts.tiny import build_named

@@ -55,6 +55,7 @@ from benchmarks.common.report import fmt, make_say
 from benchmarks.common.served import measure_served, released_qwen3_tts
 from benchmarks.common.stats import percentile
 from benchmarks.common.timelines import read_timelines, stage_step_summary
+from benchmarks.common.tts_sentences import SENTENCES
 from benchmarks.common.warmup import Warmups, warmup_line
 from omni_mp.stage_configs import CONFIG_DIR
 
@@ -64,28 +65,6 @@ SAMPLES_PER_FRAME = 1920  # 12.5 frames a second
 FRAMES_PER_WORD = 5  # ~2.5 words a second of speech
 OMNI_MP = "omni_mp"  # --system's default: this project's server
 UNDERRUN_S = 0.001  # a pause shorter than this is not counted
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog near the river bank.",
-    "Please remind me to call my mother tomorrow morning at nine.",
-    "Our flight to Chicago has been delayed by about forty minutes.",
-    "Could you tell me the way to the nearest train station from here?",
-    "The weather today will be sunny with a light breeze from the west.",
-    "I would like to book a table for two at seven this evening.",
-    "Thank you for calling, your order will arrive within three business days.",
-    "The museum opens at ten and closes at six on weekdays.",
-    "She finished reading the whole novel in a single rainy afternoon last weekend.",
-    "Turn left at the next intersection and then continue straight for two miles.",
-    "Your package was delivered to the front desk a few minutes ago.",
-    "We are sorry, all of our agents are currently busy helping other customers.",
-    "The meeting has been moved to Thursday afternoon in the large conference room.",
-    "Remember to drink plenty of water and get enough sleep before the race.",
-    "Good morning, how can I help you today?",
-    "The library will be closed on Monday for the national holiday.",
-    "He fixed the old bicycle with a few spare parts from the garage.",
-    "Your account balance is four hundred and twelve dollars and fifty cents.",
-    "Please hold the line while I transfer you to the billing department.",
-    "The children built a tall sandcastle before the tide came in.",
-]
 
 
 def max_new_tokens(text: str) -> int:

@@ -1,0 +1,25 @@
+"""The sentence-length texts the Qwen3-TTS benchmarks speak (tts_serving, tts_prompt_rows): 8-20 words,
+the lengths a voice agent says in one turn."""
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Please remind me to call my mother tomorrow morning at nine.",
+    "Our flight to Chicago has been delayed by about forty minutes.",
+    "Could you tell me the way to the nearest train station from here?",
+    "The weather today will be sunny with a light breeze from the west.",
+    "I would like to book a table for two at seven this evening.",
+    "Thank you for calling, your order will arrive within three business days.",
+    "The museum opens at ten and closes at six on weekdays.",
+    "She finished reading the whole novel in a single rainy afternoon last weekend.",
+    "Turn left at the next intersection and then continue straight for two miles.",
+    "Your package was delivered to the front desk a few minutes ago.",
+    "We are sorry, all of our agents are currently busy helping other customers.",
+    "The meeting has been moved to Thursday afternoon in the large conference room.",
+    "Remember to drink plenty of water and get enough sleep before the race.",
+    "Good morning, how can I help you today?",
+    "The library will be closed on Monday for the national holiday.",
+    "He fixed the old bicycle with a few spare parts from the garage.",
+    "Your account balance is four hundred and twelve dollars and fifty cents.",
+    "Please hold the line while I transfer you to the billing department.",
+    "The children built a tall sandcastle before the tide came in.",
+]
