@@ -175,6 +175,18 @@ def harness(engine: Any, request: pytest.FixtureRequest) -> Iterator[Harness]:
         h.close()
 
 
+def tokens_of(seen: list[Message], rid: str) -> list[int]:
+    """The tokens `rid`'s chunks carried, in order."""
+    return [
+        t
+        for m in seen
+        if isinstance(m, StageOutputBatch)
+        for c in m.unpacked()
+        if c.request_id == rid
+        for t in c.token_ids
+    ]
+
+
 def prompt_ids() -> list[int]:
     return tokenize(resolve_model("tiny-qwen2"), "Hello world, how are you?")
 
@@ -184,14 +196,7 @@ def test_the_harness_stage_is_exact(harness: Harness) -> None:
     harness.register("r")
     harness.feed("r", ids)
     harness.wait_for(done_of("r"))
-    tokens = [
-        t
-        for m in harness.seen
-        if isinstance(m, StageOutputBatch)
-        for c in m.unpacked()
-        if c.request_id == "r"
-        for t in c.token_ids
-    ]
+    tokens = tokens_of(harness.seen, "r")
     assert tokens == greedy(resolve_model("tiny-qwen2"), ids, 8)[0]
 
 
@@ -376,3 +381,106 @@ def test_any_exception_while_preparing_fails_that_request_only(harness: Harness)
     harness.register("after", prompt_token_ids=ids)
     done = harness.wait_for(done_of("after"))
     assert isinstance(done, StageDone) and done.num_output_tokens == 8
+
+
+def _held_steps(loop: StageLoop) -> None:
+    """The test can hold the engine thread at its next step (`loop.hold`: clear the gate, then
+    wait for `held`), as a long step would; the preparer's results are stamped as it delivers them."""
+    gate, held, delivered = threading.Event(), threading.Event(), {}
+    gate.set()
+    step = loop._step
+
+    def gated(wait_s: float) -> bool:
+        if not gate.is_set():
+            held.set()
+            gate.wait(120)
+        return step(wait_s)
+
+    assert loop.preparer is not None
+    deliver = loop.preparer.deliver
+
+    def stamped(result: Any) -> None:
+        delivered[result.request_id] = (time.time(), loop.timeline.steps)
+        deliver(result)
+
+    loop._step = gated  # type: ignore[method-assign]
+    loop.preparer.deliver = stamped
+    loop.hold = (gate, held, delivered)  # type: ignore[attr-defined]
+
+
+SOLO = parse_config(  # one entry stage whose outputs come to the test (the events link)
+    {
+        "name": "solo",
+        "stages": [{"id": 0, "model": "tiny-qwen2", "engine_args": ENGINE_ARGS, "final_output": True}],
+    }
+)
+
+
+@pytest.mark.harness(cfg=SOLO, stage_id=0, tweak=_held_steps)
+def test_a_request_arriving_during_a_step_is_prepared_before_the_step_ends(harness: Harness) -> None:
+    """An entry stage starts a request's preparation as the request arrives, beside the engine's
+    step in flight: with the engine thread held in a step, a request sent meanwhile is received,
+    prepared and waiting before the step ends (it used to wait for the step to end to be
+    registered, and only then be prepared, while the next step ran). It then runs exactly."""
+    ids = prompt_ids()
+    gate, held, delivered = harness.loop.hold  # type: ignore[attr-defined]
+    gate.clear()
+    try:
+        harness.register("bystander", max_tokens=64, prompt_token_ids=ids)
+        assert held.wait(60), "the engine thread never stepped the bystander"
+        steps = harness.loop.timeline.steps
+        harness.register("r", prompt_token_ids=ids)
+        deadline = time.monotonic() + 30
+        while "r" not in delivered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "r" in delivered, "not prepared while the engine thread was in a step"
+        assert delivered["r"][1] == steps == harness.loop.timeline.steps  # no step ended meanwhile
+        t_release = time.time()
+    finally:
+        gate.set()
+    done = harness.wait_for(done_of("r"))
+    assert isinstance(done, StageDone) and done.num_output_tokens == 8
+    assert done.t_prepare_taken is not None and done.t_prepared is not None
+    assert done.t_registered <= done.t_prepare_taken <= done.t_prepared < t_release <= done.t_started
+    tokens = tokens_of(harness.seen, "r")
+    assert tokens == greedy(resolve_model("tiny-qwen2"), ids, 8)[0]
+    harness.wait_for(done_of("bystander"))
+
+
+def _slow_preparation(loop: StageLoop) -> None:
+    """Requests named `slow-*` spend 1 s in their (real) preparation; `loop.slow_started` is set
+    as the first of them begins."""
+    prepare = loop.engine.prepare
+    started = threading.Event()
+
+    def slow(request_id: str, *args: Any) -> Any:
+        if request_id.startswith("slow-"):
+            started.set()
+            time.sleep(1.0)
+        return prepare(request_id, *args)
+
+    loop.engine.prepare = slow
+    loop.slow_started = started  # type: ignore[attr-defined]
+
+
+@pytest.mark.harness(cfg=SOLO, stage_id=0, tweak=_slow_preparation)
+def test_a_request_past_the_preparation_queue_fails_as_overloaded_alone(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The input thread queues preparations; past the queue's bound a request fails at once as
+    `overloaded`, naming the stage, and the requests already queued run to the end."""
+    from omni_mp.stage import prepare
+
+    monkeypatch.setattr(prepare, "MAX_PENDING", 1)
+    ids = prompt_ids()
+    harness.register("slow-a", prompt_token_ids=ids)
+    assert harness.loop.slow_started.wait(30)  # type: ignore[attr-defined]
+    harness.register("slow-b", prompt_token_ids=ids)  # waits: the one place in the queue
+    harness.register("c", prompt_token_ids=ids)
+    err = harness.wait_for(error_of("c"))
+    assert isinstance(err, ErrorEvent) and err.code == "overloaded"
+    assert "stage 0: too many requests wait for their preparation" in err.message
+    for rid in ("slow-a", "slow-b"):
+        done = harness.wait_for(done_of(rid))
+        assert isinstance(done, StageDone) and done.num_output_tokens == 8
+    assert not any(isinstance(m, ErrorEvent) and m.request_id != "c" for m in harness.seen)

@@ -115,7 +115,7 @@ class Metrics:
         )  # fmt: skip
         self.stage_prepare = Histogram(
             "omni_mp_stage_prepare_seconds",
-            "per request, an entry stage's preparation off the engine thread by part: queued (registered -> a"
+            "per request, an entry stage's preparation off the engine thread by part: queued (received -> a"
             " preparer took it), input (the model's input built: prompt format, media), engine_request (the"
             " engine's request built), engine_thread (prepared -> handed to the engine between steps)",
             [*_STAGE, "part"], buckets=_SECONDS, registry=r,

@@ -35,6 +35,7 @@ from omni_mp.wire.messages import (
     Message,
     StageOutputBatch,
     StageOutputChunk,
+    StageRequest,
     StageStats,
 )
 from omni_mp.wire.shm_pool import ShmPoolConfig
@@ -100,9 +101,20 @@ class Inbox:
 
 
 class InputPump(threading.Thread):
-    def __init__(self, link: MessageReceiver, inbox: Inbox, stop: threading.Event, stage_id: int) -> None:
+    """Receives into the inbox; a registration goes to `on_request` instead (the stage loop's
+    `_arrived`, on this thread: it stamps it and starts an entry stage's preparation)."""
+
+    def __init__(
+        self,
+        link: MessageReceiver,
+        inbox: Inbox,
+        stop: threading.Event,
+        stage_id: int,
+        on_request: Callable[[StageRequest], None] | None = None,
+    ) -> None:
         super().__init__(name=f"stage{stage_id}-input", daemon=True)
         self.link, self.inbox, self.stop, self.stage_id = link, inbox, stop, stage_id
+        self.on_request = on_request
         self.error: BaseException | None = None
         self._recv_s = 0.0  # receive + decode time of delivered messages, since take_recv_s()
         self._recv_lock = threading.Lock()
@@ -129,7 +141,10 @@ class InputPump(threading.Thread):
                         msg = InputError(err)
                     with self._recv_lock:
                         self._recv_s += time.perf_counter() - t0
-                    self.inbox.put(msg)
+                    if self.on_request is not None and isinstance(msg, StageRequest):
+                        self.on_request(msg)
+                    else:
+                        self.inbox.put(msg)
         except Stopped:
             pass
         except BaseException as err:  # noqa: BLE001 - reported by the engine thread, which exits

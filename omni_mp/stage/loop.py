@@ -26,7 +26,7 @@ from omni_mp.models.processor import SILENT_REASON, ProcessorError, RequestConte
 from omni_mp.models.registry import resolve_model, stage_processor
 from omni_mp.stage.io_threads import Heartbeater, Inbox, InputError, InputPump, Outgoing, OutputPump
 from omni_mp.stage.prepare import Prepared, PrepareJob, Preparer
-from omni_mp.stage.requests import EndedRequests, OrphanChunks, StageRequestState
+from omni_mp.stage.requests import Arrival, EndedRequests, OrphanChunks, StageRequestState
 from omni_mp.stage.timeline import StageCounters, StepRecord, StepTimeline
 from omni_mp.stage.torch_profile import StepProfiler
 from omni_mp.wire.codec import Limits, PayloadError
@@ -96,7 +96,7 @@ class StageLoop:
         self.preparer = None if stage.inputs else Preparer(stage, engine, self.inbox.put, self._stop)
         # Same host (ipc): tensors above the threshold go through a shared-memory pool per link.
         shm = link_pools(cfg, stage.id) if cfg.endpoints.transport == "ipc" else None
-        self.input = InputPump(input_link, self.inbox, self._stop, stage.id)
+        self.input = InputPump(input_link, self.inbox, self._stop, stage.id, on_request=self._arrived)
         self.output = OutputPump(ctx, events, self.limits, shm, self._stop, stage.id, self._sent, replica)
         timeouts = cfg.timeouts
         self.heart = Heartbeater(
@@ -130,7 +130,22 @@ class StageLoop:
         self._emit(ErrorEvent(request_id=request_id, stage_id=self.stage.id, code=code, message=message))
 
     # ---- incoming -------------------------------------------------------------------------
-    def _on_request(self, msg: StageRequest) -> None:
+    def _arrived(self, msg: StageRequest) -> None:
+        """Input thread: a registration, stamped, for the engine thread; an entry stage's
+        preparation is queued here too, so it runs beside the engine's step in flight instead of
+        starting after it (the engine thread registers between steps: waiting for that cost a
+        request arriving mid-step the rest of the step, and then a whole step more for its
+        Prepared to be picked up)."""
+        token = object() if self.preparer is not None else None
+        self.inbox.put(Arrival(msg, time.time(), token))  # first: registered before its Prepared can come
+        if self.preparer is not None:
+            job = PrepareJob(msg, msg.sampling_params or self.stage.sampling, token)
+            if not self.preparer.submit(job):
+                why = f"stage {self.stage.id}: too many requests wait for their preparation"
+                self.inbox.put(Prepared(msg.request_id, token, code="overloaded", error=why))
+
+    def _on_request(self, arrival: Arrival) -> None:
+        msg = arrival.msg
         rid = msg.request_id
         if rid in self.requests:
             self._error(rid, "duplicate_request", f"request id {rid!r} is already active in stage {self.stage.id}")
@@ -143,6 +158,8 @@ class StageLoop:
             ctx=RequestContext(speaker=msg.speaker, params=msg.params),
             hidden_to_client=msg.hidden_states,
             targets=_targets(self.downstream_ids, msg.downstream_replicas),
+            t_registered=arrival.t_received,
+            prepare_token=arrival.prepare_token,
         )
         self.requests[rid] = state
         try:  # checked at registration: a bad request fails before any stage works on it
@@ -158,9 +175,7 @@ class StageLoop:
             )
             return
         if self.preparer is not None:
-            if not self.preparer.submit(PrepareJob(msg, state.sampling, state)):
-                self._fail(rid, "overloaded", f"stage {self.stage.id}: too many requests wait for their preparation")
-            return
+            return  # its preparation is under way (_arrived); _on_prepared starts it
         for chunk in self.orphans.take(rid):
             self._on_chunk(chunk)
 
@@ -235,8 +250,8 @@ class StageLoop:
 
     def _on_prepared(self, result: Prepared) -> None:
         state = self.requests.get(result.request_id)
-        if state is None or state is not result.token:
-            return  # ended (aborted, expired) while it was prepared
+        if state is None or state.prepare_token is not result.token:
+            return  # ended (aborted, expired, refused at registration) while it was prepared
         if result.request is None:
             self._fail(result.request_id, result.code, result.error)
             return
@@ -296,7 +311,7 @@ class StageLoop:
                 self._on_chunk(chunk)
         elif isinstance(msg, Prepared):
             self._on_prepared(msg)
-        elif isinstance(msg, StageRequest):
+        elif isinstance(msg, Arrival):
             self._on_request(msg)
         elif isinstance(msg, Abort):
             self._on_abort(msg)

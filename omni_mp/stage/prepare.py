@@ -38,7 +38,7 @@ MAX_PENDING = 1024
 class PrepareJob:
     msg: StageRequest
     sampling: SamplingParamsMsg
-    token: object  # the engine thread's state of the request: a result for another one is stale
+    token: object  # Arrival.prepare_token: the engine thread drops a result whose token is not its request's
 
 
 @dataclass(frozen=True, slots=True)

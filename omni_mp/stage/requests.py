@@ -11,7 +11,24 @@ import torch
 
 from omni_mp.engines.rows import RowGap, RowStream
 from omni_mp.models.processor import ProcessorError, RequestContext, UpstreamResult
-from omni_mp.wire.messages import HiddenRows, LayerRows, MRopePositions, SamplingParamsMsg, StageOutputChunk
+from omni_mp.wire.messages import (
+    HiddenRows,
+    LayerRows,
+    MRopePositions,
+    SamplingParamsMsg,
+    StageOutputChunk,
+    StageRequest,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A registration as the input thread received it, for the engine thread: when it came,
+    and for an entry stage the token of the preparation the input thread already queued."""
+
+    msg: StageRequest
+    t_received: float  # time.time()
+    prepare_token: object | None = None
 
 
 @dataclass
@@ -34,10 +51,11 @@ class StageRequestState:
     rows_extended: int = 0  # per-step extra embeddings handed to the engine
     inputs_extended: int = 0  # input ids handed to the engine after its prompt (streamed inputs)
     cached_tokens: int = 0  # prompt tokens the engine read from its prefix cache
-    t_registered: float = field(default_factory=time.time)
+    t_registered: float = field(default_factory=time.time)  # received by this stage (Arrival.t_received)
     t_started: float | None = None
     t_first_token: float | None = None
     prepare_times: tuple[float, float, float] | None = None  # Prepared.times (entry stages)
+    prepare_token: object | None = None  # Arrival.prepare_token: a Prepared with another one is stale
     hidden_to_client: bool = False  # a final stage streams this request's hidden rows to its client too
     # The (downstream stage, replica) links its outputs go to (StageRequest.downstream_replicas).
     targets: tuple[tuple[int, int], ...] = ()

@@ -579,7 +579,7 @@ class StageDone(MessageBase):
     stage_id: StageId
     num_prompt_tokens: int
     num_output_tokens: int
-    t_registered: float
+    t_registered: float  # the stage's input thread received the registration
     t_started: float
     t_first_token: float | None
     t_finished: float
