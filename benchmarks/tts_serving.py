@@ -16,8 +16,8 @@ opt-in, so the same request measures either server: scripts/gpu/tts_peer.sh serv
 - achieved rate (requests sent / window), errors (non-200, no audio, or unfinished after
   `--drain` seconds); then the highest rate held with p95 <= `--target-ms` and no errors;
 - where the first audio went (omni_mp's server only, from its `/metrics` before and after the
-  window: benchmarks.common.served_metrics): per stage, the mean time from admission to being
-  in its engine and to its first output, and the server's time to the first audio bytes;
+  window: benchmarks.common.served_metrics): per stage, the mean time from its receipt of the
+  request to being in its engine and to its first output, and the server's time to the first audio bytes;
 - audio length against the request's frames ((max_new_tokens - 1) x 1920 samples): the requests
   more than a frame short or at all long (EOS not suppressed, or a server's decoder dropping audio).
 

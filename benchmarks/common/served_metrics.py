@@ -78,7 +78,7 @@ def line(parts: dict[str, Any] | None) -> str | None:
             bits.append(f"{name}: in its engine {_ms(v['start'])}{prep_text}, first output {_ms(v['first'])}")
         else:
             bits.append(f"HTTP request received -> first audio bytes {_ms(v)}")
-    return "mean ms from admission (each stage's registration): " + "; ".join(bits)
+    return "mean ms from each stage's receipt of the request: " + "; ".join(bits)
 
 
 def _ms(v: float | None) -> str:
