@@ -136,7 +136,7 @@ class Preparer(threading.Thread):
         self.error: BaseException | None = None
 
     def submit(self, job: PrepareJob) -> bool:
-        """Queue a request (engine thread; never blocks). False: too many are waiting."""
+        """Queue a request (the input thread, as it arrives; never blocks). False: too many are waiting."""
         with self._cond:
             if len(self._jobs) >= MAX_PENDING:
                 return False
