@@ -449,7 +449,7 @@ def test_a_request_arriving_during_a_step_is_prepared_before_the_step_ends(harne
 
 
 def _slow_preparation(loop: StageLoop) -> None:
-    """Requests named `slow-*` spend 1 s in their (real) preparation; `loop.slow_started` is set
+    """Requests named `slow-*` spend 2 s in their (real) preparation; `loop.slow_started` is set
     as the first of them begins."""
     prepare = loop.engine.prepare
     started = threading.Event()
@@ -457,7 +457,7 @@ def _slow_preparation(loop: StageLoop) -> None:
     def slow(request_id: str, *args: Any) -> Any:
         if request_id.startswith("slow-"):
             started.set()
-            time.sleep(1.0)
+            time.sleep(2.0)  # the margin for the next two registrations to arrive meanwhile
         return prepare(request_id, *args)
 
     loop.engine.prepare = slow
