@@ -136,13 +136,14 @@ class StageLoop:
         starting after it (the engine thread registers between steps: waiting for that cost a
         request arriving mid-step the rest of the step, and then a whole step more for its
         Prepared to be picked up)."""
-        token = object() if self.preparer is not None else None
+        if self.preparer is None:
+            self.inbox.put(Arrival(msg, time.time()))
+            return
+        token = object()
         self.inbox.put(Arrival(msg, time.time(), token))  # first: registered before its Prepared can come
-        if self.preparer is not None:
-            job = PrepareJob(msg, msg.sampling_params or self.stage.sampling, token)
-            if not self.preparer.submit(job):
-                why = f"stage {self.stage.id}: too many requests wait for their preparation"
-                self.inbox.put(Prepared(msg.request_id, token, code="overloaded", error=why))
+        if not self.preparer.submit(PrepareJob(msg, msg.sampling_params or self.stage.sampling, token)):
+            why = f"stage {self.stage.id}: too many requests wait for their preparation"
+            self.inbox.put(Prepared(msg.request_id, token, code="overloaded", error=why))
 
     def _on_request(self, arrival: Arrival) -> None:
         msg = arrival.msg
