@@ -1,13 +1,14 @@
 """Where a served request's first audio goes, from an omni_mp server's own `/metrics`.
 
 Scraped before and after a measured window, the per-stage histograms' sums and counts give the
-mean over the requests that finished in it of each stage's time from registration to being
+mean over the requests that finished in it of each stage's time from receiving the request to being
 handed to its engine (`omni_mp_stage_time_to_start_seconds`: preparation; a downstream stage
 also waits there for its first input) and to its first output (`..._time_to_first_token_seconds`),
 and the HTTP server's time from receiving a request to its first audio bytes; for an entry
 stage, its preparation by part (`omni_mp_stage_prepare_seconds`: queued for a preparer, the
-model's input built, the engine's request built, waiting for the engine thread between steps). Every stage
-registers a request when it is admitted, so each is measured from about the same instant.
+model's input built, the engine's request built, waiting for the engine thread between steps). The
+coordinator sends every stage on a request's path its registration at admission, so each is
+measured from about the same instant.
 A server without these metrics (another system's) gives None.
 """
 
